@@ -1,0 +1,125 @@
+"""The inference-engine interface the generator agent drives, and its factory.
+
+An engine knows token ids only: no prompts as text, no gRPC, no trainer. The weight-update
+path has vLLM's shape (pause -> start -> update chunks -> finish(version) -> resume) so a
+vLLM-backed engine implements the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import torch
+
+    from streamrl.spec import EngineSpec
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    """Unique id; the agent uses "<prompt_id>/<sample_index>"."""
+    prompt_token_ids: tuple[int, ...]
+    """[P] prompt token ids, BOS included."""
+    max_new_tokens: int
+    """Cap on generated tokens."""
+    temperature: float = 1.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus mass in (0, 1]."""
+    seed: int = 0
+    """Seed of this request's own random stream (reproducible wherever it runs)."""
+    priority: float = 0.0
+    """Higher is admitted first; ties are first-come first-served."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    request_id: str
+    token_ids: tuple[int, ...]
+    """[C] generated token ids (EOS included when produced)."""
+    logprobs: tuple[float, ...]
+    """[C] log-probabilities of the sampled tokens at the sampling temperature, before top-p."""
+    finish_reason: str
+    """"stop" (EOS) or "length" (max_new_tokens)."""
+    policy_version: int
+    """Weight version that produced the first token."""
+    queue_s: float
+    """Seconds from add_request to admission into the running batch."""
+    generate_s: float
+    """Seconds from admission to the last token."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_generated_tokens: int
+    """Since the engine started."""
+    capacity: int
+    """Maximum running sequences."""
+
+
+class Engine(ABC):
+    """A continuous-batching generator of completions, stepped by its owner's thread."""
+
+    policy_version: int = 0
+
+    @abstractmethod
+    def add_request(self, request: GenerationRequest) -> None:
+        """Queue a request; it joins the running batch at a later step."""
+
+    @abstractmethod
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Drop these requests, waiting or running; unknown ids are ignored."""
+
+    @abstractmethod
+    def step(self) -> list[Completion]:
+        """Admit waiting requests, decode one token for every running one, and return
+        the requests that finished. Does nothing while paused."""
+
+    @abstractmethod
+    def has_unfinished(self) -> bool:
+        """True while any request waits or runs."""
+
+    @abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    # Weight updates, in this order, between two steps.
+    @abstractmethod
+    def pause_generation(self) -> None: ...
+
+    @abstractmethod
+    def start_weight_update(self) -> None: ...
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+        """Copy tensors (names as in the policy's named_parameters) into the engine."""
+
+    @abstractmethod
+    def finish_weight_update(self, policy_version: int) -> None:
+        """All tensors are in; from now on new tokens come from `policy_version`."""
+
+    @abstractmethod
+    def resume_generation(self) -> None: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], policy_version: int) -> None:
+        """The whole update sequence at once."""
+        self.pause_generation()
+        self.start_weight_update()
+        self.update_weights(named_tensors)
+        self.finish_weight_update(policy_version)
+        self.resume_generation()
+
+
+def setup_engine(spec: "EngineSpec", model_dir: str, dtype: str, eos_token_id: int, seed: int = 0) -> Engine:
+    """Build the engine a pool's spec names."""
+    if spec.type == "torch":
+        from streamrl.generator.torch_engine import TorchEngine
+        from streamrl.models import load_model
+
+        model = load_model(model_dir, dtype=dtype, device=spec.device)
+        return TorchEngine(model, max_batch_size=spec.max_batch_size, eos_token_id=eos_token_id)
+    raise ValueError(f"engine.type {spec.type!r}: unknown engine")

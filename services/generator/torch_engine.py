@@ -1,0 +1,184 @@
+"""Pure-torch continuous-batching engine: requests join and leave the running batch every step.
+
+Runs on any torch device. Admission is by priority (then arrival); each request samples
+from its own seeded random stream, so a sample is reproducible whichever batch it ran in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+from streamrl.generator.decoder import SlotDecoder
+from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest
+
+
+@dataclass
+class _Running:
+    request: GenerationRequest
+    rng: torch.Generator
+    admitted_at: float
+    queued_s: float
+    policy_version: int
+    next_token: int = -1
+    """Sampled but not yet in the KV cache."""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def cache_len(self) -> int:
+        return len(self.request.prompt_token_ids) + len(self.tokens) - 1
+
+
+class TorchEngine(Engine):
+    def __init__(self, model: torch.nn.Module, max_batch_size: int, eos_token_id: int, max_len: int | None = None):
+        self.model = model
+        self.capacity = max_batch_size
+        self.eos_token_id = eos_token_id
+        max_len = max_len or getattr(model.config, "max_position_embeddings", 2048)
+        self.decoder = SlotDecoder(model, max_batch_size, min(max_len, 8192))
+        self.device = model.lm_head.weight.device
+        self._params = dict(model.named_parameters())
+        self._waiting: list[tuple[float, int, GenerationRequest, float]] = []  # heap
+        self._arrival = itertools.count()
+        self._running: list[_Running] = []  # index = slot
+        self._paused = False
+        self._updated: set[str] = set()
+        self.num_generated_tokens = 0
+        self.policy_version = 0
+
+    # ---- requests -------------------------------------------------------------------
+    def add_request(self, request: GenerationRequest) -> None:
+        need = len(request.prompt_token_ids) + request.max_new_tokens
+        if need > self.decoder.max_len:
+            raise ValueError(
+                f"request {request.request_id}: prompt + max_new_tokens = {need} exceeds the context of {self.decoder.max_len}"
+            )
+        heapq.heappush(self._waiting, (-request.priority, next(self._arrival), request, time.monotonic()))
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        ids = set(request_ids)
+        self._waiting = [w for w in self._waiting if w[2].request_id not in ids]
+        heapq.heapify(self._waiting)
+        for slot in reversed(range(len(self._running))):
+            if self._running[slot].request.request_id in ids:
+                self._remove(slot)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.capacity)
+
+    # ---- the loop -------------------------------------------------------------------
+    def step(self) -> list[Completion]:
+        if self._paused:
+            return []
+        finished: list[Completion] = []
+        self._admit(finished)
+        if self._running:
+            slots = self._running
+            tokens = torch.tensor([r.next_token for r in slots], device=self.device)
+            positions = torch.tensor([r.cache_len for r in slots], device=self.device)
+            logits = self.decoder.decode(tokens, positions)
+            self._sample(list(range(len(slots))), logits, finished)
+        return finished
+
+    def _admit(self, finished: list[Completion]) -> None:
+        free = self.capacity - len(self._running)
+        if free <= 0 or not self._waiting:
+            return
+        now = time.monotonic()
+        new = []
+        while self._waiting and len(new) < free:
+            _, _, req, queued_at = heapq.heappop(self._waiting)
+            rng = torch.Generator(device="cpu")
+            rng.manual_seed(req.seed)
+            new.append(_Running(req, rng, now, now - queued_at, self.policy_version))
+        first = len(self._running)
+        self._running.extend(new)
+        logits = self.decoder.prefill(first, [list(r.request.prompt_token_ids) for r in new])
+        self._sample(list(range(first, first + len(new))), logits, finished)
+
+    def _sample(self, slots: list[int], logits: torch.Tensor, finished: list[Completion]) -> None:
+        """Sample one token per slot from [len(slots), V] logits; retire finished slots."""
+        reqs = [self._running[s] for s in slots]
+        temps = torch.tensor([r.request.temperature or 1.0 for r in reqs], device=logits.device)
+        logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+        greedy = [r.request.temperature == 0 for r in reqs]
+        if all(greedy):
+            chosen = logp.argmax(-1)
+        else:
+            probs = logp.exp()
+            top_ps = torch.tensor([r.request.top_p for r in reqs], device=logits.device)
+            if bool((top_ps < 1).any()):
+                sorted_p, order = probs.sort(-1, descending=True)
+                drop = (sorted_p.cumsum(-1) - sorted_p) > top_ps[:, None]
+                probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+            # Exponential race = a categorical draw, with each request's own stream.
+            noise = torch.stack([torch.empty(probs.shape[-1]).exponential_(generator=r.rng) for r in reqs])
+            chosen = (probs / noise.to(probs.device)).argmax(-1)
+            if any(greedy):
+                chosen = torch.where(torch.tensor(greedy, device=chosen.device), logp.argmax(-1), chosen)
+        chosen_logp = logp.gather(-1, chosen[:, None])[:, 0]
+        now = time.monotonic()
+        done = []
+        for slot, r, tok, lp in zip(slots, reqs, chosen.tolist(), chosen_logp.tolist()):
+            r.tokens.append(tok)
+            r.logprobs.append(lp)
+            r.next_token = tok
+            self.num_generated_tokens += 1
+            if tok == self.eos_token_id or len(r.tokens) >= r.request.max_new_tokens:
+                reason = "stop" if tok == self.eos_token_id else "length"
+                finished.append(
+                    Completion(
+                        r.request.request_id, tuple(r.tokens), tuple(r.logprobs), reason,
+                        r.policy_version, r.queued_s, now - r.admitted_at,
+                    )
+                )
+                done.append(slot)
+        for slot in sorted(done, reverse=True):
+            self._remove(slot)
+
+    def _remove(self, slot: int) -> None:
+        """Retire a slot, moving the last running sequence into it to keep slots dense."""
+        last = len(self._running) - 1
+        if slot != last:
+            moved = self._running[last]
+            self.decoder.move_slot(last, slot, moved.cache_len)
+            self._running[slot] = moved
+        self._running.pop()
+
+    # ---- weights (vLLM-shaped) ------------------------------------------------------
+    def pause_generation(self) -> None:
+        self._paused = True
+
+    def start_weight_update(self) -> None:
+        if not self._paused:
+            raise RuntimeError("start_weight_update needs pause_generation first")
+        self._updated = set()
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            param = self._params.get(name)
+            if param is None:
+                raise ValueError(f"weight update names an unknown parameter {name!r}")
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight {name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+            param.copy_(tensor)
+            self._updated.add(name)
+
+    def finish_weight_update(self, policy_version: int) -> None:
+        missing = set(self._params) - self._updated
+        if missing:
+            raise ValueError(f"weight update for version {policy_version} lacks {sorted(missing)[:3]}...")
+        self.policy_version = policy_version
+
+    def resume_generation(self) -> None:
+        self._paused = False

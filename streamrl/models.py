@@ -1,0 +1,145 @@
+"""Policy models: the built-in tiny Llama with a character tokenizer, and loading any
+Hugging Face causal-LM directory through the real `from_pretrained` path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streamrl.spec import ModelSpec, RLJobSpec
+
+if TYPE_CHECKING:  # heavy imports stay lazy
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = string.digits + string.ascii_letters + " .,:;+-=*/()!?'\"#<>[]_"
+TINY_CONFIG = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
+# Bump when the built-in model or its warm start changes, so stale caches are not reused.
+TINY_REVISION = 1
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("STREAMRL_CACHE_DIR", Path.home() / ".cache" / "streamrl"))
+
+
+def build_char_tokenizer() -> "PreTrainedTokenizerBase":
+    """A character-level tokenizer over digits, letters and punctuation."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+
+
+def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+    """Write a randomly initialised tiny Llama + char tokenizer to out_dir (HF format)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **TINY_CONFIG,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def load_tokenizer(path: str | Path) -> "PreTrainedTokenizerBase":
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> "PreTrainedModel":
+    """Load a causal LM with `from_pretrained` (safetensors), in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    return model.to(device).eval()
+
+
+def check_model_dir(path: str | Path) -> Path:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model.path {path}: not a Hugging Face model directory (no config.json)")
+    return path
+
+
+def _builtin_key(spec: RLJobSpec) -> str:
+    blob = json.dumps(
+        {
+            "revision": TINY_REVISION,
+            "config": TINY_CONFIG,
+            "chars": CHARS,
+            "seed": spec.model.seed,
+            "warm_start_steps": spec.model.warm_start_steps,
+            "task": spec.task.model_dump(mode="json"),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def resolve_model_dir(spec: RLJobSpec, log=print) -> Path:
+    """The directory of the initial policy: the user's, or the cached built-in one
+    (built and warm-started on first use; concurrent builders do not clash)."""
+    if spec.model.source == "path":
+        return check_model_dir(spec.model.path)
+    final = cache_root() / "models" / f"tiny-{spec.task.name.value}-{_builtin_key(spec)}"
+    if (final / "config.json").is_file():
+        return final
+    from streamrl.warmstart import warm_start
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+    try:
+        build_tiny_model(tmp, seed=spec.model.seed)
+        if spec.model.warm_start_steps:
+            log(f"warm-starting the built-in model on {spec.task.name.value} "
+                f"({spec.model.warm_start_steps} steps, cached in {final})")
+            warm_start(tmp, spec, log=log)
+        try:
+            tmp.rename(final)
+        except OSError:  # another process finished first
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def model_spec_summary(spec: ModelSpec) -> str:
+    return spec.path if spec.source == "path" else f"builtin-tiny (warm start {spec.warm_start_steps} steps)"
