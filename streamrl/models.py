@@ -30,7 +30,7 @@ TINY_CONFIG = dict(
     tie_word_embeddings=True,
 )
 # Bump when the built-in model or its warm start changes, so stale caches are not reused.
-TINY_REVISION = 1
+TINY_REVISION = 2
 
 
 def cache_root() -> Path:
@@ -76,9 +76,17 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(path: str | Path) -> "PreTrainedTokenizerBase":
     from transformers import AutoTokenizer
 
+    _quiet_transformers()
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -87,6 +95,7 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     import torch
     from transformers import AutoModelForCausalLM
 
+    _quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
     return model.to(device).eval()
 

@@ -42,7 +42,7 @@ class ModelSpec(_Model):
     """Directory of the Hugging Face model when source is `path`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for generation and training."""
-    warm_start_steps: int = Field(250, ge=0)
+    warm_start_steps: int = Field(600, ge=0)
     """Supervised steps on the task before RL, for `builtin-tiny` (0 = none); the result is cached."""
     seed: int = 0
     """Seed of the built-in model's initialisation and warm start."""
@@ -110,6 +110,12 @@ class AlgorithmSpec(_Model):
     """PPO clip range above 1."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the initial policy (k3 estimator); 0 = no reference model."""
+    loss_aggregation: Literal["sequence-mean", "token-sum"] = "token-sum"
+    """`sequence-mean`: each sample's token-mean loss, averaged over samples (GRPO).
+    `token-sum`: token losses summed and divided by samples x max_new_tokens, a constant
+    (Dr. GRPO), which removes the length bias and is known before the batch completes."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over this many optimizer steps."""
     scale_advantages: bool = True
     """Divide group-centred rewards by the group's standard deviation."""
     temperature: float = Field(1.0, gt=0)

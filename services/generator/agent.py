@@ -1,0 +1,155 @@
+"""`streamrl generator`: a replica that dials the trainer, takes work, streams every
+sample back the moment it finishes, and pulls new weights in the background.
+
+Threads: the engine worker (main loop), a reader of the trainer's stream, a weight
+fetcher per new version, and the admin HTTP server. gRPC <-> domain conversion happens here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import grpc
+
+from streamrl.generator.engine import Engine
+from streamrl.generator.worker import LoadWeights, Worker
+from streamrl.metrics import ServiceMetrics
+from streamrl.samples import WeightsNotice
+from streamrl.v1 import rollout_pb2 as pb
+from streamrl.v1 import rollout_pb2_grpc
+from streamrl.weights import WeightAssembler, WeightsCorruptError
+from streamrl.wire import GRPC_OPTIONS, notice_from_pb, sample_to_pb, work_from_pb
+
+log = logging.getLogger("streamrl.generator")
+
+_CLOSE = object()
+
+
+def fetch_weights(stub, notice: WeightsNotice, max_attempts: int = 5, backoff_s: float = 0.2,
+                  stopping: threading.Event | None = None):
+    """Fetch one version in verified chunks, resuming from the last good chunk after a
+    broken stream; raises WeightsCorruptError on a bad checksum (nothing is applied)."""
+    asm = WeightAssembler(notice.policy_version, notice.size_bytes, notice.sha256)
+    attempt = 0
+    while not asm.complete:
+        try:
+            for chunk in stub.FetchWeights(pb.FetchWeightsRequest(policy_version=notice.policy_version,
+                                                                  offset_bytes=asm.next_offset)):
+                asm.add_chunk(chunk.offset_bytes, chunk.data, chunk.sha256)
+        except grpc.RpcError as err:
+            attempt += 1
+            if attempt >= max_attempts or err.code() == grpc.StatusCode.NOT_FOUND or (stopping and stopping.is_set()):
+                raise
+            log.warning("weight fetch of v%d broke at byte %d (%s); resuming", notice.policy_version,
+                        asm.next_offset, err.code().name)
+            time.sleep(backoff_s * attempt)
+        else:
+            if not asm.complete:
+                raise WeightsCorruptError(f"version {notice.policy_version}: stream ended at byte {asm.next_offset}")
+    return asm.finish()
+
+
+class GeneratorAgent:
+    def __init__(self, engine: Engine, trainer_address: str, generator_id: str, pool: str,
+                 metrics: ServiceMetrics, engine_type: str = "torch"):
+        self.engine = engine
+        self.generator_id = generator_id
+        self.pool = pool
+        self.engine_type = engine_type
+        self.metrics = metrics
+        self.channel = grpc.insecure_channel(trainer_address, options=GRPC_OPTIONS)
+        self.stub = rollout_pb2_grpc.RolloutStub(self.channel)
+        self._outbox: queue.Queue = queue.Queue()
+        self._fetching: set[int] = set()
+        self.connected = threading.Event()
+        self.worker = Worker(engine, generator_id, metrics, on_sample=self._send_sample,
+                             on_loaded=self._send_loaded, waiting_weights=lambda: bool(self._fetching))
+        self.exit_code = 0
+        self._stopping = threading.Event()
+
+    # ---- outgoing -------------------------------------------------------------------
+    def _requests(self):
+        yield pb.ConnectRequest(hello=pb.Hello(
+            generator_id=self.generator_id, pool=self.pool, capacity=self.engine.stats().capacity,
+            engine=self.engine_type, policy_version=self.engine.policy_version,
+        ))
+        while True:
+            msg = self._outbox.get()
+            if msg is _CLOSE:
+                return
+            yield msg
+
+    def _send_sample(self, sample) -> None:
+        self._outbox.put(pb.ConnectRequest(sample=sample_to_pb(sample)))
+
+    def _send_loaded(self, version: int, sync_s: float, size_bytes: int) -> None:
+        self._outbox.put(pb.ConnectRequest(weights_loaded=pb.WeightsLoaded(
+            policy_version=version, sync_s=sync_s, size_bytes=size_bytes)))
+
+    # ---- incoming -------------------------------------------------------------------
+    def _read(self, responses) -> None:
+        try:
+            for resp in responses:
+                kind = resp.WhichOneof("kind")
+                if kind == "welcome":
+                    self.connected.set()
+                    log.info("connected to trainer run %s (v%d)", resp.welcome.run_id, resp.welcome.policy_version)
+                elif kind == "assign":
+                    self.worker.inbox.put(work_from_pb(resp.assign))
+                elif kind == "new_weights":
+                    self._start_fetch(notice_from_pb(resp.new_weights))
+            log.info("trainer closed the stream")
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                log.error("stream to trainer failed: %s %s", err.code().name, err.details())
+                self.exit_code = 1
+        finally:
+            self._stopping.set()
+            self.worker.stop()
+
+    def _start_fetch(self, notice: WeightsNotice) -> None:
+        if notice.policy_version <= self.engine.policy_version or notice.policy_version in self._fetching:
+            return
+        self._fetching.add(notice.policy_version)
+        t0 = time.monotonic()
+
+        def run():
+            try:
+                tensors = fetch_weights(self.stub, notice, stopping=self._stopping)
+                self.metrics.weight_sync_bytes.inc(notice.size_bytes)
+                self.worker.inbox.put(LoadWeights(notice.policy_version, tensors, t0, notice.size_bytes))
+            except (WeightsCorruptError, grpc.RpcError) as err:
+                if self._stopping.is_set():
+                    return
+                log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
+                          self.engine.policy_version, err)
+            finally:
+                self._fetching.discard(notice.policy_version)
+
+        threading.Thread(target=run, name=f"fetch-v{notice.policy_version}", daemon=True).start()
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def run(self, connect_timeout_s: float = 60.0) -> int:
+        """Connect and serve until the trainer closes the stream or stop() is called."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
+        except grpc.FutureTimeoutError:
+            log.error("trainer unreachable after %.0fs", connect_timeout_s)
+            return 1
+        responses = self.stub.Connect(self._requests())
+        self._responses = responses
+        reader = threading.Thread(target=self._read, args=(responses,), name="reader", daemon=True)
+        reader.start()
+        self.worker.run()
+        self._outbox.put(_CLOSE)
+        responses.cancel()
+        reader.join(timeout=5)
+        self.channel.close()
+        return self.exit_code
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.worker.stop()

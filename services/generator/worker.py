@@ -1,0 +1,142 @@
+"""The engine thread of a generator: takes assignments, steps the engine, emits each
+sample the moment it finishes, swaps weights between steps.
+
+Transport-agnostic: the gRPC agent (remote replicas) and the colocated trainer (in-process)
+feed the same inbox and receive the same callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from streamrl.generator.engine import Engine, GenerationRequest
+from streamrl.metrics import NO_WORK, WAITING_WEIGHTS, ServiceMetrics
+from streamrl.samples import Sample, Work
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cancel:
+    prompt_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoadWeights:
+    policy_version: int
+    tensors: dict[str, torch.Tensor]
+    notice_at: float
+    """monotonic time the new version was announced (for sync seconds)."""
+    size_bytes: int = 0
+
+
+class Stop:
+    """Finish: leave the loop (unfinished work is abandoned; the trainer re-dispatches it)."""
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: Engine,
+        generator_id: str,
+        metrics: ServiceMetrics,
+        on_sample: Callable[[Sample], None],
+        on_loaded: Callable[[int, float, int], None] = lambda v, s, b: None,
+        waiting_weights: Callable[[], bool] = lambda: False,
+    ):
+        self.engine = engine
+        self.generator_id = generator_id
+        self.metrics = metrics
+        self.inbox: queue.Queue = queue.Queue()
+        self._on_sample = on_sample
+        self._on_loaded = on_loaded
+        self._waiting_weights = waiting_weights
+        self._deferred: list[Work] = []
+        self._prompt_of: dict[str, str] = {}  # request_id -> prompt_id
+        self._stopped = threading.Event()
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def run(self) -> None:
+        """The loop; returns after Stop."""
+        clock = self.metrics.clock
+        while not self._stopped.is_set():
+            block = not self.engine.has_unfinished()
+            if block:
+                clock.idle(WAITING_WEIGHTS if (self._deferred or self._waiting_weights()) else NO_WORK)
+            self._drain(block)
+            if self._stopped.is_set() or not self.engine.has_unfinished():
+                continue
+            clock.busy()
+            tokens_before = self.engine.stats().num_generated_tokens
+            for done in self.engine.step():
+                self._emit(done)
+            st = self.engine.stats()
+            self.metrics.generated_tokens.inc(st.num_generated_tokens - tokens_before)
+            self.metrics.batch_occupancy.set(st.num_running / st.capacity)
+        clock.idle(NO_WORK)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(msg)
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+        self._release_deferred()
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, Work):
+            self._deferred.append(msg)
+        elif isinstance(msg, Cancel):
+            ids = set(msg.prompt_ids)
+            self._deferred = [w for w in self._deferred if w.prompt_id not in ids]
+            self.engine.abort([r for r, p in self._prompt_of.items() if p in ids])
+        elif isinstance(msg, LoadWeights):
+            if msg.policy_version <= self.engine.policy_version:
+                return
+            self.engine.load_weights(msg.tensors.items(), msg.policy_version)
+            sync_s = time.monotonic() - msg.notice_at
+            self.metrics.policy_version.set(msg.policy_version)
+            self.metrics.weight_sync_seconds.observe(sync_s)
+            self._on_loaded(msg.policy_version, sync_s, msg.size_bytes)
+        elif isinstance(msg, Stop):
+            self._stopped.set()
+        else:
+            raise TypeError(f"unexpected worker message {msg!r}")
+
+    def _release_deferred(self) -> None:
+        ready = [w for w in self._deferred if w.min_policy_version <= self.engine.policy_version]
+        if not ready:
+            return
+        self._deferred = [w for w in self._deferred if w.min_policy_version > self.engine.policy_version]
+        for w in ready:
+            for i in w.sample_indices:
+                rid = f"{w.prompt_id}/{i}"
+                self._prompt_of[rid] = w.prompt_id
+                self.engine.add_request(GenerationRequest(
+                    rid, w.prompt_token_ids, w.max_new_tokens, w.temperature, w.top_p, w.seed + i, w.priority,
+                ))
+
+    def _emit(self, done) -> None:
+        prompt_id = self._prompt_of.pop(done.request_id)
+        index = int(done.request_id.rsplit("/", 1)[1])
+        self.metrics.samples_streamed.inc()
+        self._on_sample(Sample(prompt_id, index, done.token_ids, done.logprobs, done.policy_version,
+                               done.finish_reason, self.generator_id, done.queue_s, done.generate_s))
+
+    def stop(self) -> None:
+        self.inbox.put(Stop())

@@ -1,0 +1,245 @@
+"""Rollout coordinator: connected generators, dispatch, in-flight tracking, sample intake.
+
+Runs on the trainer's event loop (single-threaded: no locks). Knows no gRPC: it puts
+domain messages in each generator's outbox and the servicer converts them. Every sample
+is keyed by (prompt_id, sample_index) and accepted at most once; a vanished generator's
+unfinished samples go back to the queue and out to another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from streamrl.metrics import ServiceMetrics
+from streamrl.samples import Group, Sample, ScoredSample, WeightsNotice, Work, group_advantages
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    """Run seed; each prompt derives its own from it."""
+
+
+@dataclass
+class GeneratorHandle:
+    generator_id: str
+    pool: str
+    capacity: int
+    engine: str
+    policy_version: int
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    outstanding: set[tuple[str, int]] = field(default_factory=set)
+    """(prompt_id, sample_index) assigned here and not yet received."""
+    num_samples: int = 0
+    """Samples accepted from this replica."""
+    load: object = None
+    """Its latest load report (wire message), for status."""
+
+
+@dataclass
+class _InFlight:
+    prompt_id: str
+    iteration: int
+    dataset_index: int
+    answer: str
+    token_ids: tuple[int, ...]
+    group_size: int
+    seed: int
+    min_policy_version: int
+    received: dict[int, tuple[Sample, float]] = field(default_factory=dict)
+    """sample_index -> (sample, reward)."""
+
+
+# Reward of a sample given its prompt's answer.
+Scorer = Callable[[Sample, str], float]
+
+
+class Coordinator:
+    def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
+                 scale_advantages: bool = True, queue_factor: int = 4):
+        self.sampling = sampling
+        self.scorer = scorer
+        self.metrics = metrics
+        self.scale_advantages = scale_advantages
+        self.queue_factor = queue_factor
+        self.generators: dict[str, GeneratorHandle] = {}
+        self._inflight: dict[str, _InFlight] = {}
+        self._pending: deque[tuple[str, list[int]]] = deque()  # (prompt_id, sample indices) not assigned
+        self._ready: deque[Group] = deque()
+        self._ready_event = asyncio.Event()
+        self._change = asyncio.Event()  # any generator joined or left
+        self.latest_weights: WeightsNotice | None = None
+        self.num_prompts_dispatched = 0
+        self.num_samples_accepted = 0
+        self.num_samples_duplicate_dropped = 0
+        self.num_samples_redispatched = 0
+        self.num_samples_rejected = 0
+
+    # ---- generators -----------------------------------------------------------------
+    def connect(self, generator_id: str, pool: str, capacity: int, engine: str, policy_version: int) -> GeneratorHandle:
+        if not generator_id:
+            raise ValueError("hello.generator_id must not be empty")
+        if capacity < 1:
+            raise ValueError(f"hello.capacity must be >= 1, got {capacity}")
+        if generator_id in self.generators:
+            raise KeyError(f"generator {generator_id!r} is connected already")
+        handle = GeneratorHandle(generator_id, pool, capacity, engine, policy_version)
+        self.generators[generator_id] = handle
+        if self.latest_weights and self.latest_weights.policy_version != policy_version:
+            handle.outbox.put_nowait(self.latest_weights)
+        self.metrics.connected_generators.set(len(self.generators))
+        log.info("generator %s joined (pool %s, capacity %d)", generator_id, pool, capacity)
+        self._change.set()
+        self.dispatch()
+        return handle
+
+    async def wait_for_generators(self, num: int = 1) -> None:
+        """Return once at least `num` generators are connected."""
+        while len(self.generators) < num:
+            self._change.clear()
+            await self._change.wait()
+
+    def disconnect(self, generator_id: str) -> None:
+        handle = self.generators.pop(generator_id, None)
+        if handle is None:
+            return
+        self.metrics.connected_generators.set(len(self.generators))
+        lost: dict[str, list[int]] = {}
+        for prompt_id, idx in handle.outstanding:
+            if prompt_id in self._inflight and idx not in self._inflight[prompt_id].received:
+                lost.setdefault(prompt_id, []).append(idx)
+        for prompt_id, indices in lost.items():
+            self._pending.appendleft((prompt_id, sorted(indices)))
+            self.num_samples_redispatched += len(indices)
+            self.metrics.samples_redispatched.inc(len(indices))
+        log.warning("generator %s left; %d unfinished samples go back to the queue",
+                    generator_id, sum(map(len, lost.values())))
+        self._change.set()
+        self.dispatch()
+
+    def on_loaded(self, generator_id: str, policy_version: int) -> None:
+        if generator_id in self.generators:
+            self.generators[generator_id].policy_version = policy_version
+
+    # ---- work -----------------------------------------------------------------------
+    def add_prompts(self, iteration: int, prompts: list[tuple[str, int, str, tuple[int, ...]]],
+                    group_size: int, min_policy_version: int) -> None:
+        """Queue (prompt_id, dataset_index, answer, token_ids) prompts of one iteration."""
+        for prompt_id, dataset_index, answer, token_ids in prompts:
+            seed = (self.sampling.seed << 32) + zlib.crc32(prompt_id.encode())
+            self._inflight[prompt_id] = _InFlight(prompt_id, iteration, dataset_index, answer, token_ids,
+                                                  group_size, seed, min_policy_version)
+            self._pending.append((prompt_id, list(range(group_size))))
+        self.dispatch()
+
+    def _room(self, h: GeneratorHandle) -> int:
+        return h.capacity * self.queue_factor - len(h.outstanding)
+
+    def dispatch(self) -> None:
+        """Hand pending samples to the generators with the most room, a prompt at a time."""
+        while self._pending and self.generators:
+            handle = max(self.generators.values(), key=self._room)
+            room = self._room(handle)
+            if room <= 0:
+                return
+            prompt_id, indices = self._pending.popleft()
+            task = self._inflight.get(prompt_id)
+            if task is None:
+                continue
+            indices = [i for i in indices if i not in task.received]
+            take, rest = indices[:room], indices[room:]
+            if rest:
+                self._pending.appendleft((prompt_id, rest))
+            if not take:
+                continue
+            handle.outstanding.update((prompt_id, i) for i in take)
+            sp = self.sampling
+            handle.outbox.put_nowait(Work(prompt_id, task.token_ids, tuple(take), sp.temperature, sp.top_p,
+                                          sp.max_new_tokens, task.seed, task.min_policy_version))
+            self.num_prompts_dispatched += 1
+
+    def on_sample(self, generator_id: str, sample: Sample) -> bool:
+        """Take a finished sample; False when it was dropped (duplicate, unknown or malformed)."""
+        handle = self.generators.get(generator_id)
+        key = (sample.prompt_id, sample.sample_index)
+        if handle is not None:
+            handle.outstanding.discard(key)
+        task = self._inflight.get(sample.prompt_id)
+        if task is None or sample.sample_index in task.received:
+            self.num_samples_duplicate_dropped += 1
+            self.metrics.samples_duplicate.inc()
+            self.dispatch()
+            return False
+        if sample.sample_index >= task.group_size or len(sample.logprobs) != len(sample.completion_token_ids):
+            self.num_samples_rejected += 1
+            log.warning("rejected malformed sample %s/%d from %s", *key, generator_id)
+            self._pending.appendleft((sample.prompt_id, [sample.sample_index]))
+            self.dispatch()
+            return False
+        task.received[sample.sample_index] = (sample, self.scorer(sample, task.answer))
+        self.num_samples_accepted += 1
+        self.metrics.samples_accepted.inc()
+        if handle is not None:
+            handle.num_samples += 1
+        if len(task.received) == task.group_size:
+            self._complete(task)
+        self.dispatch()
+        return True
+
+    def _complete(self, task: _InFlight) -> None:
+        del self._inflight[task.prompt_id]
+        ordered = [task.received[i] for i in range(task.group_size)]
+        advantages = group_advantages([r for _, r in ordered], self.scale_advantages)
+        scored = tuple(ScoredSample(s, r, a) for (s, r), a in zip(ordered, advantages))
+        self._ready.append(Group(task.prompt_id, task.iteration, task.dataset_index, task.token_ids, scored))
+        self._ready_event.set()
+
+    async def take_groups(self, min_samples: int, max_samples: int) -> list[Group]:
+        """Wait until complete groups hold at least min_samples samples; return groups
+        (at least one) holding at most max_samples unless a single group is larger."""
+        while sum(g.num_samples for g in self._ready) < min_samples:
+            self._ready_event.clear()
+            await self._ready_event.wait()
+        out = [self._ready.popleft()]
+        total = out[0].num_samples
+        while self._ready and total + self._ready[0].num_samples <= max_samples:
+            g = self._ready.popleft()
+            out.append(g)
+            total += g.num_samples
+        return out
+
+    def announce_weights(self, notice: WeightsNotice) -> None:
+        self.latest_weights = notice
+        for handle in self.generators.values():
+            handle.outbox.put_nowait(notice)
+
+    def close(self) -> None:
+        """End every generator's stream (the run is over)."""
+        for handle in self.generators.values():
+            handle.outbox.put_nowait(None)
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    def status(self) -> dict:
+        return {
+            "generators": {
+                g.generator_id: {"pool": g.pool, "capacity": g.capacity, "outstanding": len(g.outstanding),
+                                 "policy_version": g.policy_version, "num_samples": g.num_samples}
+                for g in self.generators.values()
+            },
+            "num_prompts_inflight": len(self._inflight),
+            "num_samples_pending": sum(len(i) for _, i in self._pending),
+            "num_groups_ready": len(self._ready),
+        }

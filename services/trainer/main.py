@@ -1,0 +1,145 @@
+"""`streamrl trainer`: the trainer process (coordinator + learner + weight publisher).
+
+Serves gRPC (Rollout + health) for generators to dial and the HTTP admin surface; in
+colocated mode it also runs the engine in-process and serves no gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from streamrl.admin import AdminServer
+from streamrl.metrics import ServiceMetrics
+from streamrl.models import load_model, load_tokenizer
+from streamrl.rewards import get_reward
+from streamrl.spec import PipelineMode, RLJob
+from streamrl.tasks import load_prompts
+from streamrl.trainer.coordinator import Coordinator, SamplingConfig
+from streamrl.trainer.learner import Learner
+from streamrl.trainer.local import LocalGenerator
+from streamrl.trainer.loop import TrainLoop
+from streamrl.trainer.recorder import Recorder
+from streamrl.trainer.servicer import RolloutServicer
+from streamrl.v1 import rollout_pb2_grpc
+from streamrl.weights import WeightStore
+from streamrl.wire import GRPC_OPTIONS
+
+log = logging.getLogger("streamrl.trainer")
+
+
+async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0.1",
+                endpoint_file: Path | None = None) -> int:
+    spec = job.spec
+    torch.manual_seed(spec.algorithm.seed)
+    colocated = spec.pipeline.mode == PipelineMode.colocated
+    metrics = ServiceMetrics("trainer")
+    tok = load_tokenizer(model_dir)
+    reward_fn = get_reward(spec.reward.function)
+    prompts = load_prompts(spec.task)
+
+    def encode(text: str) -> tuple[int, ...]:
+        return (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"])
+
+    def score(sample, answer: str) -> float:
+        return float(reward_fn(tok.decode(sample.completion_token_ids, skip_special_tokens=True), answer))
+
+    algo = spec.algorithm
+    coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed),
+                              score, metrics, algo.scale_advantages)
+    learner = Learner(load_model(model_dir, spec.model.dtype, spec.trainer.device), algo, spec.trainer.device)
+    store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
+    recorder = Recorder(out_dir)
+    loop = TrainLoop(spec, coordinator, learner, store, encode, prompts, recorder, metrics)
+    run_id = uuid.uuid4().hex[:12]
+    started = time.monotonic()
+
+    def status() -> dict:
+        elapsed = time.monotonic() - started
+        return {
+            "run_id": run_id, "phase": loop.phase, "mode": spec.pipeline.mode.value,
+            "iteration": len(recorder.records), "num_iterations": algo.num_iterations,
+            "policy_version": learner.policy_version,
+            "num_samples_accepted": coordinator.num_samples_accepted,
+            "samples_per_s": coordinator.num_samples_accepted / elapsed if elapsed else 0.0,
+            "last": loop.last, **coordinator.status(),
+        }
+
+    admin = AdminServer(metrics.registry, status, lambda: loop.phase == "Running", host, spec.trainer.admin_port)
+    admin.start()
+    server = None
+    local = None
+    endpoint = {"admin_port": admin.port, "grpc_port": None, "pid": None}
+    if colocated:
+        from streamrl.generator.engine import setup_engine
+
+        pool = spec.generators.pools[0]
+        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, tok.eos_token_id)
+        local = LocalGenerator(engine, coordinator, store, metrics)
+        local.start()
+    else:
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(coordinator, store, run_id), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        endpoint["grpc_port"] = server.add_insecure_port(f"{host}:{spec.trainer.port}")
+        await server.start()
+        await health_servicer.set("streamrl.v1.Rollout", health_pb2.HealthCheckResponse.SERVING)
+    endpoint["pid"] = os.getpid()
+    if endpoint_file:
+        tmp = endpoint_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(endpoint))
+        tmp.rename(endpoint_file)
+    log.info("trainer %s up: grpc %s, admin http://%s:%d, mode %s", run_id, endpoint["grpc_port"], host,
+             admin.port, spec.pipeline.mode.value)
+
+    task = asyncio.ensure_future(loop.run())
+    stop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        stop.add_signal_handler(sig, task.cancel)
+    code = 0
+    try:
+        await task
+    except asyncio.CancelledError:
+        loop.phase = "Interrupted"
+        log.warning("trainer interrupted after %d iterations", len(recorder.records))
+        code = 130
+    except Exception:
+        loop.phase = "Failed"
+        log.exception("trainer failed")
+        code = 1
+    finally:
+        summary = recorder.summary({
+            "phase": loop.phase,
+            "mode": spec.pipeline.mode.value,
+            "num_prompts_dispatched": coordinator.num_prompts_dispatched,
+            "num_samples_accepted": coordinator.num_samples_accepted,
+            "num_samples_duplicate_dropped": coordinator.num_samples_duplicate_dropped,
+            "num_samples_redispatched": coordinator.num_samples_redispatched,
+            "num_samples_rejected": coordinator.num_samples_rejected,
+            "reward_first": recorder.records[0]["reward_mean"] if recorder.records else None,
+            "reward_last": recorder.records[-1]["reward_mean"] if recorder.records else None,
+        })
+        recorder.close()
+        model_out = out_dir / "model"
+        learner.model.save_pretrained(model_out)
+        tok.save_pretrained(model_out)
+        log.info("summary: %s", json.dumps({k: summary[k] for k in ("num_iterations", "samples_per_s",
+                                                                    "reward_mean", "phase")}))
+        coordinator.close()
+        if local:
+            local.stop()
+        if server:
+            await server.stop(grace=2)
+        admin.stop()
+    return code

@@ -1,0 +1,64 @@
+"""The HTTP admin surface every service serves: /healthz, /readyz, /metrics, /status.
+
+Runs uvicorn in a daemon thread on a socket bound up front, so port 0 works and the
+chosen port is known before anything dials it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+class AdminServer:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        status: Callable[[], dict[str, Any]],
+        ready: Callable[[], bool],
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        import uvicorn
+        from fastapi import FastAPI, Response
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI(title="streamrl admin", docs_url=None, redoc_url=None)
+
+        @app.get("/healthz")
+        def healthz() -> dict:
+            return {"ok": True}
+
+        @app.get("/readyz")
+        def readyz() -> Response:
+            ok = ready()
+            return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+        @app.get("/metrics")
+        def metrics() -> Response:
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/status")
+        def status_() -> dict:
+            return status()
+
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.port = self._sock.getsockname()[1]
+        self.host = host
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
+                                        name="admin-http")
+
+    def start(self) -> "AdminServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)

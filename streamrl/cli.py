@@ -1,0 +1,128 @@
+"""`streamrl` command line: run | trainer | generator. Heavy imports happen per command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+    torch.set_num_interop_threads(1)
+
+
+def cmd_run(args) -> int:
+    from streamrl.runner import run
+
+    return run(Path(args.job), Path(args.out) if args.out else None, quiet=args.quiet)
+
+
+def cmd_trainer(args) -> int:
+    import asyncio
+
+    from streamrl.models import resolve_model_dir
+    from streamrl.spec import load_job
+
+    job = load_job(args.job)
+    _threads(args.threads or job.spec.trainer.threads)
+    model_dir = Path(args.model_dir) if args.model_dir else resolve_model_dir(job.spec)
+    from streamrl.trainer.main import serve
+
+    return asyncio.run(serve(job, model_dir, Path(args.out), args.host,
+                             Path(args.endpoint_file) if args.endpoint_file else None))
+
+
+def cmd_generator(args) -> int:
+    import signal
+    import socket
+
+    from streamrl.admin import AdminServer
+    from streamrl.generator.agent import GeneratorAgent
+    from streamrl.generator.engine import setup_engine
+    from streamrl.metrics import ServiceMetrics
+    from streamrl.models import load_tokenizer, resolve_model_dir
+    from streamrl.spec import load_job
+
+    job = load_job(args.job)
+    pools = {p.name: p for p in job.spec.generators.pools}
+    if args.pool not in pools:
+        raise ValueError(f"--pool {args.pool!r}: not in spec.generators.pools ({', '.join(pools)})")
+    pool = pools[args.pool]
+    _threads(pool.threads)
+    model_dir = Path(args.model_dir) if args.model_dir else resolve_model_dir(job.spec)
+    eos = load_tokenizer(model_dir).eos_token_id
+    engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, eos)
+    metrics = ServiceMetrics("generator")
+    gid = args.id or f"{pool.name}-{socket.gethostname()}-{os.getpid()}"
+    agent = GeneratorAgent(engine, args.trainer, gid, pool.name, metrics, pool.engine.type)
+
+    def status() -> dict:
+        st = engine.stats()
+        return {"generator_id": gid, "pool": pool.name, "policy_version": engine.policy_version,
+                "num_running": st.num_running, "num_waiting": st.num_waiting,
+                "num_generated_tokens": st.num_generated_tokens, "capacity": st.capacity}
+
+    admin = AdminServer(metrics.registry, status, agent.connected.is_set, args.host, args.admin_port).start()
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    try:
+        return agent.run()
+    finally:
+        admin.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="streamrl", description="Disaggregated RL post-training of LLMs.")
+    parser.add_argument("--log-level", default=os.environ.get("STREAMRL_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run an RLJob on this machine (trainer + generators as local processes)")
+    p.add_argument("job", help="RLJob YAML file")
+    p.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("trainer", help="serve the trainer (coordinator, learner, weight publisher)")
+    p.add_argument("job", help="RLJob YAML file")
+    p.add_argument("--out", required=True, help="directory for metrics.jsonl, summary.json and the model")
+    p.add_argument("--model-dir", help="initial policy directory (default: resolved from the spec)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--threads", type=int, help="torch threads (default: spec.trainer.threads)")
+    p.add_argument("--endpoint-file", help="write {grpc_port, admin_port} here once listening")
+    p.set_defaults(fn=cmd_trainer)
+
+    p = sub.add_parser("generator", help="serve one generator replica that dials the trainer")
+    p.add_argument("job", help="RLJob YAML file")
+    p.add_argument("--trainer", required=True, help="trainer gRPC address host:port")
+    p.add_argument("--pool", default="default", help="generator pool of this replica")
+    p.add_argument("--id", help="replica id (default: <pool>-<host>-<pid>)")
+    p.add_argument("--model-dir", help="initial policy directory (default: resolved from the spec)")
+    p.add_argument("--host", default="127.0.0.1", help="admin HTTP address")
+    p.add_argument("--admin-port", type=int, default=0, help="admin HTTP port (0 = any)")
+    p.set_defaults(fn=cmd_generator)
+
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    from streamrl.spec import SpecError
+
+    try:
+        return args.fn(args)
+    except (SpecError, ValueError) as err:
+        print(f"streamrl {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

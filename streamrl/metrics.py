@@ -1,0 +1,107 @@
+"""Every metric name StreamRL exports, and the stage clock that feeds the bubble metrics.
+
+Services, the run recorder and (later) dashboards and the autoscaler use these names only.
+Pipeline-bubble ratio = trainer seconds idle waiting for samples / wall seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BUSY_SECONDS = "streamrl_stage_busy_seconds"
+IDLE_SECONDS = "streamrl_stage_idle_seconds"
+GENERATED_TOKENS = "streamrl_generated_tokens"
+SAMPLES_STREAMED = "streamrl_samples_streamed"
+SAMPLES_ACCEPTED = "streamrl_samples_accepted"
+SAMPLES_DUPLICATE = "streamrl_samples_duplicate_dropped"
+SAMPLES_REDISPATCHED = "streamrl_samples_redispatched"
+POLICY_VERSION = "streamrl_policy_version"
+ITERATION = "streamrl_iteration"
+REWARD_MEAN = "streamrl_reward_mean"
+PIPELINE_BUBBLE_RATIO = "streamrl_pipeline_bubble_ratio"
+TRAIN_STEP_SECONDS = "streamrl_train_step_seconds"
+WEIGHT_SYNC_SECONDS = "streamrl_weight_sync_seconds"
+WEIGHT_SYNC_BYTES = "streamrl_weight_sync_bytes"
+BATCH_OCCUPANCY = "streamrl_batch_occupancy"
+CONNECTED_GENERATORS = "streamrl_connected_generators"
+
+# Idle reasons.
+WAITING_SAMPLES = "waiting_samples"
+WAITING_WEIGHTS = "waiting_weights"
+NO_WORK = "no_work"
+
+
+class ServiceMetrics:
+    """The collectors of one process, on its own registry."""
+
+    def __init__(self, stage: str):
+        self.stage = stage
+        r = self.registry = CollectorRegistry()
+        self.busy_seconds = Counter(BUSY_SECONDS, "Seconds the stage spent working", ["stage"], registry=r)
+        self.idle_seconds = Counter(IDLE_SECONDS, "Seconds the stage sat idle, by reason", ["stage", "reason"], registry=r)
+        self.generated_tokens = Counter(GENERATED_TOKENS, "Tokens generated", registry=r)
+        self.samples_streamed = Counter(SAMPLES_STREAMED, "Samples sent to the trainer by a generator", registry=r)
+        self.samples_accepted = Counter(SAMPLES_ACCEPTED, "Samples the trainer accepted", registry=r)
+        self.samples_duplicate = Counter(SAMPLES_DUPLICATE, "Samples dropped as already received", registry=r)
+        self.samples_redispatched = Counter(
+            SAMPLES_REDISPATCHED, "Samples dispatched again after their replica vanished", registry=r
+        )
+        self.policy_version = Gauge(POLICY_VERSION, "Weight version in use", registry=r)
+        self.iteration = Gauge(ITERATION, "Iterations completed", registry=r)
+        self.reward_mean = Gauge(REWARD_MEAN, "Mean reward of the last iteration", registry=r)
+        self.pipeline_bubble_ratio = Gauge(
+            PIPELINE_BUBBLE_RATIO, "Trainer idle-waiting-for-samples / wall time, last iteration", registry=r
+        )
+        self.train_step_seconds = Histogram(TRAIN_STEP_SECONDS, "Seconds of one optimizer step", registry=r)
+        self.weight_sync_seconds = Histogram(
+            WEIGHT_SYNC_SECONDS, "Seconds from a new-weights notice to the swap (generator) or to publish (trainer)",
+            registry=r,
+        )
+        self.weight_sync_bytes = Counter(WEIGHT_SYNC_BYTES, "Weight bytes transferred", registry=r)
+        self.batch_occupancy = Gauge(BATCH_OCCUPANCY, "Running sequences / engine capacity", registry=r)
+        self.connected_generators = Gauge(CONNECTED_GENERATORS, "Generators connected to the trainer", registry=r)
+        self.clock = StageClock(self)
+
+
+class StageClock:
+    """Attributes every second of a stage to busy or idle(reason); thread-safe."""
+
+    def __init__(self, metrics: ServiceMetrics):
+        self._m = metrics
+        self._lock = threading.Lock()
+        self._state = ("idle", NO_WORK)
+        self._since = time.monotonic()
+        self._totals: dict[tuple[str, str], float] = {}
+
+    def _switch(self, state: tuple[str, str]) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._account(now)
+            self._state = state
+
+    def _account(self, now: float) -> None:
+        dt = now - self._since
+        self._since = now
+        self._totals[self._state] = self._totals.get(self._state, 0.0) + dt
+        if self._state[0] == "busy":
+            self._m.busy_seconds.labels(self._m.stage).inc(dt)
+        else:
+            self._m.idle_seconds.labels(self._m.stage, self._state[1]).inc(dt)
+
+    def busy(self) -> None:
+        self._switch(("busy", ""))
+
+    def idle(self, reason: str) -> None:
+        self._switch(("idle", reason))
+
+    def totals(self) -> dict[tuple[str, str], float]:
+        """Seconds per (state, reason) so far, including the current stretch."""
+        with self._lock:
+            self._account(time.monotonic())
+            return dict(self._totals)
+
+    def seconds(self, state: str, reason: str = "") -> float:
+        return self.totals().get((state, reason), 0.0)

@@ -1,0 +1,186 @@
+"""`streamrl run job.yaml`: the trainer and every generator replica as local processes on
+loopback, each pinned to its own cores, with live progress and a clean stop on finish or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from streamrl.models import model_spec_summary, resolve_model_dir
+from streamrl.spec import PipelineMode, RLJob, dump_job, load_job
+
+STARTUP_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+
+class CorePlanner:
+    """Hands out CPU cores round-robin so local processes do not fight over them."""
+
+    def __init__(self):
+        self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._next = 0
+
+    def take(self, n: int) -> list[int]:
+        if not self.cores:
+            return []
+        out = [self.cores[(self._next + i) % len(self.cores)] for i in range(min(n, len(self.cores)))]
+        self._next += n
+        return out
+
+
+def _spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: Path) -> Child:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+               TOKENIZERS_PARALLELISM="false")
+    log_path = log_dir / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *argv], env=env,
+                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    if cores:
+        try:
+            os.sched_setaffinity(proc.pid, cores)
+        except OSError:
+            pass
+    return Child(name, proc, log_path)
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _stop(children: list[Child]) -> None:
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for c in children:
+        try:
+            c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+
+
+def _wait_endpoint(path: Path, trainer: Child) -> dict:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        if trainer.proc.poll() is not None:
+            raise RuntimeError(f"trainer exited with {trainer.proc.returncode} before listening:\n"
+                               f"{_tail(trainer.log_path)}")
+        time.sleep(0.1)
+    raise RuntimeError(f"trainer did not start within {STARTUP_TIMEOUT_S:.0f}s; see {trainer.log_path}")
+
+
+def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -> tuple[Child, list[Child], dict]:
+    """Start the trainer, wait for its endpoint, then every generator replica."""
+    spec = job.spec
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cores = CorePlanner()
+    colocated = spec.pipeline.mode == PipelineMode.colocated
+    # Colocated alternates generation and training in one process: it gets every core.
+    trainer_threads = (len(cores.cores) or 1) if colocated else spec.trainer.threads
+    endpoint_file = out_dir / "trainer.json"
+    endpoint_file.unlink(missing_ok=True)
+    trainer = _spawn("trainer", ["trainer", str(job_file), "--model-dir", str(model_dir), "--out", str(out_dir),
+                                 "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file)],
+                     trainer_threads, cores.take(trainer_threads), log_dir)
+    generators: list[Child] = []
+    try:
+        endpoint = _wait_endpoint(endpoint_file, trainer)
+        if not colocated:
+            for pool in spec.generators.pools:
+                for i in range(pool.replicas):
+                    gid = f"{pool.name}-{i}"
+                    generators.append(_spawn(
+                        f"generator-{gid}",
+                        ["generator", str(job_file), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
+                         "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir)],
+                        pool.threads, cores.take(pool.threads), log_dir))
+    except BaseException:
+        _stop([trainer, *generators])
+        raise
+    return trainer, generators, endpoint
+
+
+def _progress(job: RLJob, trainer: Child, generators: list[Child], admin: str, quiet: bool) -> None:
+    from tqdm import tqdm
+
+    total = job.spec.algorithm.num_iterations
+    bar = tqdm(total=total, unit="it", desc=job.metadata.name, disable=quiet, dynamic_ncols=True)
+    shown = 0
+    with httpx.Client(timeout=2.0) as http:
+        while trainer.proc.poll() is None:
+            try:
+                st = http.get(f"{admin}/status").json()
+            except (httpx.HTTPError, ValueError):
+                st = None
+            if st:
+                done = st["iteration"]
+                if done > shown:
+                    bar.update(done - shown)
+                    shown = done
+                last = st.get("last") or {}
+                bar.set_postfix(
+                    v=st["policy_version"], gens=len(st.get("generators", {})),
+                    samples_s=f"{st['samples_per_s']:.0f}",
+                    reward=f"{last.get('reward_mean', float('nan')):.3f}",
+                    bubble=f"{last.get('pipeline_bubble_ratio', float('nan')):.2f}",
+                )
+            for g in list(generators):
+                if g.proc.poll() not in (None, 0):
+                    bar.write(f"warning: {g.name} exited with {g.proc.returncode}; see {g.log_path}")
+                    generators.remove(g)
+            time.sleep(0.5)
+    bar.close()
+
+
+def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False) -> int:
+    job = load_job(job_file)
+    out_dir = out_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = out_dir / "job.yaml"
+    resolved.write_text(dump_job(job))
+    say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    spec = job.spec
+    say(f"streamrl run {job.metadata.name}: mode {spec.pipeline.mode.value}, model {model_spec_summary(spec.model)}, "
+        f"{sum(p.replicas for p in spec.generators.pools)} generator replica(s), out {out_dir}")
+    model_dir = resolve_model_dir(spec, log=say)
+    trainer, generators, endpoint = start_services(job, resolved, model_dir, out_dir)
+    children = [trainer, *generators]
+    try:
+        _progress(job, trainer, list(generators), f"http://127.0.0.1:{endpoint['admin_port']}", quiet)
+    except KeyboardInterrupt:
+        say("interrupted: stopping services (the trainer writes its summary and model first)")
+    finally:
+        _stop([trainer])
+        _stop(generators)
+    code = trainer.proc.returncode
+    summary_path = out_dir / "summary.json"
+    if summary_path.exists():
+        s = json.loads(summary_path.read_text())
+        say(f"done: {s['num_iterations']} iterations, {s['num_samples']} samples, {s['samples_per_s']:.1f} samples/s, "
+            f"reward {s.get('reward_first') or 0:.3f} -> {s.get('reward_last') or 0:.3f}, "
+            f"pipeline bubble {s['pipeline_bubble_ratio']:.2f}; results in {out_dir}")
+    if code not in (0, 130):
+        say(f"trainer failed (exit {code}):\n{_tail(trainer.log_path)}")
+    return 0 if code == 0 else code if code else 1

@@ -1,0 +1,99 @@
+"""In-process types of the data flow: a finished sample and a scored group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt_id: str
+    """Id of the prompt within the run (unique per dispatch of a dataset prompt)."""
+    sample_index: int
+    """Index in the prompt's group, [0, group_size)."""
+    completion_token_ids: tuple[int, ...]
+    """[C] generated ids (EOS included when produced)."""
+    logprobs: tuple[float, ...]
+    """[C] behaviour-policy log-probs of those ids at the sampling temperature."""
+    policy_version: int
+    """Weight version that generated the sample."""
+    finish_reason: str
+    """"stop" or "length"."""
+    generator_id: str = ""
+    """Replica that produced it."""
+    queue_s: float = 0.0
+    """Seconds waiting in the replica before decoding started."""
+    generate_s: float = 0.0
+    """Seconds of decoding."""
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    sample: Sample
+    reward: float
+    """Reward of the completion against the prompt's answer."""
+    advantage: float
+    """Group-normalised advantage."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """All samples of one prompt, scored, ready for the learner."""
+
+    prompt_id: str
+    iteration: int
+    dataset_index: int
+    """The prompt's index in the dataset."""
+    prompt_token_ids: tuple[int, ...]
+    """[P] prompt ids, BOS included."""
+    samples: tuple[ScoredSample, ...]
+    """Ordered by sample_index."""
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.samples)
+
+
+def group_advantages(rewards: list[float], scale: bool = True, eps: float = 1e-6) -> list[float]:
+    """GRPO advantages: reward minus the group mean, divided by the group's sample
+    standard deviation (Bessel-corrected, as in TRL) when `scale`."""
+    n = len(rewards)
+    mean = sum(rewards) / n
+    centred = [r - mean for r in rewards]
+    if not scale:
+        return centred
+    std = (sum(c * c for c in centred) / (n - 1)) ** 0.5 if n > 1 else 0.0
+    return [c / (std + eps) for c in centred]
+
+
+@dataclass(frozen=True)
+class Work:
+    """Samples of one prompt to generate (the domain form of an Assign)."""
+
+    prompt_id: str
+    prompt_token_ids: tuple[int, ...]
+    """[P] prompt ids, BOS included."""
+    sample_indices: tuple[int, ...]
+    """Which samples of the group to generate."""
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    """Sample i uses seed + i."""
+    min_policy_version: int
+    """Do not start before holding this weight version."""
+    priority: float = 0.0
+    """Higher starts first."""
+
+
+@dataclass(frozen=True)
+class WeightsNotice:
+    """A new weight version is available to fetch."""
+
+    policy_version: int
+    size_bytes: int
+    num_chunks: int
+    sha256: str
+    """Hex SHA-256 of the whole serialized version."""
+    source: str = ""
+    """host:port to fetch from; empty = the trainer."""

@@ -1,0 +1,49 @@
+"""Supervised warm start of the built-in tiny model on its task, so RL begins with signal.
+
+Teacher-forced cross-entropy on answer tokens (+ EOS) for a fixed number of steps.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from streamrl.spec import RLJobSpec
+
+
+def warm_start(model_dir: Path, spec: RLJobSpec, batch_size: int = 32, lr: float = 1e-3, log=print) -> dict:
+    import torch
+
+    from streamrl.logprobs import pack, token_logprobs
+    from streamrl.models import load_model, load_tokenizer
+    from streamrl.tasks import load_prompts
+
+    tok = load_tokenizer(model_dir)
+    model = load_model(model_dir).train()
+    prompts = load_prompts(spec.task)
+    rng = random.Random(spec.model.seed)
+    torch.manual_seed(spec.model.seed)
+    steps = spec.model.warm_start_steps
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    start = time.monotonic()
+    loss_value = float("nan")
+    for step in range(steps):
+        batch = rng.sample(prompts, min(batch_size, len(prompts)))
+        packed = pack([[tok.bos_token_id] + encode(p.text) for p in batch],
+                      [encode(p.answer) + [tok.eos_token_id] for p in batch])
+        logp = token_logprobs(model, packed)
+        loss = -logp.sum() / packed.completion_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_value = loss.item()
+        if (step + 1) % 100 == 0 or step + 1 == steps:
+            log(f"  warm start step {step + 1}/{steps}  loss {loss_value:.3f}  {time.monotonic() - start:.0f}s")
+    model.eval().save_pretrained(model_dir)
+    return {"loss": loss_value, "seconds": time.monotonic() - start}

@@ -1,0 +1,123 @@
+"""Versioned policy weights as checksummed chunks: what the trainer publishes and a
+generator reassembles. Knows bytes and tensors; the gRPC transfer lives in the services."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+
+class WeightsCorruptError(ValueError):
+    """A chunk or a whole version failed its checksum; nothing of it may be used."""
+
+
+def serialize(named_tensors: dict[str, "torch.Tensor"]) -> bytes:
+    """safetensors bytes of CPU, contiguous copies of the tensors."""
+    from safetensors.torch import save
+
+    return save({k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()})
+
+
+def deserialize(blob: bytes) -> dict[str, "torch.Tensor"]:
+    from safetensors.torch import load
+
+    return load(blob)
+
+
+@dataclass(frozen=True)
+class WeightVersion:
+    policy_version: int
+    blob: bytes
+    chunk_bytes: int
+    sha256: str
+    """Hex SHA-256 of the whole blob."""
+    chunk_sha256: tuple[str, ...]
+    """Hex SHA-256 of each chunk, in order."""
+
+    @classmethod
+    def build(cls, policy_version: int, blob: bytes, chunk_bytes: int) -> "WeightVersion":
+        hashes = tuple(
+            hashlib.sha256(blob[o : o + chunk_bytes]).hexdigest() for o in range(0, max(len(blob), 1), chunk_bytes)
+        )
+        return cls(policy_version, blob, chunk_bytes, hashlib.sha256(blob).hexdigest(), hashes)
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.blob)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_sha256)
+
+    def chunks(self, offset_bytes: int = 0) -> Iterator[tuple[int, bytes, str]]:
+        """(offset, data, sha256) from offset_bytes, which must be a chunk boundary."""
+        if offset_bytes % self.chunk_bytes or offset_bytes > self.size_bytes:
+            raise ValueError(f"offset_bytes {offset_bytes} is not a chunk boundary of version {self.policy_version}")
+        for i in range(offset_bytes // self.chunk_bytes, self.num_chunks):
+            o = i * self.chunk_bytes
+            yield o, self.blob[o : o + self.chunk_bytes], self.chunk_sha256[i]
+
+
+class WeightStore:
+    """The latest `keep` versions, oldest evicted first (bounded memory)."""
+
+    def __init__(self, keep: int, chunk_bytes: int):
+        self.keep = keep
+        self.chunk_bytes = chunk_bytes
+        self._versions: OrderedDict[int, WeightVersion] = OrderedDict()
+
+    def publish(self, policy_version: int, named_tensors: dict[str, "torch.Tensor"]) -> WeightVersion:
+        version = WeightVersion.build(policy_version, serialize(named_tensors), self.chunk_bytes)
+        self.add(version)
+        return version
+
+    def add(self, version: WeightVersion) -> None:
+        self._versions[version.policy_version] = version
+        while len(self._versions) > self.keep:
+            self._versions.popitem(last=False)
+
+    def get(self, policy_version: int) -> WeightVersion | None:
+        return self._versions.get(policy_version)
+
+    @property
+    def latest(self) -> WeightVersion | None:
+        return next(reversed(self._versions.values()), None)
+
+
+class WeightAssembler:
+    """Reassembles one version from verified chunks; `next_offset` is where to resume."""
+
+    def __init__(self, policy_version: int, size_bytes: int, sha256: str):
+        self.policy_version = policy_version
+        self.size_bytes = size_bytes
+        self.sha256 = sha256
+        self._parts: list[bytes] = []
+        self.next_offset = 0
+
+    def add_chunk(self, offset_bytes: int, data: bytes, sha256: str) -> None:
+        if offset_bytes != self.next_offset:
+            raise WeightsCorruptError(
+                f"version {self.policy_version}: chunk at offset {offset_bytes}, expected {self.next_offset}"
+            )
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise WeightsCorruptError(f"version {self.policy_version}: chunk at offset {offset_bytes} fails its checksum")
+        self._parts.append(data)
+        self.next_offset += len(data)
+
+    @property
+    def complete(self) -> bool:
+        return self.next_offset >= self.size_bytes
+
+    def finish(self) -> dict[str, "torch.Tensor"]:
+        """The tensors, once every byte is in and the whole-version checksum matches."""
+        blob = b"".join(self._parts)
+        if len(blob) != self.size_bytes:
+            raise WeightsCorruptError(f"version {self.policy_version}: {len(blob)} of {self.size_bytes} bytes")
+        if hashlib.sha256(blob).hexdigest() != self.sha256:
+            raise WeightsCorruptError(f"version {self.policy_version}: whole-version checksum mismatch")
+        return deserialize(blob)
