@@ -115,7 +115,7 @@ class Learner:
         n = len(items)
         st = self._stats
         st["num_samples"] += n
-        st["loss"] += float(terms.loss)
+        st["loss"] += terms.loss.item()
         st["clip_fraction"] += terms.clip_fraction * n
         st["kl"] += terms.kl * n
         st["num_micro_batches"] += 1

@@ -85,7 +85,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
 
         pool = spec.generators.pools[0]
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, tok.eos_token_id)
-        local = LocalGenerator(engine, coordinator, store, metrics)
+        # Its own metrics: the engine's busy time must not count as the trainer's.
+        local = LocalGenerator(engine, coordinator, store, ServiceMetrics("generator"))
         local.start()
     else:
         server = grpc.aio.server(options=GRPC_OPTIONS)

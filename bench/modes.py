@@ -1,0 +1,66 @@
+"""Pipeline modes side by side: the same job, seed and total cores in colocated, batch and
+stream-sync. Prints a table and, as the last line, a JSON object with samples/s per mode,
+ratios to colocated, reward per sample and each mode's pipeline-bubble ratio.
+
+    python bench/modes.py [--iterations 20] [--prompts-per-step 64] [--out runs/bench-modes]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ["colocated", "batch", "stream-sync"]
+
+
+def job_for(mode: str, iterations: int, prompts_per_step: int) -> dict:
+    job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny.yaml").read_text())
+    job["metadata"]["name"] = f"bench-{mode}"
+    algo = job["spec"]["algorithm"]
+    algo.update(numIterations=iterations, promptsPerStep=prompts_per_step)
+    job["spec"]["pipeline"] = {"mode": mode}
+    return job
+
+
+def run_mode(mode: str, args, out: Path) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(job_for(mode, args.iterations, args.prompts_per_step), f)
+    run_dir = out / mode
+    subprocess.run([sys.executable, "-m", "streamrl.cli", "run", f.name, "--out", str(run_dir), "--quiet"],
+                   check=True)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--prompts-per-step", type=int, default=64)
+    p.add_argument("--out", default="runs/bench-modes")
+    args = p.parse_args()
+    out = Path(args.out)
+    results = {mode: run_mode(mode, args, out) for mode in MODES}
+    base = results["colocated"]["samples_per_s"]
+    print(f"{'mode':<12} {'samples/s':>10} {'x colocated':>12} {'reward/sample':>14} {'bubble':>8}")
+    for mode, s in results.items():
+        print(f"{mode:<12} {s['samples_per_s']:>10.1f} {s['samples_per_s'] / base:>12.2f} "
+              f"{s['reward_mean']:>14.3f} {s['pipeline_bubble_ratio']:>8.2f}")
+    print(json.dumps({
+        "samples_per_s": {m: round(s["samples_per_s"], 2) for m, s in results.items()},
+        "ratio_to_colocated": {m: round(s["samples_per_s"] / base, 3) for m, s in results.items()},
+        "stream_sync_over_batch": round(results["stream-sync"]["samples_per_s"] / results["batch"]["samples_per_s"], 3),
+        "reward_per_sample": {m: round(s["reward_mean"], 4) for m, s in results.items()},
+        "pipeline_bubble_ratio": {m: round(s["pipeline_bubble_ratio"], 3) for m, s in results.items()},
+        "iterations": args.iterations,
+        "prompts_per_step": args.prompts_per_step,
+    }))
+
+
+if __name__ == "__main__":
+    main()

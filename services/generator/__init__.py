@@ -1,0 +1,1 @@
+"""Generator replica: inference engines and the agent that serves them to the trainer."""

@@ -1,0 +1,1 @@
+"""Trainer: rollout coordinator, RL learner and weight publisher."""

@@ -1,0 +1,91 @@
+import pytest
+
+from streamrl.spec import RLJob, SpecError, dump_job, load_job, parse_job
+
+from tests.conftest import EXAMPLE
+
+
+def _job(**spec):
+    return {"apiVersion": "streamrl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "t"}, "spec": spec}
+
+
+def test_example_job_loads_with_its_values():
+    job = load_job(EXAMPLE)
+    assert job.metadata.name == "tiny-counting"
+    assert job.spec.pipeline.mode.value == "stream-sync"
+    assert job.spec.algorithm.group_size == 8
+    assert job.spec.generators.pools[0].engine.max_batch_size == 64
+
+
+def test_dump_then_parse_round_trips():
+    job = load_job(EXAMPLE)
+    import yaml
+
+    assert parse_job(yaml.safe_load(dump_job(job))) == job
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ({"algorithm": {"groupSize": 1}}, "spec.algorithm.groupSize: Input should be greater than or equal to 2"),
+        ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: Input should be greater than 0"),
+        ({"algorithm": {"topP": 1.5}}, "spec.algorithm.topP: Input should be less than or equal to 1"),
+        ({"algorithm": {"groupsize": 4}}, "spec.algorithm.groupsize: unknown field"),
+        ({"pipeline": {"mode": "fast"}}, "spec.pipeline.mode: Input should be 'colocated', 'batch' or 'stream-sync'"),
+        ({"model": {"source": "path"}}, "spec.model: path is required when source is 'path'"),
+        ({"task": {"name": "jsonl"}}, "spec.task: path is required when name is 'jsonl'"),
+        ({"generators": {"pools": [{"name": "a"}, {"name": "a"}]}},
+         "spec.generators: pool names must be unique; repeated: a"),
+        ({"generators": {"pools": [{"name": "Bad_Name"}]}}, "spec.generators.pools.0.name: String should match pattern"),
+        ({"generators": {"pools": [{"engine": {"type": "tpu"}}]}}, "spec.generators.pools.0.engine: Input tag 'tpu'"),
+        ({"generators": {"pools": [{"replicas": 0}]}}, "spec.generators: at least one generator replica is needed"),
+        ({"trainer": {"weightChunkBytes": 64 << 20}}, "spec.trainer.weightChunkBytes: Input should be less than"),
+    ],
+)
+def test_invalid_spec_names_the_field_and_the_problem(spec, expected):
+    with pytest.raises(SpecError) as err:
+        parse_job(_job(**spec), "job.yaml")
+    assert expected in str(err.value)
+    assert str(err.value).startswith("job.yaml: invalid RLJob")
+
+
+def test_wrong_kind_and_api_version_are_rejected():
+    with pytest.raises(SpecError, match="kind: Input should be 'RLJob'"):
+        parse_job({"apiVersion": "streamrl.io/v1alpha1", "kind": "Job"})
+    with pytest.raises(SpecError, match="apiVersion: Input should be 'streamrl.io/v1alpha1'"):
+        parse_job({"apiVersion": "v1", "kind": "RLJob"})
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(SpecError) as err:
+        parse_job(_job(algorithm={"groupSize": 1, "promptsPerStep": 0}))
+    assert "(2 problems)" in str(err.value)
+
+
+def test_unreadable_and_non_yaml_files_fail_clearly(tmp_path):
+    with pytest.raises(SpecError, match="cannot read"):
+        load_job(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_job(bad)
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="must be a mapping"):
+        load_job(bad)
+
+
+def test_spec_is_frozen_and_documented():
+    job = RLJob()
+    with pytest.raises(Exception):
+        job.spec.algorithm.group_size = 3
+    schema = RLJob.model_json_schema(by_alias=True)
+    assert schema["$defs"]["AlgorithmSpec"]["properties"]["groupSize"]["description"].startswith("Samples per prompt")
+
+
+def test_spec_module_imports_neither_torch_nor_grpc():
+    import subprocess
+    import sys
+
+    code = "import sys, streamrl.spec; print('torch' in sys.modules, 'grpc' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

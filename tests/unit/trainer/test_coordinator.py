@@ -1,0 +1,132 @@
+import asyncio
+
+import pytest
+
+from streamrl.metrics import ServiceMetrics
+from streamrl.samples import Sample, WeightsNotice, Work
+from streamrl.trainer.coordinator import Coordinator, SamplingConfig
+
+
+def _coordinator(group_size=4):
+    scorer = lambda sample, answer: 1.0 if sample.completion_token_ids[0] == int(answer) else 0.0
+    return Coordinator(SamplingConfig(1.0, 1.0, 16, 0), scorer, ServiceMetrics("trainer"), queue_factor=1)
+
+
+def _drain(handle):
+    out = []
+    while not handle.outbox.empty():
+        out.append(handle.outbox.get_nowait())
+    return out
+
+
+def _sample(prompt_id, i, token=7, gid="g"):
+    return Sample(prompt_id, i, (token, 2), (-0.1, -0.2), 0, "stop", gid)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_prompts_are_dispatched_within_each_generators_room():
+    async def go():
+        c = _coordinator()
+        a = c.connect("a", "p", capacity=4, engine="torch", policy_version=0)
+        b = c.connect("b", "p", capacity=2, engine="torch", policy_version=0)
+        c.add_prompts(0, [(f"p{i}", i, "7", (1, 5)) for i in range(3)], group_size=4, min_policy_version=0)
+        wa, wb = _drain(a), _drain(b)
+        assert sum(len(w.sample_indices) for w in wa) == 4 and len(a.outstanding) == 4
+        assert sum(len(w.sample_indices) for w in wb) == 2 and len(b.outstanding) == 2
+        assert all(isinstance(w, Work) and w.temperature == 1.0 and w.max_new_tokens == 16 for w in wa + wb)
+        assert c.status()["num_samples_pending"] == 6
+
+    run(go())
+
+
+def test_duplicate_sample_is_accepted_once():
+    async def go():
+        c = _coordinator(group_size=2)
+        c.connect("a", "p", 8, "torch", 0)
+        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        assert c.on_sample("a", _sample("p0", 0)) is True
+        assert c.on_sample("a", _sample("p0", 0)) is False
+        assert c.on_sample("a", _sample("p0", 1, token=3)) is True
+        assert c.on_sample("a", _sample("p0", 1)) is False  # after the group completed
+        assert (c.num_samples_accepted, c.num_samples_duplicate_dropped) == (2, 2)
+        [group] = await c.take_groups(1, 100)
+        assert [s.reward for s in group.samples] == [1.0, 0.0]
+        assert group.samples[0].advantage > 0 > group.samples[1].advantage
+
+    run(go())
+
+
+def test_sample_from_dead_generator_is_redispatched_once():
+    async def go():
+        c = _coordinator(group_size=4)
+        a = c.connect("a", "p", 4, "torch", 0)
+        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=4, min_policy_version=0)
+        _drain(a)
+        c.on_sample("a", _sample("p0", 0))
+        c.on_sample("a", _sample("p0", 2))
+        c.disconnect("a")
+        assert c.num_samples_redispatched == 2
+        b = c.connect("b", "p", 4, "torch", 0)
+        [work] = _drain(b)
+        assert work.prompt_id == "p0" and sorted(work.sample_indices) == [1, 3]
+        c.on_sample("b", _sample("p0", 1, gid="b"))
+        c.on_sample("b", _sample("p0", 3, gid="b"))
+        c.on_sample("a", _sample("p0", 1))  # a late copy from the dead replica
+        [group] = await c.take_groups(4, 4)
+        assert [s.sample.generator_id for s in group.samples] == ["g", "b", "g", "b"]
+        assert c.num_samples_accepted == 4 and c.num_samples_duplicate_dropped == 1
+        assert c.num_samples_redispatched == 2
+
+    run(go())
+
+
+def test_malformed_sample_is_rejected_and_reissued():
+    async def go():
+        c = _coordinator(group_size=2)
+        a = c.connect("a", "p", 4, "torch", 0)
+        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        _drain(a)
+        bad = Sample("p0", 1, (7, 2), (-0.1,), 0, "stop", "a")
+        assert c.on_sample("a", bad) is False
+        assert c.num_samples_rejected == 1
+        [work] = _drain(a)
+        assert work.sample_indices == (1,)
+
+    run(go())
+
+
+def test_connect_validates_and_sends_latest_weights():
+    async def go():
+        c = _coordinator()
+        with pytest.raises(ValueError, match="generator_id must not be empty"):
+            c.connect("", "p", 4, "torch", 0)
+        c.connect("a", "p", 4, "torch", 0)
+        with pytest.raises(KeyError, match="connected already"):
+            c.connect("a", "p", 4, "torch", 0)
+        notice = WeightsNotice(3, 100, 1, "ff")
+        c.announce_weights(notice)
+        late = c.connect("b", "p", 4, "torch", 0)
+        assert _drain(late) == [notice]
+
+    run(go())
+
+
+def test_take_groups_waits_for_enough_samples():
+    async def go():
+        c = _coordinator(group_size=2)
+        c.connect("a", "p", 8, "torch", 0)
+        c.add_prompts(0, [(f"p{i}", i, "7", (1,)) for i in range(3)], group_size=2, min_policy_version=0)
+        waiter = asyncio.ensure_future(c.take_groups(4, 4))
+        for i in (0, 1):
+            c.on_sample("a", _sample("p0", i))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        for i in (0, 1):
+            c.on_sample("a", _sample("p1", i))
+        groups = await asyncio.wait_for(waiter, 1)
+        assert [g.prompt_id for g in groups] == ["p0", "p1"]
+
+    run(go())
