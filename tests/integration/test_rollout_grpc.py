@@ -1,0 +1,143 @@
+"""The Rollout service's gRPC edge over a real loopback server: status codes and weight transfer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+import pytest
+import torch
+
+from streamrl.generator.agent import fetch_weights
+from streamrl.metrics import ServiceMetrics
+from streamrl.samples import WeightsNotice
+from streamrl.trainer.coordinator import Coordinator, SamplingConfig
+from streamrl.trainer.servicer import RolloutServicer
+from streamrl.v1 import rollout_pb2 as pb
+from streamrl.v1 import rollout_pb2_grpc
+from streamrl.weights import WeightsCorruptError, WeightStore
+from streamrl.wire import GRPC_OPTIONS
+
+
+class _Server:
+    """A RolloutServicer on its own event loop thread."""
+
+    def __init__(self, store: WeightStore):
+        self.store = store
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self):
+        self.coordinator = Coordinator(SamplingConfig(1.0, 1.0, 8, 0), lambda s, a: 0.0, ServiceMetrics("trainer"))
+        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(self.coordinator, self.store, "run"),
+                                                       self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture
+def server():
+    store = WeightStore(keep=2, chunk_bytes=4096)
+    s = _Server(store)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def stub(server):
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}", options=GRPC_OPTIONS)
+    yield rollout_pb2_grpc.RolloutStub(channel)
+    channel.close()
+
+
+def _weights():
+    g = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(200, 100, generator=g), "b": torch.randn(100, generator=g)}
+
+
+def _notice(version) -> WeightsNotice:
+    return WeightsNotice(version.policy_version, version.size_bytes, version.num_chunks, version.sha256)
+
+
+def test_connect_must_start_with_hello(stub):
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Connect(iter([pb.ConnectRequest(load=pb.LoadReport())])))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be a Hello" in err.value.details()
+
+
+def test_second_connection_with_the_same_id_is_refused(stub, server):
+    import queue
+
+    q: queue.Queue = queue.Queue()
+    q.put(pb.ConnectRequest(hello=pb.Hello(generator_id="g1", pool="p", capacity=2, engine="torch")))
+    first = stub.Connect(iter(q.get, None))
+    assert next(first).WhichOneof("kind") == "welcome"
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Connect(iter([pb.ConnectRequest(hello=pb.Hello(generator_id="g1", capacity=2))])))
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Connect(iter([pb.ConnectRequest(hello=pb.Hello(generator_id="g2", capacity=0))])))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    q.put(None)
+    first.cancel()
+
+
+def test_weights_round_trip_over_grpc_in_chunks(stub, server):
+    version = server.store.publish(1, _weights())
+    assert version.num_chunks > 10
+    got = fetch_weights(stub, _notice(version))
+    for k, v in _weights().items():
+        assert torch.equal(got[k], v)
+
+
+def test_unknown_version_and_bad_offset_have_clear_status(stub, server):
+    server.store.publish(1, _weights())
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.FetchWeights(pb.FetchWeightsRequest(policy_version=9)))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.FetchWeights(pb.FetchWeightsRequest(policy_version=1, offset_bytes=7)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+class _BreakingStub:
+    """Passes FetchWeights through to the real stub but breaks the first stream after n chunks."""
+
+    def __init__(self, stub, break_after: int):
+        self.stub, self.break_after, self.calls = stub, break_after, []
+
+    def FetchWeights(self, request):
+        self.calls.append(request.offset_bytes)
+        for i, chunk in enumerate(self.stub.FetchWeights(request)):
+            if len(self.calls) == 1 and i == self.break_after:
+                raise _Broken()
+            yield chunk
+
+
+class _Broken(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def test_broken_transfer_resumes_from_the_last_verified_chunk(stub, server):
+    version = server.store.publish(2, _weights())
+    flaky = _BreakingStub(stub, break_after=5)
+    got = fetch_weights(flaky, _notice(version), backoff_s=0.0)
+    assert flaky.calls == [0, 5 * 4096]
+    assert torch.equal(got["w"], _weights()["w"])
+
+
+def test_corrupted_version_is_rejected(stub, server):
+    version = server.store.publish(3, _weights())
+    wrong = WeightsNotice(3, version.size_bytes, version.num_chunks, "0" * 64)
+    with pytest.raises(WeightsCorruptError, match="whole-version checksum"):
+        fetch_weights(stub, wrong)

@@ -1,0 +1,112 @@
+"""Real trainer and generator processes on loopback ports, talking real gRPC."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import child_env
+
+
+def _start(argv: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "streamrl.cli", *argv], env=child_env(),
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"trainer exited early with {proc.returncode}"
+        assert time.monotonic() < deadline, "trainer did not start"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def services(tmp_path, write_job, tiny_model_dir):
+    """Start a trainer; yield a helper that starts generators; stop everything after."""
+    procs: list[subprocess.Popen] = []
+
+    def start(job_overrides: dict, generator_ids: list[str]):
+        job = write_job(job_overrides)
+        endpoint_file = tmp_path / "trainer.json"
+        trainer = _start(["trainer", str(job), "--model-dir", str(tiny_model_dir), "--out", str(tmp_path / "out"),
+                          "--endpoint-file", str(endpoint_file)], tmp_path / "trainer.log")
+        procs.append(trainer)
+        endpoint = _wait_file(endpoint_file, trainer)
+        gens = {}
+        for gid in generator_ids:
+            gens[gid] = _start(["generator", str(job), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
+                                "--id", gid, "--model-dir", str(tiny_model_dir)], tmp_path / f"{gid}.log")
+            procs.append(gens[gid])
+        return trainer, gens, endpoint
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+JOB = {
+    "spec": {
+        "algorithm": {"numIterations": 3, "promptsPerStep": 12, "groupSize": 4, "maxNewTokens": 48,
+                      "microBatchSize": 16},
+        "pipeline": {"mode": "stream-sync", "minMicroBatchSize": 4},
+        "generators": {"pools": [{"name": "default", "replicas": 2, "engine": {"type": "torch", "maxBatchSize": 4}}]},
+    }
+}
+
+
+def test_generator_that_dies_mid_iteration_has_its_samples_redispatched_and_none_counted_twice(services, tmp_path):
+    trainer, gens, endpoint = services(JOB, ["gen-a", "gen-b"])
+    admin = f"http://127.0.0.1:{endpoint['admin_port']}"
+    killed = False
+    deadline = time.monotonic() + 120
+    with httpx.Client(timeout=2) as http:
+        while not killed and time.monotonic() < deadline:
+            st = http.get(f"{admin}/status").json()
+            b = st["generators"].get("gen-b")
+            # Kill gen-b once it has delivered some samples and still holds unfinished ones.
+            if b and b["num_samples"] >= 2 and b["outstanding"] > 0:
+                gens["gen-b"].send_signal(signal.SIGKILL)
+                killed = True
+            time.sleep(0.02)
+    assert killed, "gen-b never had work in flight"
+    assert trainer.wait(timeout=180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    expected = 3 * 12 * 4
+    assert summary["phase"] == "Succeeded"
+    assert summary["num_samples_accepted"] == expected
+    assert summary["num_samples_redispatched"] >= 1
+    assert summary["num_samples_duplicate_dropped"] == 0
+    assert summary["num_prompts_dispatched"] > 3 * 12  # the re-dispatches are extra assignments
+    records = [json.loads(line) for line in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
+    assert [r["num_samples"] for r in records] == [48, 48, 48]
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+
+
+def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_path):
+    job = {"spec": {**JOB["spec"], "algorithm": {**JOB["spec"]["algorithm"], "numIterations": 2}}}
+    trainer, gens, endpoint = services(job, ["gen-a"])
+    admin = f"http://127.0.0.1:{endpoint['admin_port']}"
+    with httpx.Client(timeout=2) as http:
+        assert http.get(f"{admin}/healthz").json() == {"ok": True}
+        deadline = time.monotonic() + 60
+        while http.get(f"{admin}/readyz").status_code != 200:
+            assert time.monotonic() < deadline and trainer.poll() is None, "trainer never became ready"
+            time.sleep(0.05)
+        metrics = http.get(f"{admin}/metrics").text
+        assert "streamrl_connected_generators 1.0" in metrics
+        assert 'streamrl_stage_idle_seconds_total{reason="waiting_samples",stage="trainer"}' in metrics
+        st = http.get(f"{admin}/status").json()
+        assert st["mode"] == "stream-sync" and st["num_iterations"] == 2 and "gen-a" in st["generators"]
+    assert trainer.wait(timeout=120) == 0
+    assert gens["gen-a"].wait(timeout=30) == 0  # the trainer closed its stream: a clean exit
