@@ -122,7 +122,7 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -
     return trainer, generators, endpoint
 
 
-def _progress(job: RLJob, trainer: Child, generators: list[Child], admin: str, quiet: bool) -> None:
+def _progress(job: RLJob, trainer: Child, generators: list[Child], admin: str, out_dir: Path, quiet: bool) -> None:
     from tqdm import tqdm
 
     total = job.spec.algorithm.num_iterations
@@ -151,6 +151,9 @@ def _progress(job: RLJob, trainer: Child, generators: list[Child], admin: str, q
                     bar.write(f"warning: {g.name} exited with {g.proc.returncode}; see {g.log_path}")
                     generators.remove(g)
             time.sleep(0.5)
+    metrics = out_dir / "metrics.jsonl"
+    if metrics.exists():  # iterations finished between the last poll and the exit
+        bar.update(len(metrics.read_text().splitlines()) - shown)
     bar.close()
 
 
@@ -168,7 +171,7 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False) -> int
     trainer, generators, endpoint = start_services(job, resolved, model_dir, out_dir)
     children = [trainer, *generators]
     try:
-        _progress(job, trainer, list(generators), f"http://127.0.0.1:{endpoint['admin_port']}", quiet)
+        _progress(job, trainer, list(generators), f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet)
     except KeyboardInterrupt:
         say("interrupted: stopping services (the trainer writes its summary and model first)")
     finally:

@@ -214,7 +214,8 @@ class CheckpointSpec(_Model):
     """Checkpoints of the policy as Hugging Face directories."""
 
     every_iterations: int = Field(0, ge=0)
-    """Save every N iterations (0 = only the final model)."""
+    """Save the policy to <out>/checkpoints/iter-NNNNN every N iterations (0 = only the
+    final model, which is always written to <out>/model, also on Ctrl-C)."""
 
 
 class RLJobSpec(_Model):

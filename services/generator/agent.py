@@ -15,7 +15,7 @@ import time
 import grpc
 
 from streamrl.generator.engine import Engine
-from streamrl.generator.worker import LoadWeights, Worker
+from streamrl.generator.worker import Cancel, LoadWeights, Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice
 from streamrl.v1 import rollout_pb2 as pb
@@ -69,6 +69,7 @@ class GeneratorAgent:
                              on_loaded=self._send_loaded, waiting_weights=lambda: bool(self._fetching))
         self.exit_code = 0
         self._stopping = threading.Event()
+        self.report_interval_s = 1.0
 
     # ---- outgoing -------------------------------------------------------------------
     def _requests(self):
@@ -89,6 +90,17 @@ class GeneratorAgent:
         self._outbox.put(pb.ConnectRequest(weights_loaded=pb.WeightsLoaded(
             policy_version=version, sync_s=sync_s, size_bytes=size_bytes)))
 
+    def _report_load(self, interval_s: float) -> None:
+        last_tokens, last_t = 0, time.monotonic()
+        while not self._stopping.wait(interval_s):
+            st = self.engine.stats()
+            now = time.monotonic()
+            rate = (st.num_generated_tokens - last_tokens) / (now - last_t)
+            last_tokens, last_t = st.num_generated_tokens, now
+            self._outbox.put(pb.ConnectRequest(load=pb.LoadReport(
+                num_running=st.num_running, num_waiting=st.num_waiting,
+                num_generated_tokens=st.num_generated_tokens, tokens_per_s=rate)))
+
     # ---- incoming -------------------------------------------------------------------
     def _read(self, responses) -> None:
         try:
@@ -99,6 +111,8 @@ class GeneratorAgent:
                     log.info("connected to trainer run %s (v%d)", resp.welcome.run_id, resp.welcome.policy_version)
                 elif kind == "assign":
                     self.worker.inbox.put(work_from_pb(resp.assign))
+                elif kind == "cancel":
+                    self.worker.inbox.put(Cancel(tuple(resp.cancel.prompt_ids)))
                 elif kind == "new_weights":
                     self._start_fetch(notice_from_pb(resp.new_weights))
             log.info("trainer closed the stream")
@@ -143,7 +157,9 @@ class GeneratorAgent:
         self._responses = responses
         reader = threading.Thread(target=self._read, args=(responses,), name="reader", daemon=True)
         reader.start()
+        threading.Thread(target=self._report_load, args=(self.report_interval_s,), name="load", daemon=True).start()
         self.worker.run()
+        self._stopping.set()
         self._outbox.put(_CLOSE)
         responses.cancel()
         reader.join(timeout=5)

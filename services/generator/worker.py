@@ -104,7 +104,10 @@ class Worker:
         elif isinstance(msg, Cancel):
             ids = set(msg.prompt_ids)
             self._deferred = [w for w in self._deferred if w.prompt_id not in ids]
-            self.engine.abort([r for r, p in self._prompt_of.items() if p in ids])
+            dropped = [r for r, p in self._prompt_of.items() if p in ids]
+            self.engine.abort(dropped)
+            for rid in dropped:
+                del self._prompt_of[rid]
         elif isinstance(msg, LoadWeights):
             if msg.policy_version <= self.engine.policy_version:
                 return

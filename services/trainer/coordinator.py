@@ -236,7 +236,8 @@ class Coordinator:
         return {
             "generators": {
                 g.generator_id: {"pool": g.pool, "capacity": g.capacity, "outstanding": len(g.outstanding),
-                                 "policy_version": g.policy_version, "num_samples": g.num_samples}
+                                 "policy_version": g.policy_version, "num_samples": g.num_samples,
+                                 "tokens_per_s": round(g.load.tokens_per_s, 1) if g.load else None}
                 for g in self.generators.values()
             },
             "num_prompts_inflight": len(self._inflight),

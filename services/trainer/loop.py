@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
+from typing import Callable
 
 from streamrl.metrics import WAITING_SAMPLES, ServiceMetrics
 from streamrl.samples import Group, WeightsNotice
@@ -22,7 +24,8 @@ log = logging.getLogger(__name__)
 
 class TrainLoop:
     def __init__(self, spec: RLJobSpec, coordinator: Coordinator, learner: Learner, store: WeightStore,
-                 encode, prompts: list[Prompt], recorder: Recorder, metrics: ServiceMetrics):
+                 encode, prompts: list[Prompt], recorder: Recorder, metrics: ServiceMetrics,
+                 save_model: Callable[[Path], None] | None = None):
         self.spec = spec
         self.coordinator = coordinator
         self.learner = learner
@@ -31,6 +34,7 @@ class TrainLoop:
         self.cursor = PromptCursor(prompts, spec.task.seed)
         self.recorder = recorder
         self.metrics = metrics
+        self.save_model = save_model
         self.iteration = 0
         self.phase = "Starting"
         self.last: dict = {}
@@ -94,6 +98,9 @@ class TrainLoop:
         stats = await asyncio.to_thread(self.learner.step)
         self.metrics.train_step_seconds.observe(stats["forward_backward_s"] + stats["optimizer_s"])
         await self.publish()
+        every = self.spec.checkpoint.every_iterations
+        if every and self.save_model and (it + 1) % every == 0:
+            await asyncio.to_thread(self.save_model, self.recorder.out_dir / "checkpoints" / f"iter-{it + 1:05d}")
         clock.idle(WAITING_SAMPLES)
         wall = time.monotonic() - t0
         self._record(it, groups, stats, wall, clock.seconds("idle", WAITING_SAMPLES) - idle0, generation_s)

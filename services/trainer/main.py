@@ -60,7 +60,11 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     learner = Learner(load_model(model_dir, spec.model.dtype, spec.trainer.device), algo, spec.trainer.device)
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
     recorder = Recorder(out_dir)
-    loop = TrainLoop(spec, coordinator, learner, store, encode, prompts, recorder, metrics)
+    def save_model(path: Path) -> None:
+        learner.model.save_pretrained(path)
+        tok.save_pretrained(path)
+
+    loop = TrainLoop(spec, coordinator, learner, store, encode, prompts, recorder, metrics, save_model)
     run_id = uuid.uuid4().hex[:12]
     started = time.monotonic()
 
@@ -132,9 +136,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             "reward_last": recorder.records[-1]["reward_mean"] if recorder.records else None,
         })
         recorder.close()
-        model_out = out_dir / "model"
-        learner.model.save_pretrained(model_out)
-        tok.save_pretrained(model_out)
+        save_model(out_dir / "model")
         log.info("summary: %s", json.dumps({k: summary[k] for k in ("num_iterations", "samples_per_s",
                                                                     "reward_mean", "phase")}))
         coordinator.close()

@@ -109,33 +109,6 @@ def test_unknown_version_and_bad_offset_have_clear_status(stub, server):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-class _BreakingStub:
-    """Passes FetchWeights through to the real stub but breaks the first stream after n chunks."""
-
-    def __init__(self, stub, break_after: int):
-        self.stub, self.break_after, self.calls = stub, break_after, []
-
-    def FetchWeights(self, request):
-        self.calls.append(request.offset_bytes)
-        for i, chunk in enumerate(self.stub.FetchWeights(request)):
-            if len(self.calls) == 1 and i == self.break_after:
-                raise _Broken()
-            yield chunk
-
-
-class _Broken(grpc.RpcError):
-    def code(self):
-        return grpc.StatusCode.UNAVAILABLE
-
-
-def test_broken_transfer_resumes_from_the_last_verified_chunk(stub, server):
-    version = server.store.publish(2, _weights())
-    flaky = _BreakingStub(stub, break_after=5)
-    got = fetch_weights(flaky, _notice(version), backoff_s=0.0)
-    assert flaky.calls == [0, 5 * 4096]
-    assert torch.equal(got["w"], _weights()["w"])
-
-
 def test_corrupted_version_is_rejected(stub, server):
     version = server.store.publish(3, _weights())
     wrong = WeightsNotice(3, version.size_bytes, version.num_chunks, "0" * 64)

@@ -94,7 +94,8 @@ def test_generator_that_dies_mid_iteration_has_its_samples_redispatched_and_none
 
 
 def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_path):
-    job = {"spec": {**JOB["spec"], "algorithm": {**JOB["spec"]["algorithm"], "numIterations": 2}}}
+    job = {"spec": {**JOB["spec"], "algorithm": {**JOB["spec"]["algorithm"], "numIterations": 2},
+                    "checkpoint": {"everyIterations": 1}}}
     trainer, gens, endpoint = services(job, ["gen-a"])
     admin = f"http://127.0.0.1:{endpoint['admin_port']}"
     with httpx.Client(timeout=2) as http:
@@ -110,3 +111,28 @@ def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_
         assert st["mode"] == "stream-sync" and st["num_iterations"] == 2 and "gen-a" in st["generators"]
     assert trainer.wait(timeout=120) == 0
     assert gens["gen-a"].wait(timeout=30) == 0  # the trainer closed its stream: a clean exit
+    for name in ("checkpoints/iter-00001", "checkpoints/iter-00002", "model"):
+        assert (tmp_path / "out" / name / "model.safetensors").is_file(), name
+
+
+def test_ctrl_c_stops_every_process_and_keeps_the_summary_and_model(write_job, tiny_model_dir, tmp_path):
+    job = write_job({"spec": {**JOB["spec"], "model": {"source": "path", "path": str(tiny_model_dir)},
+                              "algorithm": {**JOB["spec"]["algorithm"], "numIterations": 1000}}})
+    out = tmp_path / "run"
+    runner = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out)],
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert runner.poll() is None and time.monotonic() < deadline, "run did not get going"
+        time.sleep(0.1)
+    runner.send_signal(signal.SIGINT)
+    output, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 130, output[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["phase"] == "Interrupted"
+    assert summary["num_iterations"] >= 2
+    assert (out / "model/model.safetensors").is_file()
+    assert "interrupted" in output
+    # No trainer or generator is left behind (their command lines name the run directory).
+    assert subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1
