@@ -46,41 +46,16 @@ def cmd_trainer(args) -> int:
 
 
 def cmd_generator(args) -> int:
-    import signal
-    import socket
-
-    from streamrl.admin import AdminServer
-    from streamrl.generator.agent import GeneratorAgent
-    from streamrl.generator.engine import setup_engine
-    from streamrl.metrics import ServiceMetrics
-    from streamrl.models import load_tokenizer, resolve_model_dir
+    from streamrl.models import resolve_model_dir
     from streamrl.spec import load_job
 
     job = load_job(args.job)
     pools = {p.name: p for p in job.spec.generators.pools}
-    if args.pool not in pools:
-        raise ValueError(f"--pool {args.pool!r}: not in spec.generators.pools ({', '.join(pools)})")
-    pool = pools[args.pool]
-    _threads(pool.threads)
+    _threads(pools[args.pool].threads if args.pool in pools else 1)
     model_dir = Path(args.model_dir) if args.model_dir else resolve_model_dir(job.spec)
-    eos = load_tokenizer(model_dir).eos_token_id
-    engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, eos)
-    metrics = ServiceMetrics("generator")
-    gid = args.id or f"{pool.name}-{socket.gethostname()}-{os.getpid()}"
-    agent = GeneratorAgent(engine, args.trainer, gid, pool.name, metrics, pool.engine.type)
+    from streamrl.generator.main import serve
 
-    def status() -> dict:
-        st = engine.stats()
-        return {"generator_id": gid, "pool": pool.name, "policy_version": engine.policy_version,
-                "num_running": st.num_running, "num_waiting": st.num_waiting,
-                "num_generated_tokens": st.num_generated_tokens, "capacity": st.capacity}
-
-    admin = AdminServer(metrics.registry, status, agent.connected.is_set, args.host, args.admin_port).start()
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
-    try:
-        return agent.run()
-    finally:
-        admin.stop()
+    return serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port)
 
 
 def main(argv: list[str] | None = None) -> int:

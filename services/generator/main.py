@@ -1,0 +1,47 @@
+"""`streamrl generator`: one generator replica process (engine + agent + admin HTTP)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+from streamrl.admin import AdminServer
+from streamrl.generator.agent import GeneratorAgent
+from streamrl.generator.engine import setup_engine
+from streamrl.metrics import ServiceMetrics
+from streamrl.models import load_tokenizer
+from streamrl.spec import RLJob
+
+log = logging.getLogger("streamrl.generator")
+
+
+def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, generator_id: str | None = None,
+          host: str = "127.0.0.1", admin_port: int = 0) -> int:
+    """Serve until the trainer closes the stream (exit 0), SIGTERM (0) or a broken link (1)."""
+    pools = {p.name: p for p in job.spec.generators.pools}
+    if pool_name not in pools:
+        raise ValueError(f"--pool {pool_name!r}: not in spec.generators.pools ({', '.join(pools)})")
+    pool = pools[pool_name]
+    eos = load_tokenizer(model_dir).eos_token_id
+    engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, eos)
+    metrics = ServiceMetrics("generator")
+    gid = generator_id or f"{pool.name}-{socket.gethostname()}-{os.getpid()}"
+    agent = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type)
+
+    def status() -> dict:
+        st = engine.stats()
+        return {"generator_id": gid, "pool": pool.name, "policy_version": engine.policy_version,
+                "num_running": st.num_running, "num_waiting": st.num_waiting,
+                "num_generated_tokens": st.num_generated_tokens, "capacity": st.capacity}
+
+    admin = AdminServer(metrics.registry, status, agent.connected.is_set, host, admin_port).start()
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    log.info("generator %s (pool %s, %s engine, batch %d) dialling %s; admin http://%s:%d", gid, pool.name,
+             pool.engine.type, engine.stats().capacity, trainer_address, host, admin.port)
+    try:
+        return agent.run()
+    finally:
+        admin.stop()
