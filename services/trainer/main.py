@@ -69,13 +69,14 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     started = time.monotonic()
 
     def status() -> dict:
-        elapsed = time.monotonic() - started
+        wall = sum(r["wall_s"] for r in recorder.records)
         return {
             "run_id": run_id, "phase": loop.phase, "mode": spec.pipeline.mode.value,
             "iteration": len(recorder.records), "num_iterations": algo.num_iterations,
             "policy_version": learner.policy_version,
             "num_samples_accepted": coordinator.num_samples_accepted,
-            "samples_per_s": coordinator.num_samples_accepted / elapsed if elapsed else 0.0,
+            "samples_per_s": sum(r["num_samples"] for r in recorder.records) / wall if wall else 0.0,
+            "uptime_s": time.monotonic() - started,
             "last": loop.last, **coordinator.status(),
         }
 
