@@ -1,5 +1,5 @@
-"""Pipeline modes side by side: the same job, seed and total cores in colocated, batch and
-stream-sync. Prints a table and, as the last line, a JSON object with samples/s per mode,
+"""Pipeline modes side by side: the same job, seed and total cores in colocated, batch,
+stream-sync and stream-async. Prints a table and, as the last line, a JSON object with samples/s per mode,
 ratios to colocated, reward per sample and each mode's pipeline-bubble ratio.
 
     python bench/modes.py [--iterations 20] [--prompts-per-step 64] [--out runs/bench-modes]
@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ["colocated", "batch", "stream-sync"]
+MODES = ["colocated", "batch", "stream-sync", "stream-async"]
 
 
 def job_for(mode: str, iterations: int, prompts_per_step: int) -> dict:
@@ -55,6 +55,7 @@ def main() -> None:
         "samples_per_s": {m: round(s["samples_per_s"], 2) for m, s in results.items()},
         "ratio_to_colocated": {m: round(s["samples_per_s"] / base, 3) for m, s in results.items()},
         "stream_sync_over_batch": round(results["stream-sync"]["samples_per_s"] / results["batch"]["samples_per_s"], 3),
+        "stream_async_over_colocated": round(results["stream-async"]["samples_per_s"] / base, 3),
         "reward_per_sample": {m: round(s["reward_mean"], 4) for m, s in results.items()},
         "pipeline_bubble_ratio": {m: round(s["pipeline_bubble_ratio"], 3) for m, s in results.items()},
         "iterations": args.iterations,

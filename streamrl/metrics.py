@@ -18,6 +18,8 @@ SAMPLES_STREAMED = "streamrl_samples_streamed"
 SAMPLES_ACCEPTED = "streamrl_samples_accepted"
 SAMPLES_DUPLICATE = "streamrl_samples_duplicate_dropped"
 SAMPLES_REDISPATCHED = "streamrl_samples_redispatched"
+SAMPLES_STALE = "streamrl_samples_stale_dropped"
+SAMPLE_STALENESS = "streamrl_sample_staleness"
 POLICY_VERSION = "streamrl_policy_version"
 ITERATION = "streamrl_iteration"
 REWARD_MEAN = "streamrl_reward_mean"
@@ -48,6 +50,13 @@ class ServiceMetrics:
         self.samples_duplicate = Counter(SAMPLES_DUPLICATE, "Samples dropped as already received", registry=r)
         self.samples_redispatched = Counter(
             SAMPLES_REDISPATCHED, "Samples dispatched again after their replica vanished", registry=r
+        )
+        self.samples_stale = Counter(
+            SAMPLES_STALE, "Samples dropped at consumption for exceeding max_staleness (and re-issued)", registry=r
+        )
+        self.sample_staleness = Histogram(
+            SAMPLE_STALENESS, "Trainer policy_version minus the sample's, at consumption (versions)",
+            buckets=(0, 1, 2, 3, 4, 8), registry=r,
         )
         self.policy_version = Gauge(POLICY_VERSION, "Weight version in use", registry=r)
         self.iteration = Gauge(ITERATION, "Iterations completed", registry=r)

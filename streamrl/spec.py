@@ -134,6 +134,7 @@ class PipelineMode(str, Enum):
     colocated = "colocated"
     batch = "batch"
     stream_sync = "stream-sync"
+    stream_async = "stream-async"
 
 
 class PipelineSpec(_Model):
@@ -143,10 +144,27 @@ class PipelineSpec(_Model):
     """`colocated`: one process alternates generate -> train. `batch`: disaggregated, the
     trainer waits for the whole batch. `stream-sync`: disaggregated, the trainer runs
     forward/backward on micro-batches of finished groups while generation continues;
-    one optimizer step per batch (on-policy)."""
+    one optimizer step per batch (on-policy). `stream-async`: as stream-sync, but
+    generators already produce the next iterations with the weights they hold while the
+    trainer trains, so neither stage waits (off-policy by at most maxStaleness versions)."""
     min_micro_batch_size: int = Field(8, ge=1)
-    """stream-sync: the learner starts a micro-batch once this many samples of complete
+    """Streaming modes: the learner starts a micro-batch once this many samples of complete
     groups are waiting (fewer when the iteration has fewer left)."""
+    max_staleness: int = Field(1, ge=1)
+    """stream-async: the largest allowed difference between the trainer's policy_version
+    when it consumes a sample and the sample's policy_version. Enforced when work is
+    handed out and again when a sample is consumed (a too-stale sample is dropped and its
+    prompt re-issued). Synchronous modes are on-policy (staleness 0)."""
+
+    @property
+    def staleness(self) -> int:
+        """The staleness bound in force for this mode."""
+        return self.max_staleness if self.mode == PipelineMode.stream_async else 0
+
+    @property
+    def streaming(self) -> bool:
+        """The learner consumes groups as they finish (not the whole batch at once)."""
+        return self.mode in (PipelineMode.stream_sync, PipelineMode.stream_async)
 
 
 class TorchEngineSpec(_Model):

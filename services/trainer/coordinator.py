@@ -75,7 +75,7 @@ class Coordinator:
         self.generators: dict[str, GeneratorHandle] = {}
         self._inflight: dict[str, _InFlight] = {}
         self._pending: deque[tuple[str, list[int]]] = deque()  # (prompt_id, sample indices) not assigned
-        self._ready: deque[Group] = deque()
+        self._ready: dict[int, deque[_InFlight]] = {}  # iteration -> complete, not yet consumed
         self._ready_event = asyncio.Event()
         self._change = asyncio.Event()  # any generator joined or left
         self.latest_weights: WeightsNotice | None = None
@@ -84,6 +84,7 @@ class Coordinator:
         self.num_samples_duplicate_dropped = 0
         self.num_samples_redispatched = 0
         self.num_samples_rejected = 0
+        self.num_samples_stale_dropped = 0
 
     # ---- generators -----------------------------------------------------------------
     def connect(self, generator_id: str, pool: str, capacity: int, engine: str, policy_version: int) -> GeneratorHandle:
@@ -146,17 +147,19 @@ class Coordinator:
         return h.capacity * self.queue_factor - len(h.outstanding)
 
     def dispatch(self) -> None:
-        """Hand pending samples to the generators with the most room, a prompt at a time."""
+        """Hand pending samples to the generator with the most room, a whole prompt at a
+        time (a group larger than a replica's whole allowance is split)."""
         while self._pending and self.generators:
             handle = max(self.generators.values(), key=self._room)
             room = self._room(handle)
             if room <= 0:
                 return
-            prompt_id, indices = self._pending.popleft()
+            prompt_id, indices = self._pending[0]
             task = self._inflight.get(prompt_id)
-            if task is None:
-                continue
-            indices = [i for i in indices if i not in task.received]
+            indices = [i for i in indices if task and i not in task.received]
+            if len(indices) > room and room < handle.capacity * self.queue_factor:
+                return  # keep a group on one replica: wait until it fits whole
+            self._pending.popleft()
             take, rest = indices[:room], indices[room:]
             if rest:
                 self._pending.appendleft((prompt_id, rest))
@@ -198,25 +201,57 @@ class Coordinator:
 
     def _complete(self, task: _InFlight) -> None:
         del self._inflight[task.prompt_id]
+        self._ready.setdefault(task.iteration, deque()).append(task)
+        self._ready_event.set()
+
+    def _score(self, task: _InFlight) -> Group:
         ordered = [task.received[i] for i in range(task.group_size)]
         advantages = group_advantages([r for _, r in ordered], self.scale_advantages)
         scored = tuple(ScoredSample(s, r, a) for (s, r), a in zip(ordered, advantages))
-        self._ready.append(Group(task.prompt_id, task.iteration, task.dataset_index, task.token_ids, scored))
-        self._ready_event.set()
+        return Group(task.prompt_id, task.iteration, task.dataset_index, task.token_ids, scored)
 
-    async def take_groups(self, min_samples: int, max_samples: int) -> list[Group]:
-        """Wait until complete groups hold at least min_samples samples; return groups
-        (at least one) holding at most max_samples unless a single group is larger."""
-        while sum(g.num_samples for g in self._ready) < min_samples:
-            self._ready_event.clear()
-            await self._ready_event.wait()
-        out = [self._ready.popleft()]
-        total = out[0].num_samples
-        while self._ready and total + self._ready[0].num_samples <= max_samples:
-            g = self._ready.popleft()
-            out.append(g)
-            total += g.num_samples
-        return out
+    def _drop_stale(self, task: _InFlight, min_policy_version: int) -> bool:
+        """Re-issue the samples older than min_policy_version; True when any were."""
+        stale = [i for i, (s, _) in task.received.items() if s.policy_version < min_policy_version]
+        if not stale:
+            return False
+        for i in stale:
+            del task.received[i]
+        task.min_policy_version = max(task.min_policy_version, min_policy_version)
+        self._inflight[task.prompt_id] = task
+        self._pending.appendleft((task.prompt_id, sorted(stale)))
+        self.num_samples_stale_dropped += len(stale)
+        self.metrics.samples_stale.inc(len(stale))
+        log.warning("dropped %d samples of %s older than v%d; re-issued", len(stale), task.prompt_id,
+                    min_policy_version)
+        self.dispatch()
+        return True
+
+    def _ready_samples(self, iteration: int) -> int:
+        return sum(t.group_size for t in self._ready.get(iteration, ()))
+
+    async def take_groups(self, iteration: int, min_samples: int, max_samples: int,
+                          min_policy_version: int = 0) -> list[Group]:
+        """Wait until complete groups of `iteration` hold at least min_samples samples;
+        return groups (at least one) holding at most max_samples unless a single group is
+        larger. Samples older than min_policy_version are dropped and re-issued instead."""
+        while True:
+            while self._ready_samples(iteration) < min_samples:
+                self._ready_event.clear()
+                await self._ready_event.wait()
+            queue = self._ready[iteration]
+            out: list[Group] = []
+            total = 0
+            while queue and (not out or total + queue[0].group_size <= max_samples):
+                task = queue.popleft()
+                if self._drop_stale(task, min_policy_version):
+                    continue
+                out.append(self._score(task))
+                total += task.group_size
+            if not queue:
+                del self._ready[iteration]
+            if out:
+                return out
 
     def announce_weights(self, notice: WeightsNotice) -> None:
         self.latest_weights = notice
@@ -242,5 +277,5 @@ class Coordinator:
             },
             "num_prompts_inflight": len(self._inflight),
             "num_samples_pending": sum(len(i) for _, i in self._pending),
-            "num_groups_ready": len(self._ready),
+            "num_groups_ready": sum(len(q) for q in self._ready.values()),
         }

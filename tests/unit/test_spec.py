@@ -31,7 +31,7 @@ def test_dump_then_parse_round_trips():
         ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: Input should be greater than 0"),
         ({"algorithm": {"topP": 1.5}}, "spec.algorithm.topP: Input should be less than or equal to 1"),
         ({"algorithm": {"groupsize": 4}}, "spec.algorithm.groupsize: unknown field"),
-        ({"pipeline": {"mode": "fast"}}, "spec.pipeline.mode: Input should be 'colocated', 'batch' or 'stream-sync'"),
+        ({"pipeline": {"mode": "fast"}}, "spec.pipeline.mode: Input should be 'colocated', 'batch', 'stream-sync' or 'stream-async'"),
         ({"model": {"source": "path"}}, "spec.model: path is required when source is 'path'"),
         ({"task": {"name": "jsonl"}}, "spec.task: path is required when name is 'jsonl'"),
         ({"generators": {"pools": [{"name": "a"}, {"name": "a"}]}},
@@ -39,6 +39,7 @@ def test_dump_then_parse_round_trips():
         ({"generators": {"pools": [{"name": "Bad_Name"}]}}, "spec.generators.pools.0.name: String should match pattern"),
         ({"generators": {"pools": [{"engine": {"type": "tpu"}}]}}, "spec.generators.pools.0.engine: Input tag 'tpu'"),
         ({"generators": {"pools": [{"replicas": 0}]}}, "spec.generators: at least one generator replica is needed"),
+        ({"pipeline": {"maxStaleness": 0}}, "spec.pipeline.maxStaleness: Input should be greater than or equal to 1"),
         ({"trainer": {"weightChunkBytes": 64 << 20}}, "spec.trainer.weightChunkBytes: Input should be less than"),
     ],
 )

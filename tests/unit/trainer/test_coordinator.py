@@ -52,7 +52,7 @@ def test_duplicate_sample_is_accepted_once():
         assert c.on_sample("a", _sample("p0", 1, token=3)) is True
         assert c.on_sample("a", _sample("p0", 1)) is False  # after the group completed
         assert (c.num_samples_accepted, c.num_samples_duplicate_dropped) == (2, 2)
-        [group] = await c.take_groups(1, 100)
+        [group] = await c.take_groups(0, 1, 100)
         assert [s.reward for s in group.samples] == [1.0, 0.0]
         assert group.samples[0].advantage > 0 > group.samples[1].advantage
 
@@ -75,7 +75,7 @@ def test_sample_from_dead_generator_is_redispatched_once():
         c.on_sample("b", _sample("p0", 1, gid="b"))
         c.on_sample("b", _sample("p0", 3, gid="b"))
         c.on_sample("a", _sample("p0", 1))  # a late copy from the dead replica
-        [group] = await c.take_groups(4, 4)
+        [group] = await c.take_groups(0, 4, 4)
         assert [s.sample.generator_id for s in group.samples] == ["g", "b", "g", "b"]
         assert c.num_samples_accepted == 4 and c.num_samples_duplicate_dropped == 1
         assert c.num_samples_redispatched == 2
@@ -119,7 +119,7 @@ def test_take_groups_waits_for_enough_samples():
         c = _coordinator(group_size=2)
         c.connect("a", "p", 8, "torch", 0)
         c.add_prompts(0, [(f"p{i}", i, "7", (1,)) for i in range(3)], group_size=2, min_policy_version=0)
-        waiter = asyncio.ensure_future(c.take_groups(4, 4))
+        waiter = asyncio.ensure_future(c.take_groups(0, 4, 4))
         for i in (0, 1):
             c.on_sample("a", _sample("p0", i))
         await asyncio.sleep(0)
@@ -128,5 +128,46 @@ def test_take_groups_waits_for_enough_samples():
             c.on_sample("a", _sample("p1", i))
         groups = await asyncio.wait_for(waiter, 1)
         assert [g.prompt_id for g in groups] == ["p0", "p1"]
+
+    run(go())
+
+
+def test_groups_are_taken_by_iteration():
+    async def go():
+        c = _coordinator(group_size=2)
+        c.connect("a", "p", 8, "torch", 0)
+        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        c.add_prompts(1, [("p1", 1, "7", (1,))], group_size=2, min_policy_version=0)
+        for i in (0, 1):
+            c.on_sample("a", _sample("p1", i))
+        waiter = asyncio.ensure_future(c.take_groups(0, 2, 2))
+        await asyncio.sleep(0)
+        assert not waiter.done()  # p1 belongs to iteration 1
+        assert [g.prompt_id for g in await c.take_groups(1, 2, 2)] == ["p1"]
+        for i in (0, 1):
+            c.on_sample("a", _sample("p0", i))
+        assert [g.prompt_id for g in await asyncio.wait_for(waiter, 1)] == ["p0"]
+
+    run(go())
+
+
+def test_too_stale_sample_is_dropped_at_consumption_and_reissued():
+    async def go():
+        c = _coordinator(group_size=2)
+        a = c.connect("a", "p", 8, "torch", 0)
+        c.add_prompts(3, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=2)
+        _drain(a)
+        c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 1, "stop", "a"))  # v1: too old for v2
+        c.on_sample("a", Sample("p0", 1, (7, 2), (-0.1, -0.2), 2, "stop", "a"))
+        waiter = asyncio.ensure_future(c.take_groups(3, 2, 2, min_policy_version=2))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        assert c.num_samples_stale_dropped == 1
+        [work] = _drain(a)
+        assert work.sample_indices == (0,) and work.min_policy_version == 2
+        c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 2, "stop", "a"))
+        [group] = await asyncio.wait_for(waiter, 1)
+        assert [s.sample.policy_version for s in group.samples] == [2, 2]
+        assert c.num_samples_accepted == 3
 
     run(go())
