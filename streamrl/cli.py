@@ -55,7 +55,8 @@ def cmd_generator(args) -> int:
     model_dir = Path(args.model_dir) if args.model_dir else resolve_model_dir(job.spec)
     from streamrl.generator.main import serve
 
-    return serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port)
+    return serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port, args.relay_port,
+                 args.advertise_host)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", help="initial policy directory (default: resolved from the spec)")
     p.add_argument("--host", default="127.0.0.1", help="admin HTTP address")
     p.add_argument("--admin-port", type=int, default=0, help="admin HTTP port (0 = any)")
+    p.add_argument("--relay-port", type=int, default=0, help="port serving held weights to pool peers (0 = any)")
+    p.add_argument("--advertise-host", help="address peers use to reach the relay (default: --host)")
     p.set_defaults(fn=cmd_generator)
 
     args = parser.parse_args(argv)

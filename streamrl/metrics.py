@@ -26,7 +26,10 @@ REWARD_MEAN = "streamrl_reward_mean"
 PIPELINE_BUBBLE_RATIO = "streamrl_pipeline_bubble_ratio"
 TRAIN_STEP_SECONDS = "streamrl_train_step_seconds"
 WEIGHT_SYNC_SECONDS = "streamrl_weight_sync_seconds"
+WEIGHT_FETCH_SECONDS = "streamrl_weight_fetch_seconds"
 WEIGHT_SYNC_BYTES = "streamrl_weight_sync_bytes"
+WEIGHT_SERVED_BYTES = "streamrl_weight_served_bytes"
+WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
 BATCH_OCCUPANCY = "streamrl_batch_occupancy"
 CONNECTED_GENERATORS = "streamrl_connected_generators"
 
@@ -66,10 +69,19 @@ class ServiceMetrics:
         )
         self.train_step_seconds = Histogram(TRAIN_STEP_SECONDS, "Seconds of one optimizer step", registry=r)
         self.weight_sync_seconds = Histogram(
-            WEIGHT_SYNC_SECONDS, "Seconds from a new-weights notice to the swap (generator) or to publish (trainer)",
-            registry=r,
+            WEIGHT_SYNC_SECONDS, "Generator: seconds from a new-weights notice to the swap", registry=r,
         )
-        self.weight_sync_bytes = Counter(WEIGHT_SYNC_BYTES, "Weight bytes transferred", registry=r)
+        self.weight_fetch_seconds = Histogram(
+            WEIGHT_FETCH_SECONDS, "Generator: seconds to fetch and verify a version, by source (trainer|peer)",
+            ["source"], registry=r,
+        )
+        self.weight_sync_bytes = Counter(
+            WEIGHT_SYNC_BYTES, "Generator: weight bytes received, by source (trainer|peer)", ["source"], registry=r
+        )
+        self.weight_served_bytes = Counter(WEIGHT_SERVED_BYTES, "Weight bytes served to generators", registry=r)
+        self.weight_publish_seconds = Histogram(
+            WEIGHT_PUBLISH_SECONDS, "Trainer: seconds to serialize and publish a version", registry=r,
+        )
         self.batch_occupancy = Gauge(BATCH_OCCUPANCY, "Running sequences / engine capacity", registry=r)
         self.connected_generators = Gauge(CONNECTED_GENERATORS, "Generators connected to the trainer", registry=r)
         self.clock = StageClock(self)

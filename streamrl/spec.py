@@ -192,6 +192,10 @@ class GeneratorPoolSpec(_Model):
     """Inference engine of every replica in the pool."""
     threads: int = Field(1, ge=1)
     """torch threads per replica (local runs pin one core each by default)."""
+    weight_relay: bool = True
+    """Replicas serve the weight versions they hold to the other replicas of this pool:
+    one replica fetches each version from the trainer and the rest fetch from it, so a
+    pool behind a slow link receives one copy per version, not one per replica."""
 
 
 class GeneratorsSpec(_Model):

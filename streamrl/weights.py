@@ -113,11 +113,11 @@ class WeightAssembler:
     def complete(self) -> bool:
         return self.next_offset >= self.size_bytes
 
-    def finish(self) -> dict[str, "torch.Tensor"]:
-        """The tensors, once every byte is in and the whole-version checksum matches."""
+    def finish(self) -> bytes:
+        """The serialized version, once every byte is in and the whole-version checksum matches."""
         blob = b"".join(self._parts)
         if len(blob) != self.size_bytes:
             raise WeightsCorruptError(f"version {self.policy_version}: {len(blob)} of {self.size_bytes} bytes")
         if hashlib.sha256(blob).hexdigest() != self.sha256:
             raise WeightsCorruptError(f"version {self.policy_version}: whole-version checksum mismatch")
-        return deserialize(blob)
+        return blob

@@ -2,7 +2,8 @@
 sample back the moment it finishes, and pulls new weights in the background.
 
 Threads: the engine worker (main loop), a reader of the trainer's stream, a weight
-fetcher per new version, and the admin HTTP server. gRPC <-> domain conversion happens here.
+fetcher per new version, a load reporter, and the relay server that hands the versions
+this replica holds to its pool peers. gRPC <-> domain conversion happens here.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from streamrl.generator.engine import Engine
 from streamrl.generator.worker import Cancel, LoadWeights, Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice
+from streamrl.transfer import RelayServer, fetch_blob
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
-from streamrl.weights import WeightAssembler, WeightsCorruptError
+from streamrl.weights import WeightsCorruptError, deserialize
 from streamrl.wire import GRPC_OPTIONS, notice_from_pb, sample_to_pb, work_from_pb
 
 log = logging.getLogger("streamrl.generator")
@@ -28,54 +30,34 @@ log = logging.getLogger("streamrl.generator")
 _CLOSE = object()
 
 
-def fetch_weights(stub, notice: WeightsNotice, max_attempts: int = 5, backoff_s: float = 0.2,
-                  stopping: threading.Event | None = None):
-    """Fetch one version in verified chunks, resuming from the last good chunk after a
-    broken stream; raises WeightsCorruptError on a bad checksum (nothing is applied)."""
-    asm = WeightAssembler(notice.policy_version, notice.size_bytes, notice.sha256)
-    attempt = 0
-    while not asm.complete:
-        try:
-            for chunk in stub.FetchWeights(pb.FetchWeightsRequest(policy_version=notice.policy_version,
-                                                                  offset_bytes=asm.next_offset)):
-                asm.add_chunk(chunk.offset_bytes, chunk.data, chunk.sha256)
-        except grpc.RpcError as err:
-            attempt += 1
-            if attempt >= max_attempts or err.code() == grpc.StatusCode.NOT_FOUND or (stopping and stopping.is_set()):
-                raise
-            log.warning("weight fetch of v%d broke at byte %d (%s); resuming", notice.policy_version,
-                        asm.next_offset, err.code().name)
-            time.sleep(backoff_s * attempt)
-        else:
-            if not asm.complete:
-                raise WeightsCorruptError(f"version {notice.policy_version}: stream ended at byte {asm.next_offset}")
-    return asm.finish()
-
-
 class GeneratorAgent:
     def __init__(self, engine: Engine, trainer_address: str, generator_id: str, pool: str,
-                 metrics: ServiceMetrics, engine_type: str = "torch"):
+                 metrics: ServiceMetrics, engine_type: str = "torch", relay: RelayServer | None = None,
+                 channel_factory=None):
         self.engine = engine
         self.generator_id = generator_id
         self.pool = pool
         self.engine_type = engine_type
         self.metrics = metrics
-        self.channel = grpc.insecure_channel(trainer_address, options=GRPC_OPTIONS)
+        self.relay = relay
+        self._channel_factory = channel_factory or (lambda addr: grpc.insecure_channel(addr, options=GRPC_OPTIONS))
+        self.channel = self._channel_factory(trainer_address)
         self.stub = rollout_pb2_grpc.RolloutStub(self.channel)
         self._outbox: queue.Queue = queue.Queue()
         self._fetching: set[int] = set()
         self.connected = threading.Event()
+        self._stopping = threading.Event()
+        self.report_interval_s = 1.0
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._send_sample,
                              on_loaded=self._send_loaded, waiting_weights=lambda: bool(self._fetching))
         self.exit_code = 0
-        self._stopping = threading.Event()
-        self.report_interval_s = 1.0
 
     # ---- outgoing -------------------------------------------------------------------
     def _requests(self):
         yield pb.ConnectRequest(hello=pb.Hello(
             generator_id=self.generator_id, pool=self.pool, capacity=self.engine.stats().capacity,
             engine=self.engine_type, policy_version=self.engine.policy_version,
+            weights_address=self.relay.address if self.relay else "",
         ))
         while True:
             msg = self._outbox.get()
@@ -124,6 +106,23 @@ class GeneratorAgent:
             self._stopping.set()
             self.worker.stop()
 
+    def _fetch(self, notice: WeightsNotice) -> tuple[bytes, str]:
+        """The version's bytes from the named peer, or from the trainer when there is none
+        or it fails; returns (blob, "peer" | "trainer")."""
+        if notice.source:
+            channel = self._channel_factory(notice.source)
+            try:
+                return fetch_blob(rollout_pb2_grpc.RolloutStub(channel), notice, max_attempts=2,
+                                  stopping=self._stopping), "peer"
+            except grpc.RpcError as err:
+                if self._stopping.is_set():
+                    raise
+                log.warning("peer %s could not serve v%d (%s); fetching from the trainer", notice.source,
+                            notice.policy_version, err.code().name)
+            finally:
+                channel.close()
+        return fetch_blob(self.stub, notice, stopping=self._stopping), "trainer"
+
     def _start_fetch(self, notice: WeightsNotice) -> None:
         if notice.policy_version <= self.engine.policy_version or notice.policy_version in self._fetching:
             return
@@ -132,14 +131,16 @@ class GeneratorAgent:
 
         def run():
             try:
-                tensors = fetch_weights(self.stub, notice, stopping=self._stopping)
-                self.metrics.weight_sync_bytes.inc(notice.size_bytes)
-                self.worker.inbox.put(LoadWeights(notice.policy_version, tensors, t0, notice.size_bytes))
+                blob, source = self._fetch(notice)
+                if self.relay:
+                    self.relay.hold(notice.policy_version, blob)
+                self.metrics.weight_sync_bytes.labels(source).inc(len(blob))
+                self.metrics.weight_fetch_seconds.labels(source).observe(time.monotonic() - t0)
+                self.worker.inbox.put(LoadWeights(notice.policy_version, deserialize(blob), t0, len(blob)))
             except (WeightsCorruptError, grpc.RpcError) as err:
-                if self._stopping.is_set():
-                    return
-                log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
-                          self.engine.policy_version, err)
+                if not self._stopping.is_set():
+                    log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
+                              self.engine.policy_version, err)
             finally:
                 self._fetching.discard(notice.policy_version)
 
@@ -153,8 +154,9 @@ class GeneratorAgent:
         except grpc.FutureTimeoutError:
             log.error("trainer unreachable after %.0fs", connect_timeout_s)
             return 1
+        if self.relay:
+            self.relay.start()
         responses = self.stub.Connect(self._requests())
-        self._responses = responses
         reader = threading.Thread(target=self._read, args=(responses,), name="reader", daemon=True)
         reader.start()
         threading.Thread(target=self._report_load, args=(self.report_interval_s,), name="load", daemon=True).start()
@@ -164,6 +166,8 @@ class GeneratorAgent:
         responses.cancel()
         reader.join(timeout=5)
         self.channel.close()
+        if self.relay:
+            self.relay.stop()
         return self.exit_code
 
     def stop(self) -> None:

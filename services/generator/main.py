@@ -14,12 +14,13 @@ from streamrl.generator.engine import setup_engine
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_tokenizer
 from streamrl.spec import RLJob
+from streamrl.transfer import RelayServer
 
 log = logging.getLogger("streamrl.generator")
 
 
 def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, generator_id: str | None = None,
-          host: str = "127.0.0.1", admin_port: int = 0) -> int:
+          host: str = "127.0.0.1", admin_port: int = 0, relay_port: int = 0, advertise_host: str | None = None) -> int:
     """Serve until the trainer closes the stream (exit 0), SIGTERM (0) or a broken link (1)."""
     pools = {p.name: p for p in job.spec.generators.pools}
     if pool_name not in pools:
@@ -29,7 +30,12 @@ def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, gen
     engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, eos)
     metrics = ServiceMetrics("generator")
     gid = generator_id or f"{pool.name}-{socket.gethostname()}-{os.getpid()}"
-    agent = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type)
+    relay = None
+    if pool.weight_relay:
+        relay = RelayServer(job.spec.trainer.keep_versions, job.spec.trainer.weight_chunk_bytes, host, relay_port)
+        if advertise_host:
+            relay.address = f"{advertise_host}:{relay.port}"
+    agent = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type, relay)
 
     def status() -> dict:
         st = engine.stats()

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from streamrl.metrics import ServiceMetrics
@@ -44,6 +44,10 @@ class GeneratorHandle:
     """Samples accepted from this replica."""
     load: object = None
     """Its latest load report (wire message), for status."""
+    weights_address: str = ""
+    """Where it relays the versions it holds to pool peers; empty = it does not."""
+    awaiting_weights: int | None = None
+    """A version it will be told about once a pool peer holds it (relay)."""
 
 
 @dataclass
@@ -66,12 +70,13 @@ Scorer = Callable[[Sample, str], float]
 
 class Coordinator:
     def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
-                 scale_advantages: bool = True, queue_factor: int = 4):
+                 scale_advantages: bool = True, queue_factor: int = 4, relay_pools: frozenset[str] = frozenset()):
         self.sampling = sampling
         self.scorer = scorer
         self.metrics = metrics
         self.scale_advantages = scale_advantages
         self.queue_factor = queue_factor
+        self.relay_pools = relay_pools
         self.generators: dict[str, GeneratorHandle] = {}
         self._inflight: dict[str, _InFlight] = {}
         self._pending: deque[tuple[str, list[int]]] = deque()  # (prompt_id, sample indices) not assigned
@@ -87,17 +92,20 @@ class Coordinator:
         self.num_samples_stale_dropped = 0
 
     # ---- generators -----------------------------------------------------------------
-    def connect(self, generator_id: str, pool: str, capacity: int, engine: str, policy_version: int) -> GeneratorHandle:
+    def connect(self, generator_id: str, pool: str, capacity: int, engine: str, policy_version: int,
+                weights_address: str = "") -> GeneratorHandle:
         if not generator_id:
             raise ValueError("hello.generator_id must not be empty")
         if capacity < 1:
             raise ValueError(f"hello.capacity must be >= 1, got {capacity}")
         if generator_id in self.generators:
             raise KeyError(f"generator {generator_id!r} is connected already")
-        handle = GeneratorHandle(generator_id, pool, capacity, engine, policy_version)
+        handle = GeneratorHandle(generator_id, pool, capacity, engine, policy_version,
+                                 weights_address=weights_address)
         self.generators[generator_id] = handle
-        if self.latest_weights and self.latest_weights.policy_version != policy_version:
-            handle.outbox.put_nowait(self.latest_weights)
+        latest = self.latest_weights
+        if latest and latest.policy_version != policy_version:
+            handle.outbox.put_nowait(replace(latest, source=self._holder_address(handle, latest.policy_version)))
         self.metrics.connected_generators.set(len(self.generators))
         log.info("generator %s joined (pool %s, capacity %d)", generator_id, pool, capacity)
         self._change.set()
@@ -125,12 +133,63 @@ class Coordinator:
             self.metrics.samples_redispatched.inc(len(indices))
         log.warning("generator %s left; %d unfinished samples go back to the queue",
                     generator_id, sum(map(len, lost.values())))
+        self._reseed(handle.pool)
         self._change.set()
         self.dispatch()
 
     def on_loaded(self, generator_id: str, policy_version: int) -> None:
-        if generator_id in self.generators:
-            self.generators[generator_id].policy_version = policy_version
+        """A replica swapped in a version: its pool peers waiting for it may fetch from it."""
+        loader = self.generators.get(generator_id)
+        if loader is None:
+            return
+        loader.policy_version = policy_version
+        if loader.awaiting_weights is not None and loader.awaiting_weights <= policy_version:
+            loader.awaiting_weights = None
+        latest = self.latest_weights
+        if latest is None or latest.policy_version != policy_version or not loader.weights_address:
+            return
+        for h in self.generators.values():
+            if h.pool == loader.pool and h.awaiting_weights == policy_version:
+                h.awaiting_weights = None
+                h.outbox.put_nowait(replace(latest, source=loader.weights_address))
+
+    # ---- weights ----------------------------------------------------------------------
+    def _holder_address(self, handle: GeneratorHandle, policy_version: int) -> str:
+        """A pool peer of `handle` that holds the version and relays it; "" = the trainer."""
+        if handle.pool not in self.relay_pools:
+            return ""
+        for h in self.generators.values():
+            if h is not handle and h.pool == handle.pool and h.weights_address and h.policy_version == policy_version:
+                return h.weights_address
+        return ""
+
+    def announce_weights(self, notice: WeightsNotice) -> None:
+        """Tell every replica about a new version. In a relay pool only one replica (the
+        seed) fetches it from the trainer; the others are told to fetch from it once it
+        holds the version, so one copy crosses the link to the pool."""
+        self.latest_weights = notice
+        seeded: set[str] = set()
+        for h in self.generators.values():
+            if h.pool in self.relay_pools and h.weights_address:
+                if h.pool in seeded:
+                    h.awaiting_weights = notice.policy_version
+                    continue
+                seeded.add(h.pool)
+            h.awaiting_weights = None
+            h.outbox.put_nowait(notice)
+
+    def _reseed(self, pool: str) -> None:
+        """The pool's seed left before its peers were told where to fetch: appoint another."""
+        latest = self.latest_weights
+        waiting = [h for h in self.generators.values() if h.pool == pool and h.awaiting_weights is not None]
+        if not waiting or latest is None:
+            return
+        fetching = any(h.pool == pool and h.awaiting_weights is None and h.policy_version != latest.policy_version
+                       for h in self.generators.values())
+        if not fetching:
+            seed = waiting[0]
+            seed.awaiting_weights = None
+            seed.outbox.put_nowait(replace(latest, source=self._holder_address(seed, latest.policy_version)))
 
     # ---- work -----------------------------------------------------------------------
     def add_prompts(self, iteration: int, prompts: list[tuple[str, int, str, tuple[int, ...]]],
@@ -253,11 +312,6 @@ class Coordinator:
             if out:
                 return out
 
-    def announce_weights(self, notice: WeightsNotice) -> None:
-        self.latest_weights = notice
-        for handle in self.generators.values():
-            handle.outbox.put_nowait(notice)
-
     def close(self) -> None:
         """End every generator's stream (the run is over)."""
         for handle in self.generators.values():
@@ -272,7 +326,8 @@ class Coordinator:
             "generators": {
                 g.generator_id: {"pool": g.pool, "capacity": g.capacity, "outstanding": len(g.outstanding),
                                  "policy_version": g.policy_version, "num_samples": g.num_samples,
-                                 "tokens_per_s": round(g.load.tokens_per_s, 1) if g.load else None}
+                                 "tokens_per_s": round(g.load.tokens_per_s, 1) if g.load else None,
+                                 "weights_address": g.weights_address}
                 for g in self.generators.values()
             },
             "num_prompts_inflight": len(self._inflight),

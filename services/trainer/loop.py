@@ -62,7 +62,7 @@ class TrainLoop:
         notice = WeightsNotice(version.policy_version, version.size_bytes, version.num_chunks, version.sha256)
         self.coordinator.announce_weights(notice)
         self.metrics.policy_version.set(version.policy_version)
-        self.metrics.weight_sync_seconds.observe(time.monotonic() - t0)
+        self.metrics.weight_publish_seconds.observe(time.monotonic() - t0)
         return notice
 
     async def run(self) -> None:

@@ -9,6 +9,7 @@ import logging
 import grpc
 
 from streamrl.samples import WeightsNotice, Work
+from streamrl.transfer import chunk_responses
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
@@ -33,7 +34,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of Connect must be a Hello")
         h = first.hello
         try:
-            handle = self.coordinator.connect(h.generator_id, h.pool, h.capacity, h.engine, h.policy_version)
+            handle = self.coordinator.connect(h.generator_id, h.pool, h.capacity, h.engine, h.policy_version,
+                                              h.weights_address)
         except KeyError as err:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err.args[0]))
         except ValueError as err:
@@ -78,9 +80,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         if version is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"weight version {request.policy_version} is not held")
         try:
-            chunks = list(version.chunks(request.offset_bytes))
+            responses = chunk_responses(version, request.offset_bytes)
+            first = next(responses, None)
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        for offset, data, sha in chunks:
-            yield pb.FetchWeightsResponse(policy_version=version.policy_version, offset_bytes=offset, data=data,
-                                          sha256=sha, size_bytes=version.size_bytes)
+        if first is not None:
+            yield first
+            for resp in responses:
+                yield resp

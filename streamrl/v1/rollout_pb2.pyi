@@ -29,18 +29,20 @@ class ConnectRequest(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., weights_loaded: _Optional[_Union[WeightsLoaded, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version")
+    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     pool: str
     capacity: int
     engine: str
     policy_version: int
-    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    weights_address: str
+    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("prompt_id", "sample_index", "completion_token_ids", "logprobs", "policy_version", "finish_reason", "queue_s", "generate_s")

@@ -9,14 +9,14 @@ import grpc
 import pytest
 import torch
 
-from streamrl.generator.agent import fetch_weights
+from streamrl.transfer import fetch_blob
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice
 from streamrl.trainer.coordinator import Coordinator, SamplingConfig
 from streamrl.trainer.servicer import RolloutServicer
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
-from streamrl.weights import WeightsCorruptError, WeightStore
+from streamrl.weights import WeightsCorruptError, WeightStore, deserialize
 from streamrl.wire import GRPC_OPTIONS
 
 
@@ -94,7 +94,7 @@ def test_second_connection_with_the_same_id_is_refused(stub, server):
 def test_weights_round_trip_over_grpc_in_chunks(stub, server):
     version = server.store.publish(1, _weights())
     assert version.num_chunks > 10
-    got = fetch_weights(stub, _notice(version))
+    got = deserialize(fetch_blob(stub, _notice(version)))
     for k, v in _weights().items():
         assert torch.equal(got[k], v)
 
@@ -113,4 +113,4 @@ def test_corrupted_version_is_rejected(stub, server):
     version = server.store.publish(3, _weights())
     wrong = WeightsNotice(3, version.size_bytes, version.num_chunks, "0" * 64)
     with pytest.raises(WeightsCorruptError, match="whole-version checksum"):
-        fetch_weights(stub, wrong)
+        fetch_blob(stub, wrong)

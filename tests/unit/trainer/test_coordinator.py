@@ -171,3 +171,46 @@ def test_too_stale_sample_is_dropped_at_consumption_and_reissued():
         assert c.num_samples_accepted == 3
 
     run(go())
+
+
+def _relay_coordinator():
+    c = Coordinator(SamplingConfig(1.0, 1.0, 16, 0), lambda s, a: 0.0, ServiceMetrics("trainer"),
+                    relay_pools=frozenset({"remote"}))
+    return c
+
+
+def test_relay_pool_gets_one_copy_from_the_trainer_and_the_rest_from_the_seed():
+    async def go():
+        c = _relay_coordinator()
+        seed = c.connect("r0", "remote", 4, "torch", 0, weights_address="10.0.0.1:7000")
+        peers = [c.connect(f"r{i}", "remote", 4, "torch", 0, weights_address=f"10.0.0.{i + 1}:7000")
+                 for i in (1, 2)]
+        local = c.connect("l0", "local", 4, "torch", 0)  # pool without relay
+        notice = WeightsNotice(1, 100, 1, "ab")
+        c.announce_weights(notice)
+        assert _drain(seed) == [notice]  # from the trainer
+        assert _drain(local) == [notice]
+        assert all(_drain(p) == [] for p in peers)
+        c.on_loaded("r0", 1)
+        for p in peers:
+            [told] = _drain(p)
+            assert told.policy_version == 1 and told.source == "10.0.0.1:7000"
+        late = c.connect("r9", "remote", 4, "torch", 0, weights_address="10.0.0.9:7000")
+        assert _drain(late)[0].source == "10.0.0.1:7000"
+
+    run(go())
+
+
+def test_relay_seed_that_dies_before_loading_is_replaced():
+    async def go():
+        c = _relay_coordinator()
+        seed = c.connect("r0", "remote", 4, "torch", 0, weights_address="a:1")
+        peer = c.connect("r1", "remote", 4, "torch", 0, weights_address="b:1")
+        c.announce_weights(WeightsNotice(1, 100, 1, "ab"))
+        _drain(seed)
+        assert _drain(peer) == []
+        c.disconnect("r0")
+        [told] = _drain(peer)
+        assert told.source == ""  # now the seed itself, fetching from the trainer
+
+    run(go())

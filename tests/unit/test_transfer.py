@@ -4,10 +4,10 @@ import grpc
 import pytest
 import torch
 
-from streamrl.generator.agent import fetch_weights
+from streamrl.transfer import fetch_blob
 from streamrl.samples import WeightsNotice
 from streamrl.v1 import rollout_pb2 as pb
-from streamrl.weights import WeightsCorruptError, WeightVersion, serialize
+from streamrl.weights import WeightsCorruptError, WeightVersion, deserialize, serialize
 
 
 class _FakeRpcError(grpc.RpcError):
@@ -49,7 +49,7 @@ def _notice(v: WeightVersion) -> WeightsNotice:
 def test_broken_transfer_resumes_from_the_last_verified_chunk():
     tensors, version = _version()
     stub = _FakeWeightStub(version, breaks=2, after=3)
-    got = fetch_weights(stub, _notice(version), backoff_s=0.0)
+    got = deserialize(fetch_blob(stub, _notice(version), backoff_s=0.0))
     assert stub.offsets == [0, 3 * 1024, 6 * 1024]
     assert torch.equal(got["w"], tensors["w"])
 
@@ -58,7 +58,7 @@ def test_transfer_gives_up_after_bounded_attempts():
     _, version = _version()
     stub = _FakeWeightStub(version, breaks=100, after=0)
     with pytest.raises(grpc.RpcError):
-        fetch_weights(stub, _notice(version), max_attempts=3, backoff_s=0.0)
+        fetch_blob(stub, _notice(version), max_attempts=3, backoff_s=0.0)
     assert len(stub.offsets) == 3
 
 
@@ -66,7 +66,7 @@ def test_corrupt_chunk_aborts_the_transfer():
     _, version = _version()
     stub = _FakeWeightStub(version, breaks=0, after=0, corrupt_at=2 * 1024)
     with pytest.raises(WeightsCorruptError, match="offset 2048 fails its checksum"):
-        fetch_weights(stub, _notice(version), backoff_s=0.0)
+        fetch_blob(stub, _notice(version), backoff_s=0.0)
 
 
 def test_no_retry_once_the_agent_is_stopping():
@@ -75,5 +75,5 @@ def test_no_retry_once_the_agent_is_stopping():
     stopping = threading.Event()
     stopping.set()
     with pytest.raises(grpc.RpcError):
-        fetch_weights(stub, _notice(version), backoff_s=0.0, stopping=stopping)
+        fetch_blob(stub, _notice(version), backoff_s=0.0, stopping=stopping)
     assert len(stub.offsets) == 1
