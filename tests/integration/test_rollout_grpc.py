@@ -2,51 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 
 import grpc
 import pytest
 import torch
 
 from streamrl.transfer import fetch_blob
-from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice
-from streamrl.trainer.coordinator import Coordinator, SamplingConfig
-from streamrl.trainer.servicer import RolloutServicer
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightsCorruptError, WeightStore, deserialize
 from streamrl.wire import GRPC_OPTIONS
-
-
-class _Server:
-    """A RolloutServicer on its own event loop thread."""
-
-    def __init__(self, store: WeightStore):
-        self.store = store
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
-
-    async def _start(self):
-        self.coordinator = Coordinator(SamplingConfig(1.0, 1.0, 8, 0), lambda s, a: 0.0, ServiceMetrics("trainer"))
-        self.server = grpc.aio.server(options=GRPC_OPTIONS)
-        rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(self.coordinator, self.store, "run"),
-                                                       self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        await self.server.start()
-
-    def stop(self):
-        asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+from tests.integration.inproc import TrainerServer
 
 
 @pytest.fixture
 def server():
     store = WeightStore(keep=2, chunk_bytes=4096)
-    s = _Server(store)
+    s = TrainerServer(store)
     yield s
     s.stop()
 
