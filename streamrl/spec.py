@@ -232,6 +232,30 @@ class TrainerSpec(_Model):
     """Size of one FetchWeights chunk, bytes (below gRPC's 4 MiB message limit)."""
 
 
+class TLSSpec(_Model):
+    """Mutual TLS: every service presents a certificate signed by the job's CA and
+    requires one from its peers (files, e.g. mounted from a Kubernetes Secret)."""
+
+    ca_file: str
+    """PEM file of the CA that signs every service's certificate."""
+    cert_file: str
+    """PEM certificate of this service."""
+    key_file: str
+    """PEM private key of this service."""
+    server_name: str = "streamrl"
+    """Name every certificate carries (subjectAltName DNS) and clients verify, so peers
+    can be dialled by IP address."""
+
+
+class SecuritySpec(_Model):
+    """Authentication of every gRPC channel (trainer, generators, weight relays)."""
+
+    tls: TLSSpec | None = None
+    """Mutual TLS; plaintext and unauthenticated peers are refused."""
+    token_file: str | None = None
+    """File holding a shared bearer token, required on every call (used with or without TLS)."""
+
+
 class CheckpointSpec(_Model):
     """Checkpoints of the policy as Hugging Face directories."""
 
@@ -259,6 +283,8 @@ class RLJobSpec(_Model):
     """Trainer."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpointing."""
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
+    """gRPC authentication (off by default: local runs use loopback only)."""
 
 
 class ObjectMeta(BaseModel):

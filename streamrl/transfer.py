@@ -13,6 +13,7 @@ from typing import Iterator
 import grpc
 
 from streamrl.samples import WeightsNotice
+from streamrl.spec import SecuritySpec
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightAssembler, WeightsCorruptError, WeightStore, WeightVersion
@@ -60,17 +61,17 @@ class RelayServer(rollout_pb2_grpc.RolloutServicer):
     """A generator's FetchWeights server for the versions it holds (in-pool relay)."""
 
     def __init__(self, keep: int, chunk_bytes: int, host: str = "127.0.0.1", port: int = 0,
-                 credentials: grpc.ServerCredentials | None = None, interceptors=()):
+                 security: SecuritySpec | None = None):
+        from streamrl.security import add_port, server_interceptors
         from streamrl.wire import GRPC_OPTIONS
 
+        security = security or SecuritySpec()
         self.store = WeightStore(keep, chunk_bytes)
         self.bytes_served = 0
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS,
-                                   interceptors=list(interceptors))
+                                   interceptors=server_interceptors(security, aio=False))
         rollout_pb2_grpc.add_RolloutServicer_to_server(self, self._server)
-        bind = f"{host}:{port}"
-        self.port = (self._server.add_secure_port(bind, credentials) if credentials
-                     else self._server.add_insecure_port(bind))
+        self.port = add_port(self._server, f"{host}:{port}", security)
         self.address = f"{host}:{self.port}"
 
     def hold(self, policy_version: int, blob: bytes) -> None:

@@ -40,6 +40,7 @@ class GeneratorAgent:
         self.engine_type = engine_type
         self.metrics = metrics
         self.relay = relay
+        # Opens an authenticated channel to the trainer or a relay peer (streamrl.security).
         self._channel_factory = channel_factory or (lambda addr: grpc.insecure_channel(addr, options=GRPC_OPTIONS))
         self.channel = self._channel_factory(trainer_address)
         self.stub = rollout_pb2_grpc.RolloutStub(self.channel)

@@ -14,6 +14,7 @@ from streamrl.generator.engine import setup_engine
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_tokenizer
 from streamrl.spec import RLJob
+from streamrl.security import open_channel
 from streamrl.transfer import RelayServer
 
 log = logging.getLogger("streamrl.generator")
@@ -32,10 +33,12 @@ def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, gen
     gid = generator_id or f"{pool.name}-{socket.gethostname()}-{os.getpid()}"
     relay = None
     if pool.weight_relay:
-        relay = RelayServer(job.spec.trainer.keep_versions, job.spec.trainer.weight_chunk_bytes, host, relay_port)
+        relay = RelayServer(job.spec.trainer.keep_versions, job.spec.trainer.weight_chunk_bytes, host, relay_port,
+                            job.spec.security)
         if advertise_host:
             relay.address = f"{advertise_host}:{relay.port}"
-    agent = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type, relay)
+    agent = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type, relay,
+                           channel_factory=lambda address: open_channel(address, job.spec.security))
 
     def status() -> dict:
         st = engine.stats()

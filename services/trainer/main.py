@@ -23,6 +23,7 @@ from streamrl.admin import AdminServer
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
 from streamrl.rewards import get_reward
+from streamrl.security import add_port, server_interceptors
 from streamrl.spec import PipelineMode, RLJob
 from streamrl.tasks import load_prompts
 from streamrl.trainer.coordinator import Coordinator, SamplingConfig
@@ -95,11 +96,11 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         local = LocalGenerator(engine, coordinator, store, ServiceMetrics("generator"))
         local.start()
     else:
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=server_interceptors(spec.security, aio=True))
         rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(coordinator, store, run_id), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        endpoint["grpc_port"] = server.add_insecure_port(f"{host}:{spec.trainer.port}")
+        endpoint["grpc_port"] = add_port(server, f"{host}:{spec.trainer.port}", spec.security)
         await server.start()
         await health_servicer.set("streamrl.v1.Rollout", health_pb2.HealthCheckResponse.SERVING)
     endpoint["pid"] = os.getpid()

@@ -7,9 +7,12 @@ import asyncio
 import threading
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice
+from streamrl.security import add_port, server_interceptors
+from streamrl.spec import SecuritySpec
 from streamrl.trainer.coordinator import Coordinator, SamplingConfig
 from streamrl.trainer.servicer import RolloutServicer
 from streamrl.v1 import rollout_pb2_grpc
@@ -18,9 +21,11 @@ from streamrl.wire import GRPC_OPTIONS
 
 
 class TrainerServer:
-    def __init__(self, store: WeightStore, relay_pools: frozenset[str] = frozenset()):
+    def __init__(self, store: WeightStore, relay_pools: frozenset[str] = frozenset(),
+                 security: SecuritySpec | None = None):
         self.store = store
         self.relay_pools = relay_pools
+        self.security = security or SecuritySpec()
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.call(self._start())
@@ -31,10 +36,13 @@ class TrainerServer:
     async def _start(self):
         self.coordinator = Coordinator(SamplingConfig(1.0, 1.0, 8, 0), lambda s, a: 0.0, ServiceMetrics("trainer"),
                                        relay_pools=self.relay_pools)
-        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        self.server = grpc.aio.server(options=GRPC_OPTIONS,
+                                      interceptors=server_interceptors(self.security, aio=True))
         rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(self.coordinator, self.store, "run"),
                                                        self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
+        self.port = add_port(self.server, "127.0.0.1:0", self.security)
         await self.server.start()
 
     def publish(self, policy_version: int, tensors) -> WeightsNotice:
