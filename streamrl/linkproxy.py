@@ -29,7 +29,7 @@ class _Pacer:
 
 class LinkProxy:
     def __init__(self, target_host: str, target_port: int, bandwidth_mbps: float | None = None,
-                 latency_ms: float = 0.0, listen_host: str = "127.0.0.1"):
+                 latency_ms: float = 0.0, listen_host: str = "127.0.0.1", cut_down_after: int | None = None):
         self.target = (target_host, target_port)
         self.latency_s = latency_ms / 1000
         rate = bandwidth_mbps * 1e6 / 8 if bandwidth_mbps else None
@@ -37,6 +37,9 @@ class LinkProxy:
         self.bytes = {"down": 0, "up": 0}
         """Bytes forwarded: "up" client -> target, "down" target -> client."""
         self.num_connections = 0
+        self.cut_down_after = cut_down_after
+        """Break every open connection once this many bytes have gone down (one time)."""
+        self._writers: list[asyncio.StreamWriter] = []
         self._listen_host = listen_host
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -76,8 +79,12 @@ class LinkProxy:
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(self._pipe(client_r, target_w, "up"), self._pipe(target_r, client_w, "down"),
-                             return_exceptions=True)
+        self._writers += [client_w, target_w]
+        try:
+            await asyncio.gather(self._pipe(client_r, target_w, "up"), self._pipe(target_r, client_w, "down"),
+                                 return_exceptions=True)
+        except asyncio.CancelledError:  # the proxy is stopping
+            pass
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str) -> None:
         """Read as fast as data comes; deliver each piece once the link has carried it
@@ -92,6 +99,15 @@ class LinkProxy:
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                if direction == "down" and self.cut_down_after is not None:
+                    room = self.cut_down_after - self.bytes["down"]
+                    if room < len(data):
+                        writer.write(data[:max(room, 0)])
+                        self.bytes["down"] += max(room, 0)
+                        self.cut_down_after = None
+                        for w in self._writers:  # the link drops: every connection breaks
+                            w.transport.abort()
+                        break
                 writer.write(data)
                 await writer.drain()
                 self.bytes[direction] += len(data)
