@@ -29,22 +29,30 @@ def deserialize(blob: bytes) -> dict[str, "torch.Tensor"]:
     return load(blob)
 
 
+def version_digest(chunk_sha256: list[str] | tuple[str, ...]) -> str:
+    """The whole-version digest from the per-chunk hex digests, in order."""
+    return hashlib.sha256(b"".join(bytes.fromhex(h) for h in chunk_sha256)).hexdigest()
+
+
 @dataclass(frozen=True)
 class WeightVersion:
     policy_version: int
     blob: bytes
     chunk_bytes: int
     sha256: str
-    """Hex SHA-256 of the whole blob."""
+    """The version's digest: hex SHA-256 over the concatenated per-chunk SHA-256 digests
+    (a one-level hash list: checking every chunk against its digest and the digests
+    against this value verifies the whole blob without a second pass over it)."""
     chunk_sha256: tuple[str, ...]
     """Hex SHA-256 of each chunk, in order."""
 
     @classmethod
     def build(cls, policy_version: int, blob: bytes, chunk_bytes: int) -> "WeightVersion":
+        view = memoryview(blob)
         hashes = tuple(
-            hashlib.sha256(blob[o : o + chunk_bytes]).hexdigest() for o in range(0, max(len(blob), 1), chunk_bytes)
+            hashlib.sha256(view[o : o + chunk_bytes]).hexdigest() for o in range(0, max(len(blob), 1), chunk_bytes)
         )
-        return cls(policy_version, blob, chunk_bytes, hashlib.sha256(blob).hexdigest(), hashes)
+        return cls(policy_version, blob, chunk_bytes, version_digest(hashes), hashes)
 
     @property
     def size_bytes(self) -> int:
@@ -54,13 +62,15 @@ class WeightVersion:
     def num_chunks(self) -> int:
         return len(self.chunk_sha256)
 
-    def chunks(self, offset_bytes: int = 0) -> Iterator[tuple[int, bytes, str]]:
-        """(offset, data, sha256) from offset_bytes, which must be a chunk boundary."""
+    def chunks(self, offset_bytes: int = 0) -> Iterator[tuple[int, memoryview, str]]:
+        """(offset, data, sha256) from offset_bytes, which must be a chunk boundary; data
+        is a view into the blob (no copy)."""
         if offset_bytes % self.chunk_bytes or offset_bytes > self.size_bytes:
             raise ValueError(f"offset_bytes {offset_bytes} is not a chunk boundary of version {self.policy_version}")
+        view = memoryview(self.blob)
         for i in range(offset_bytes // self.chunk_bytes, self.num_chunks):
             o = i * self.chunk_bytes
-            yield o, self.blob[o : o + self.chunk_bytes], self.chunk_sha256[i]
+            yield o, view[o : o + self.chunk_bytes], self.chunk_sha256[i]
 
 
 class WeightStore:
@@ -97,9 +107,10 @@ class WeightAssembler:
         self.size_bytes = size_bytes
         self.sha256 = sha256
         self._parts: list[bytes] = []
+        self._digests: list[str] = []
         self.next_offset = 0
 
-    def add_chunk(self, offset_bytes: int, data: bytes, sha256: str) -> None:
+    def add_chunk(self, offset_bytes: int, data: bytes | memoryview, sha256: str) -> None:
         if offset_bytes != self.next_offset:
             raise WeightsCorruptError(
                 f"version {self.policy_version}: chunk at offset {offset_bytes}, expected {self.next_offset}"
@@ -107,6 +118,7 @@ class WeightAssembler:
         if hashlib.sha256(data).hexdigest() != sha256:
             raise WeightsCorruptError(f"version {self.policy_version}: chunk at offset {offset_bytes} fails its checksum")
         self._parts.append(data)
+        self._digests.append(sha256)
         self.next_offset += len(data)
 
     @property
@@ -115,9 +127,8 @@ class WeightAssembler:
 
     def finish(self) -> bytes:
         """The serialized version, once every byte is in and the whole-version checksum matches."""
-        blob = b"".join(self._parts)
-        if len(blob) != self.size_bytes:
-            raise WeightsCorruptError(f"version {self.policy_version}: {len(blob)} of {self.size_bytes} bytes")
-        if hashlib.sha256(blob).hexdigest() != self.sha256:
+        if self.next_offset != self.size_bytes:
+            raise WeightsCorruptError(f"version {self.policy_version}: {self.next_offset} of {self.size_bytes} bytes")
+        if version_digest(self._digests) != self.sha256:
             raise WeightsCorruptError(f"version {self.policy_version}: whole-version checksum mismatch")
-        return blob
+        return b"".join(self._parts)

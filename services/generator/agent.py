@@ -19,7 +19,7 @@ from streamrl.generator.engine import Engine
 from streamrl.generator.worker import Cancel, LoadWeights, Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice
-from streamrl.transfer import RelayServer, fetch_blob
+from streamrl.transfer import RelayServer, WeightSource, fetch_blob
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightsCorruptError, deserialize
@@ -44,6 +44,7 @@ class GeneratorAgent:
         self._channel_factory = channel_factory or (lambda addr: grpc.insecure_channel(addr, options=GRPC_OPTIONS))
         self.channel = self._channel_factory(trainer_address)
         self.stub = rollout_pb2_grpc.RolloutStub(self.channel)
+        self._weights = WeightSource(self.channel)
         self._outbox: queue.Queue = queue.Queue()
         self._fetching: set[int] = set()
         self.connected = threading.Event()
@@ -113,8 +114,7 @@ class GeneratorAgent:
         if notice.source:
             channel = self._channel_factory(notice.source)
             try:
-                return fetch_blob(rollout_pb2_grpc.RolloutStub(channel), notice, max_attempts=2,
-                                  stopping=self._stopping), "peer"
+                return fetch_blob(WeightSource(channel), notice, max_attempts=2, stopping=self._stopping), "peer"
             except grpc.RpcError as err:
                 if self._stopping.is_set():
                     raise
@@ -122,7 +122,7 @@ class GeneratorAgent:
                             notice.policy_version, err.code().name)
             finally:
                 channel.close()
-        return fetch_blob(self.stub, notice, stopping=self._stopping), "trainer"
+        return fetch_blob(self._weights, notice, stopping=self._stopping), "trainer"
 
     def _start_fetch(self, notice: WeightsNotice) -> None:
         if notice.policy_version <= self.engine.policy_version or notice.policy_version in self._fetching:

@@ -32,7 +32,7 @@ from streamrl.trainer.local import LocalGenerator
 from streamrl.trainer.loop import TrainLoop
 from streamrl.trainer.recorder import Recorder
 from streamrl.trainer.servicer import RolloutServicer
-from streamrl.v1 import rollout_pb2_grpc
+from streamrl.transfer import rollout_handler
 from streamrl.weights import WeightStore
 from streamrl.wire import GRPC_OPTIONS
 
@@ -97,7 +97,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         local.start()
     else:
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=server_interceptors(spec.security, aio=True))
-        rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(coordinator, store, run_id), server)
+        server.add_generic_rpc_handlers((rollout_handler(RolloutServicer(coordinator, store, run_id)),))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         endpoint["grpc_port"] = add_port(server, f"{host}:{spec.trainer.port}", spec.security)

@@ -15,7 +15,7 @@ from streamrl.security import add_port, server_interceptors
 from streamrl.spec import SecuritySpec
 from streamrl.trainer.coordinator import Coordinator, SamplingConfig
 from streamrl.trainer.servicer import RolloutServicer
-from streamrl.v1 import rollout_pb2_grpc
+from streamrl.transfer import rollout_handler
 from streamrl.weights import WeightStore
 from streamrl.wire import GRPC_OPTIONS
 
@@ -38,8 +38,7 @@ class TrainerServer:
                                        relay_pools=self.relay_pools)
         self.server = grpc.aio.server(options=GRPC_OPTIONS,
                                       interceptors=server_interceptors(self.security, aio=True))
-        rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(self.coordinator, self.store, "run"),
-                                                       self.server)
+        self.server.add_generic_rpc_handlers((rollout_handler(RolloutServicer(self.coordinator, self.store, "run")),))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
         self.port = add_port(self.server, "127.0.0.1:0", self.security)

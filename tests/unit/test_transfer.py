@@ -27,7 +27,8 @@ class _FakeWeightStub:
 
     def FetchWeights(self, request):
         self.offsets.append(request.offset_bytes)
-        for i, (offset, data, sha) in enumerate(self.version.chunks(request.offset_bytes)):
+        for i, (offset, view, sha) in enumerate(self.version.chunks(request.offset_bytes)):
+            data = bytes(view)
             if len(self.offsets) <= self.breaks and i == self.after:
                 raise _FakeRpcError()
             if offset == self.corrupt_at:
@@ -77,3 +78,28 @@ def test_no_retry_once_the_agent_is_stopping():
     with pytest.raises(grpc.RpcError):
         fetch_blob(stub, _notice(version), backoff_s=0.0, stopping=stopping)
     assert len(stub.offsets) == 1
+
+
+def test_hand_encoded_chunks_parse_like_protobuf_both_ways():
+    from streamrl.transfer import decode_chunk, encode_chunk
+
+    _, version = _version()
+    for offset, data, sha in version.chunks():
+        wire = encode_chunk(version, offset, data, sha)
+        msg = pb.FetchWeightsResponse.FromString(wire)
+        assert (msg.policy_version, msg.offset_bytes, msg.data, msg.sha256, msg.size_bytes) == \
+               (4, offset, bytes(data), sha, version.size_bytes)
+        assert wire == msg.SerializeToString()  # canonical: byte-identical to protobuf's own
+        back = decode_chunk(msg.SerializeToString())
+        assert (back.policy_version, back.offset_bytes, bytes(back.data), back.sha256, back.size_bytes) == \
+               (4, offset, bytes(data), sha, version.size_bytes)
+
+
+def test_decoder_rejects_truncated_messages():
+    from streamrl.transfer import decode_chunk, encode_chunk
+
+    _, version = _version()
+    offset, data, sha = next(version.chunks(1024))
+    wire = encode_chunk(version, offset, data, sha)
+    with pytest.raises(WeightsCorruptError, match="truncated"):
+        decode_chunk(wire[:-1] + b"\x80")
