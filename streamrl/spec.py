@@ -226,6 +226,8 @@ class TrainerSpec(_Model):
     """gRPC port generators dial (0 = any free port; local runs)."""
     admin_port: int = Field(0, ge=0, le=65535)
     """HTTP admin port (/healthz, /readyz, /metrics, /status; 0 = any free port)."""
+    min_generators: int = Field(1, ge=1)
+    """Generators that must be connected before the first iteration starts."""
     keep_versions: int = Field(2, ge=1)
     """Weight versions kept in memory for generators to fetch."""
     weight_chunk_bytes: int = Field(1 << 20, ge=1024, le=3 << 20)

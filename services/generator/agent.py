@@ -70,9 +70,9 @@ class GeneratorAgent:
     def _send_sample(self, sample) -> None:
         self._outbox.put(pb.ConnectRequest(sample=sample_to_pb(sample)))
 
-    def _send_loaded(self, version: int, sync_s: float, size_bytes: int) -> None:
+    def _send_loaded(self, msg: LoadWeights, sync_s: float) -> None:
         self._outbox.put(pb.ConnectRequest(weights_loaded=pb.WeightsLoaded(
-            policy_version=version, sync_s=sync_s, size_bytes=size_bytes)))
+            policy_version=msg.policy_version, sync_s=sync_s, size_bytes=msg.size_bytes, source=msg.source)))
 
     def _report_load(self, interval_s: float) -> None:
         last_tokens, last_t = 0, time.monotonic()
@@ -137,7 +137,7 @@ class GeneratorAgent:
                     self.relay.hold(notice.policy_version, blob)
                 self.metrics.weight_sync_bytes.labels(source).inc(len(blob))
                 self.metrics.weight_fetch_seconds.labels(source).observe(time.monotonic() - t0)
-                self.worker.inbox.put(LoadWeights(notice.policy_version, deserialize(blob), t0, len(blob)))
+                self.worker.inbox.put(LoadWeights(notice.policy_version, deserialize(blob), t0, len(blob), source))
             except (WeightsCorruptError, grpc.RpcError) as err:
                 if not self._stopping.is_set():
                     log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,

@@ -35,6 +35,8 @@ class LoadWeights:
     notice_at: float
     """monotonic time the new version was announced (for sync seconds)."""
     size_bytes: int = 0
+    source: str = "trainer"
+    """Where the bytes came from: "trainer" or "peer"."""
 
 
 class Stop:
@@ -48,7 +50,7 @@ class Worker:
         generator_id: str,
         metrics: ServiceMetrics,
         on_sample: Callable[[Sample], None],
-        on_loaded: Callable[[int, float, int], None] = lambda v, s, b: None,
+        on_loaded: Callable[[LoadWeights, float], None] = lambda msg, sync_s: None,
         waiting_weights: Callable[[], bool] = lambda: False,
     ):
         self.engine = engine
@@ -115,7 +117,7 @@ class Worker:
             sync_s = time.monotonic() - msg.notice_at
             self.metrics.policy_version.set(msg.policy_version)
             self.metrics.weight_sync_seconds.observe(sync_s)
-            self._on_loaded(msg.policy_version, sync_s, msg.size_bytes)
+            self._on_loaded(msg, sync_s)
         elif isinstance(msg, Stop):
             self._stopped.set()
         else:

@@ -90,6 +90,10 @@ class Coordinator:
         self.num_samples_redispatched = 0
         self.num_samples_rejected = 0
         self.num_samples_stale_dropped = 0
+        self.weight_syncs: dict[int, dict[str, tuple[float, int, str]]] = {}
+        """policy_version -> generator_id -> (seconds from notice to swap, bytes, source)."""
+        self.weight_bytes_by_source: dict[str, int] = {}
+        """Weight bytes the replicas received, by source (trainer|peer|local), whole run."""
 
     # ---- generators -----------------------------------------------------------------
     def connect(self, generator_id: str, pool: str, capacity: int, engine: str, policy_version: int,
@@ -137,11 +141,17 @@ class Coordinator:
         self._change.set()
         self.dispatch()
 
-    def on_loaded(self, generator_id: str, policy_version: int) -> None:
-        """A replica swapped in a version: its pool peers waiting for it may fetch from it."""
+    def on_loaded(self, generator_id: str, policy_version: int, sync_s: float = 0.0, size_bytes: int = 0,
+                  source: str = "") -> None:
+        """A replica swapped in a version: record how long it took, and let its pool peers
+        waiting for the version fetch it from this replica."""
         loader = self.generators.get(generator_id)
         if loader is None:
             return
+        self.weight_syncs.setdefault(policy_version, {})[generator_id] = (sync_s, size_bytes, source)
+        self.weight_bytes_by_source[source] = self.weight_bytes_by_source.get(source, 0) + size_bytes
+        while len(self.weight_syncs) > 8:
+            del self.weight_syncs[min(self.weight_syncs)]
         loader.policy_version = policy_version
         if loader.awaiting_weights is not None and loader.awaiting_weights <= policy_version:
             loader.awaiting_weights = None
@@ -316,6 +326,16 @@ class Coordinator:
         """End every generator's stream (the run is over)."""
         for handle in self.generators.values():
             handle.outbox.put_nowait(None)
+
+    def weight_sync_summary(self, policy_version: int) -> dict:
+        """How a version reached the replicas (those that reported so far): slowest swap,
+        bytes from the trainer and from peers."""
+        syncs = self.weight_syncs.get(policy_version, {})
+        return {
+            "weight_sync_s_max": max((s for s, _, _ in syncs.values()), default=0.0),
+            "weight_bytes_from_trainer": sum(b for _, b, src in syncs.values() if src == "trainer"),
+            "weight_bytes_from_peers": sum(b for _, b, src in syncs.values() if src == "peer"),
+        }
 
     @property
     def num_inflight(self) -> int:

@@ -47,8 +47,9 @@ class LocalGenerator:
     def _on_sample(self, sample) -> None:
         self.loop.call_soon_threadsafe(self.coordinator.on_sample, self.handle.generator_id, sample)
 
-    def _on_loaded(self, version: int, sync_s: float, size_bytes: int) -> None:
-        self.loop.call_soon_threadsafe(self.coordinator.on_loaded, self.handle.generator_id, version)
+    def _on_loaded(self, msg: LoadWeights, sync_s: float) -> None:
+        self.loop.call_soon_threadsafe(self.coordinator.on_loaded, self.handle.generator_id, msg.policy_version,
+                                       sync_s, msg.size_bytes, "local")
 
     def stop(self) -> None:
         self.worker.stop()

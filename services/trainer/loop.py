@@ -71,7 +71,7 @@ class TrainLoop:
         await self.publish()
         self.phase = "WaitingForGenerators"
         self.metrics.clock.idle(WAITING_SAMPLES)
-        await self.coordinator.wait_for_generators(1)
+        await self.coordinator.wait_for_generators(self.spec.trainer.min_generators)
         self.phase = "Running"
         for it in range(algo.num_iterations):
             self.iteration = it
@@ -143,6 +143,8 @@ class TrainLoop:
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
             "num_samples_stale_dropped": self.coordinator.num_samples_stale_dropped,
+            # How the version this iteration started from (= it) reached the generators.
+            **self.coordinator.weight_sync_summary(it),
             "elapsed_s": time.monotonic() - self.recorder.started,
         }
         self.last = record

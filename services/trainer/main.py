@@ -136,6 +136,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             "num_samples_redispatched": coordinator.num_samples_redispatched,
             "num_samples_rejected": coordinator.num_samples_rejected,
             "num_samples_stale_dropped": coordinator.num_samples_stale_dropped,
+            "weight_bytes_from_trainer": coordinator.weight_bytes_by_source.get("trainer", 0),
+            "weight_bytes_from_peers": coordinator.weight_bytes_by_source.get("peer", 0),
             "reward_first": recorder.records[0]["reward_mean"] if recorder.records else None,
             "reward_last": recorder.records[-1]["reward_mean"] if recorder.records else None,
         })

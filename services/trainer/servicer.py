@@ -67,7 +67,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 if kind == "sample":
                     self.coordinator.on_sample(gid, sample_from_pb(req.sample, gid))
                 elif kind == "weights_loaded":
-                    self.coordinator.on_loaded(gid, req.weights_loaded.policy_version)
+                    w = req.weights_loaded
+                    self.coordinator.on_loaded(gid, w.policy_version, w.sync_s, w.size_bytes, w.source)
                 elif kind == "load":
                     handle.load = req.load
         except (grpc.aio.AioRpcError, asyncio.CancelledError):

@@ -77,14 +77,16 @@ class LoadReport(_message.Message):
     def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class WeightsLoaded(_message.Message):
-    __slots__ = ("policy_version", "sync_s", "size_bytes")
+    __slots__ = ("policy_version", "sync_s", "size_bytes", "source")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     SYNC_S_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     sync_s: float
     size_bytes: int
-    def __init__(self, policy_version: _Optional[int] = ..., sync_s: _Optional[float] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    source: str
+    def __init__(self, policy_version: _Optional[int] = ..., sync_s: _Optional[float] = ..., size_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
     __slots__ = ("welcome", "assign", "cancel", "new_weights")

@@ -138,7 +138,8 @@ def test_run_with_mutual_tls_and_a_token_end_to_end(ca, tmp_path, write_job, tin
     token.write_text("t0ken")
     job = write_job({"spec": {
         "model": {"source": "path", "path": str(tiny_model_dir)},
-        "algorithm": {"numIterations": 2, "promptsPerStep": 4, "groupSize": 4, "maxNewTokens": 16},
+        "algorithm": {"numIterations": 4, "promptsPerStep": 4, "groupSize": 4, "maxNewTokens": 16},
+        "trainer": {"minGenerators": 2},
         "pipeline": {"mode": "stream-async"},
         "generators": {"pools": [{"name": "default", "replicas": 2}]},
         "security": {"tls": {"caFile": str(ca.ca_file), "certFile": str(cert), "keyFile": str(key)},
@@ -149,6 +150,8 @@ def test_run_with_mutual_tls_and_a_token_end_to_end(ca, tmp_path, write_job, tin
                           env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_samples_accepted"] == 2 * 4 * 4
+    assert summary["num_samples_accepted"] == 4 * 4 * 4
+    # Each version reached one replica from the trainer and the other from it (relay, over mTLS).
+    assert summary["weight_bytes_from_peers"] > 0 and summary["weight_bytes_from_trainer"] > 0
     logs = "".join(p.read_text() for p in (out / "logs").glob("generator-*.log"))
     assert "connected to trainer" in logs and "rejected" not in logs
