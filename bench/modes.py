@@ -35,7 +35,12 @@ def run_mode(mode: str, args, out: Path) -> dict:
     run_dir = out / mode
     subprocess.run([sys.executable, "-m", "streamrl.cli", "run", f.name, "--out", str(run_dir), "--quiet"],
                    check=True)
-    return json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rewards = [json.loads(line)["reward_mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    mean = sum(rewards) / len(rewards)
+    var = sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)
+    summary["reward_se"] = (var / len(rewards)) ** 0.5  # standard error over iterations
+    return summary
 
 
 def main() -> None:
@@ -51,6 +56,12 @@ def main() -> None:
     for mode, s in results.items():
         print(f"{mode:<12} {s['samples_per_s']:>10.1f} {s['samples_per_s'] / base:>12.2f} "
               f"{s['reward_mean']:>14.3f} {s['pipeline_bubble_ratio']:>8.2f}")
+    # Noise: iteration rewards vary with the prompts drawn; two modes differ "beyond noise"
+    # when their reward per sample differs by more than twice the combined standard error.
+    a, c = results["stream-async"], results["colocated"]
+    noise = 2 * (a["reward_se"] ** 2 + c["reward_se"] ** 2) ** 0.5
+    print(f"stream-async reward - colocated reward = {a['reward_mean'] - c['reward_mean']:+.4f}; "
+          f"noise (2 x combined SE over iterations) = {noise:.4f}")
     print(json.dumps({
         "samples_per_s": {m: round(s["samples_per_s"], 2) for m, s in results.items()},
         "ratio_to_colocated": {m: round(s["samples_per_s"] / base, 3) for m, s in results.items()},
@@ -58,6 +69,9 @@ def main() -> None:
         "stream_async_over_colocated": round(results["stream-async"]["samples_per_s"] / base, 3),
         "reward_per_sample": {m: round(s["reward_mean"], 4) for m, s in results.items()},
         "pipeline_bubble_ratio": {m: round(s["pipeline_bubble_ratio"], 3) for m, s in results.items()},
+        "reward_se": {m: round(s["reward_se"], 4) for m, s in results.items()},
+        "async_reward_minus_colocated": round(a["reward_mean"] - c["reward_mean"], 4),
+        "reward_noise_2se": round(noise, 4),
         "iterations": args.iterations,
         "prompts_per_step": args.prompts_per_step,
     }))
