@@ -5,7 +5,7 @@ creates on first use (offline afterwards; torch pinned to the local CPU build).
 Prints samples/s of each, their ratio and the reward after the same number of samples;
 the last line is a JSON object.
 
-    python bench/peer_trl.py [--iterations 10] [--prompts-per-step 64] [--venv runs/trl-venv]
+    python bench/peer_trl.py [--iterations 20] [--prompts-per-step 64] [--venv runs/trl-venv]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def mean(xs: list[float]) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--prompts-per-step", type=int, default=64)
     p.add_argument("--learning-rate", type=float, default=3e-4)
     p.add_argument("--venv", default="runs/trl-venv")

@@ -88,8 +88,14 @@ class Learner:
                 "num_micro_batches": 0}
 
     def accumulate(self, groups: list[Group], num_samples_in_step: int) -> None:
-        """Forward/backward on these groups, in micro-batches; gradients accumulate until step()."""
-        samples = [(g.prompt_token_ids, s) for g in groups for s in g.samples]
+        """Forward/backward on these groups, in micro-batches; gradients accumulate until step().
+
+        Samples are ordered by length before they are cut into micro-batches: output
+        lengths are long-tailed, and one long sample would otherwise pad a whole
+        micro-batch to its length. The loss is a fixed-weight sum over samples, so the
+        grouping does not change the gradient."""
+        samples = sorted(((g.prompt_token_ids, s) for g in groups for s in g.samples),
+                         key=lambda item: len(item[0]) + len(item[1].sample.completion_token_ids))
         mb = self.algo.micro_batch_size
         for start in range(0, len(samples), mb):
             self._micro_batch(samples[start : start + mb], num_samples_in_step)

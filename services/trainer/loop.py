@@ -95,7 +95,9 @@ class TrainLoop:
             left = total - done
             if self.spec.pipeline.streaming:
                 need = min(self.spec.pipeline.min_micro_batch_size, left)
-                got = await self.coordinator.take_groups(it, need, algo.micro_batch_size, min_version)
+                # Take up to a few micro-batches at once when that many are ready, so the
+                # learner can group them by length (less padding).
+                got = await self.coordinator.take_groups(it, need, 4 * algo.micro_batch_size, min_version)
             else:
                 got = await self.coordinator.take_groups(it, left, left, min_version)
             for g in got:
