@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from streamrl.spec import ModelSpec, RLJobSpec
 
 if TYPE_CHECKING:  # heavy imports stay lazy
-    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]

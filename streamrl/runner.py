@@ -169,7 +169,6 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False) -> int
         f"{sum(p.replicas for p in spec.generators.pools)} generator replica(s), out {out_dir}")
     model_dir = resolve_model_dir(spec, log=say)
     trainer, generators, endpoint = start_services(job, resolved, model_dir, out_dir)
-    children = [trainer, *generators]
     try:
         _progress(job, trainer, list(generators), f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet)
     except KeyboardInterrupt:
