@@ -1,0 +1,146 @@
+"""Skewness-aware dispatch planning: how many replicas serve the long tail, at what batch cap.
+
+Pure functions over numbers (no I/O, no gRPC). One replica's time for M samples of
+length L at batch size BS is PTL(BS) * L * ceil(M / BS), with PTL the measured per-token
+decode latency at that batch size. Long outputs want small batches (they decode faster
+per token); short ones tolerate large batches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Objective = Literal["sum", "max"]
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    """PTL(BS): seconds per decode step of one replica as a function of its batch size."""
+
+    points: tuple[tuple[int, float], ...]
+    """(batch size, seconds per decode step), at least one point."""
+
+    def __post_init__(self):
+        if not self.points:
+            raise ValueError("a latency profile needs at least one (batch size, seconds) point")
+        object.__setattr__(self, "points", tuple(sorted(self.points)))
+
+    def ptl(self, batch_size: int) -> float:
+        """Linear interpolation between measured points; beyond them, the nearest segment's slope."""
+        pts = self.points
+        if len(pts) == 1:
+            return pts[0][1]
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if batch_size <= b1 or (b1, t1) == pts[-1]:
+                return max(0.0, t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0))
+        raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class Replica:
+    replica_id: str
+    profile: LatencyProfile
+    max_batch_size: int
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    long_replicas: tuple[str, ...]
+    """Replicas that serve the long tail, at long_batch_cap."""
+    regular_replicas: tuple[str, ...]
+    """Replicas that serve the rest, at their own max batch size."""
+    long_batch_cap: int
+    estimated_s: float
+    """The objective's value for this plan (seconds)."""
+    estimates_s: tuple[float, ...]
+    """The objective for each number of long-tail replicas 0..N (for inspection)."""
+
+
+def group_time(profile: LatencyProfile, num_samples: int, num_replicas: int, length: float, batch_cap: int) -> float:
+    """Estimated seconds for num_samples of `length` tokens spread evenly over num_replicas
+    identical replicas decoding at most batch_cap at once."""
+    if num_samples == 0:
+        return 0.0
+    if num_replicas == 0:
+        return math.inf
+    per_replica = math.ceil(num_samples / num_replicas)
+    bs = max(1, min(batch_cap, per_replica))
+    return profile.ptl(bs) * length * math.ceil(per_replica / bs)
+
+
+def _slowest(replicas: list[Replica], batch_size: int) -> LatencyProfile:
+    return max((r.profile for r in replicas), key=lambda p: p.ptl(batch_size))
+
+
+def plan_dispatch(
+    num_long_samples: int,
+    num_regular_samples: int,
+    replicas: list[Replica],
+    long_length: float,
+    regular_length: float,
+    long_batch_cap: int,
+    objective: Objective = "sum",
+) -> DispatchPlan:
+    """Choose N_long in 0..N minimising the estimated generation time.
+
+    `sum` adds the two groups' times (as published); `max` takes the slower group (the
+    wall time when both run at once). With N_long = 0 every replica runs everything at
+    its full batch and the long samples set the pace; with N_long = N every replica runs
+    at the long-tail cap. Long-tail replicas are the ones fastest at small batches; a
+    group is estimated with its slowest member's profile.
+    """
+    if not replicas:
+        raise ValueError("no replicas to dispatch to")
+    if objective not in ("sum", "max"):
+        raise ValueError(f"dispatch objective {objective!r}: expected 'sum' or 'max'")
+    ordered = sorted(replicas, key=lambda r: (r.profile.ptl(long_batch_cap), r.replica_id))
+    total = num_long_samples + num_regular_samples
+    pace = long_length if num_long_samples else regular_length
+    estimates = []
+    for n_long in range(len(ordered) + 1):
+        longs, regulars = ordered[:n_long], ordered[n_long:]
+        if n_long == 0:
+            cap = min(r.max_batch_size for r in regulars)
+            t = group_time(_slowest(regulars, cap), total, len(regulars), pace, cap)
+        elif not regulars:
+            t = group_time(_slowest(longs, long_batch_cap), total, n_long, pace, long_batch_cap)
+        else:
+            cap = min(r.max_batch_size for r in regulars)
+            t_long = group_time(_slowest(longs, long_batch_cap), num_long_samples, n_long, long_length,
+                                long_batch_cap)
+            t_reg = group_time(_slowest(regulars, cap), num_regular_samples, len(regulars), regular_length, cap)
+            t = t_long + t_reg if objective == "sum" else max(t_long, t_reg)
+        estimates.append(t)
+    best = min(range(len(estimates)), key=lambda n: (estimates[n], n))
+    return DispatchPlan(
+        tuple(r.replica_id for r in ordered[:best]),
+        tuple(r.replica_id for r in ordered[best:]),
+        long_batch_cap,
+        estimates[best],
+        tuple(estimates),
+    )
+
+
+def split_long_tail(predicted_lengths: dict[str, float], alpha: float) -> tuple[list[str], list[str]]:
+    """(long-tail ids, regular ids): the top `alpha` fraction by predicted length, longest first."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    ranked = sorted(predicted_lengths, key=lambda k: (-predicted_lengths[k], k))
+    n_long = round(alpha * len(ranked))
+    return ranked[:n_long], ranked[n_long:]
+
+
+def length_targets(recent_lengths: list[int]) -> tuple[float, float]:
+    """(L_long, L_reg) = (P90, P50) of the recent output-length distribution."""
+    if not recent_lengths:
+        raise ValueError("no recent output lengths")
+    xs = sorted(recent_lengths)
+
+    def pct(q: float) -> float:  # linear interpolation between closest ranks
+        pos = q * (len(xs) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return pct(0.9), pct(0.5)
