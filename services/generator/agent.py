@@ -30,6 +30,10 @@ log = logging.getLogger("streamrl.generator")
 _CLOSE = object()
 
 
+def _latency_points(points: list[tuple[int, float]]) -> list[pb.LatencyPoint]:
+    return [pb.LatencyPoint(batch_size=b, seconds_per_step=s) for b, s in points]
+
+
 class GeneratorAgent:
     def __init__(self, engine: Engine, trainer_address: str, generator_id: str, pool: str,
                  metrics: ServiceMetrics, engine_type: str = "torch", relay: RelayServer | None = None,
@@ -60,6 +64,7 @@ class GeneratorAgent:
             generator_id=self.generator_id, pool=self.pool, capacity=self.engine.stats().capacity,
             engine=self.engine_type, policy_version=self.engine.policy_version,
             weights_address=self.relay.address if self.relay else "",
+            latency_profile=_latency_points(self.engine.latency_profile()),
         ))
         while True:
             msg = self._outbox.get()
@@ -83,7 +88,8 @@ class GeneratorAgent:
             last_tokens, last_t = st.num_generated_tokens, now
             self._outbox.put(pb.ConnectRequest(load=pb.LoadReport(
                 num_running=st.num_running, num_waiting=st.num_waiting,
-                num_generated_tokens=st.num_generated_tokens, tokens_per_s=rate)))
+                num_generated_tokens=st.num_generated_tokens, tokens_per_s=rate,
+                latency_profile=_latency_points(self.engine.latency_profile()))))
 
     # ---- incoming -------------------------------------------------------------------
     def _read(self, responses) -> None:
@@ -157,6 +163,8 @@ class GeneratorAgent:
             return 1
         if self.relay:
             self.relay.start()
+        capacity = self.engine.stats().capacity
+        self.engine.measure_latency([1 << k for k in range(capacity.bit_length())] + [capacity])
         responses = self.stub.Connect(self._requests())
         reader = threading.Thread(target=self._read, args=(responses,), name="reader", daemon=True)
         reader.start()

@@ -87,6 +87,14 @@ class Engine(ABC):
     @abstractmethod
     def stats(self) -> EngineStats: ...
 
+    @abstractmethod
+    def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4) -> list[tuple[int, float]]:
+        """PTL(BS): seconds per decode step at each batch size, measured now (call while idle)."""
+
+    @abstractmethod
+    def latency_profile(self) -> list[tuple[int, float]]:
+        """PTL(BS) as seen in recent decode steps (smoothed), plus measured points not seen since."""
+
     # Weight updates, in this order, between two steps.
     @abstractmethod
     def pause_generation(self) -> None: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -51,6 +52,8 @@ class TorchEngine(Engine):
         self._updated: set[str] = set()
         self.num_generated_tokens = 0
         self.policy_version = 0
+        self._ptl: dict[int, float] = {}  # batch-size bucket -> smoothed seconds per decode step
+        self._ptl_lock = threading.Lock()  # read by the agent's load reporter thread
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
@@ -85,9 +88,44 @@ class TorchEngine(Engine):
             slots = self._running
             tokens = torch.tensor([r.next_token for r in slots], device=self.device)
             positions = torch.tensor([r.cache_len for r in slots], device=self.device)
+            t0 = time.perf_counter()
             logits = self.decoder.decode(tokens, positions)
             self._sample(list(range(len(slots))), logits, finished)
+            self._observe_latency(len(slots), time.perf_counter() - t0)
         return finished
+
+    # ---- latency profile ------------------------------------------------------------
+    @staticmethod
+    def _bucket(batch_size: int) -> int:
+        """Profile points at powers of two (and the batch size itself below 4)."""
+        return batch_size if batch_size < 4 else 1 << (batch_size.bit_length() - 1)
+
+    def _observe_latency(self, batch_size: int, seconds: float, weight: float = 0.1) -> None:
+        b = self._bucket(batch_size)
+        with self._ptl_lock:
+            old = self._ptl.get(b)
+            self._ptl[b] = seconds if old is None else (1 - weight) * old + weight * seconds
+
+    def latency_profile(self) -> list[tuple[int, float]]:
+        with self._ptl_lock:
+            return sorted(self._ptl.items())
+
+    def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4) -> list[tuple[int, float]]:
+        if self._running:
+            raise RuntimeError("measure_latency needs an idle engine (it borrows the cache slots)")
+        out = []
+        for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
+            tokens = torch.zeros(bs, dtype=torch.long, device=self.device)
+            positions = torch.full((bs,), 16, dtype=torch.long, device=self.device)
+            self.decoder.decode(tokens, positions)  # warm-up
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                self.decoder.decode(tokens, positions)
+            seconds = (time.perf_counter() - t0) / steps
+            with self._ptl_lock:
+                self._ptl[self._bucket(bs)] = seconds
+            out.append((bs, seconds))
+        return out
 
     def _admit(self, finished: list[Completion]) -> None:
         free = self.capacity - len(self._running)

@@ -48,6 +48,8 @@ class GeneratorHandle:
     """Where it relays the versions it holds to pool peers; empty = it does not."""
     awaiting_weights: int | None = None
     """A version it will be told about once a pool peer holds it (relay)."""
+    latency_profile: tuple[tuple[int, float], ...] = ()
+    """PTL(BS): (batch size, seconds per decode step), from Hello, refreshed by load reports."""
 
 
 @dataclass
@@ -97,7 +99,7 @@ class Coordinator:
 
     # ---- generators -----------------------------------------------------------------
     def connect(self, generator_id: str, pool: str, capacity: int, engine: str, policy_version: int,
-                weights_address: str = "") -> GeneratorHandle:
+                weights_address: str = "", latency_profile: tuple[tuple[int, float], ...] = ()) -> GeneratorHandle:
         if not generator_id:
             raise ValueError("hello.generator_id must not be empty")
         if capacity < 1:
@@ -105,7 +107,7 @@ class Coordinator:
         if generator_id in self.generators:
             raise KeyError(f"generator {generator_id!r} is connected already")
         handle = GeneratorHandle(generator_id, pool, capacity, engine, policy_version,
-                                 weights_address=weights_address)
+                                 weights_address=weights_address, latency_profile=latency_profile)
         self.generators[generator_id] = handle
         latest = self.latest_weights
         if latest and latest.policy_version != policy_version:
@@ -347,7 +349,8 @@ class Coordinator:
                 g.generator_id: {"pool": g.pool, "capacity": g.capacity, "outstanding": len(g.outstanding),
                                  "policy_version": g.policy_version, "num_samples": g.num_samples,
                                  "tokens_per_s": round(g.load.tokens_per_s, 1) if g.load else None,
-                                 "weights_address": g.weights_address}
+                                 "weights_address": g.weights_address,
+                                 "latency_profile": [list(p) for p in g.latency_profile]}
                 for g in self.generators.values()
             },
             "num_prompts_inflight": len(self._inflight),

@@ -19,6 +19,10 @@ from streamrl.wire import notice_to_pb, sample_from_pb, work_to_pb
 log = logging.getLogger(__name__)
 
 
+def _points(points) -> tuple[tuple[int, float], ...]:
+    return tuple((p.batch_size, p.seconds_per_step) for p in points)
+
+
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def __init__(self, coordinator: Coordinator, store: WeightStore, run_id: str):
         self.coordinator = coordinator
@@ -35,7 +39,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         h = first.hello
         try:
             handle = self.coordinator.connect(h.generator_id, h.pool, h.capacity, h.engine, h.policy_version,
-                                              h.weights_address)
+                                              h.weights_address, _points(h.latency_profile))
         except KeyError as err:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err.args[0]))
         except ValueError as err:
@@ -71,6 +75,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                     self.coordinator.on_loaded(gid, w.policy_version, w.sync_s, w.size_bytes, w.source)
                 elif kind == "load":
                     handle.load = req.load
+                    if req.load.latency_profile:
+                        handle.latency_profile = _points(req.load.latency_profile)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         finally:

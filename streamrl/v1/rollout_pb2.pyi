@@ -29,20 +29,30 @@ class ConnectRequest(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., weights_loaded: _Optional[_Union[WeightsLoaded, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address")
+    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_PROFILE_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     pool: str
     capacity: int
     engine: str
     policy_version: int
     weights_address: str
-    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ...) -> None: ...
+    latency_profile: _containers.RepeatedCompositeFieldContainer[LatencyPoint]
+    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ...) -> None: ...
+
+class LatencyPoint(_message.Message):
+    __slots__ = ("batch_size", "seconds_per_step")
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    batch_size: int
+    seconds_per_step: float
+    def __init__(self, batch_size: _Optional[int] = ..., seconds_per_step: _Optional[float] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("prompt_id", "sample_index", "completion_token_ids", "logprobs", "policy_version", "finish_reason", "queue_s", "generate_s")
@@ -65,16 +75,18 @@ class Sample(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., queue_s: _Optional[float] = ..., generate_s: _Optional[float] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_generated_tokens", "tokens_per_s")
+    __slots__ = ("num_running", "num_waiting", "num_generated_tokens", "tokens_per_s", "latency_profile")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_PROFILE_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_generated_tokens: int
     tokens_per_s: float
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ...) -> None: ...
+    latency_profile: _containers.RepeatedCompositeFieldContainer[LatencyPoint]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ...) -> None: ...
 
 class WeightsLoaded(_message.Message):
     __slots__ = ("policy_version", "sync_s", "size_bytes", "source")

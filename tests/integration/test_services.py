@@ -109,6 +109,9 @@ def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_
         assert 'streamrl_stage_idle_seconds_total{reason="waiting_samples",stage="trainer"}' in metrics
         st = http.get(f"{admin}/status").json()
         assert st["mode"] == "stream-sync" and st["num_iterations"] == 2 and "gen-a" in st["generators"]
+        # The replica measured PTL(BS) at start-up and said so in its Hello.
+        profile = st["generators"]["gen-a"]["latency_profile"]
+        assert [b for b, _ in profile] == [1, 2, 4] and all(s > 0 for _, s in profile)
     assert trainer.wait(timeout=120) == 0
     assert gens["gen-a"].wait(timeout=30) == 0  # the trainer closed its stream: a clean exit
     for name in ("checkpoints/iter-00001", "checkpoints/iter-00002", "model"):

@@ -130,3 +130,28 @@ def test_request_longer_than_the_context_is_refused(model_and_tok):
     engine = TorchEngine(model, 2, tok.eos_token_id, max_len=32)
     with pytest.raises(ValueError, match="exceeds the context of 32"):
         engine.add_request(GenerationRequest("x", (1, 2, 3), 40))
+
+
+def test_latency_profile_is_measured_and_grows_with_batch_size(model_and_tok):
+    model, tok = model_and_tok
+    engine = TorchEngine(model, 64, tok.eos_token_id)
+    points = engine.measure_latency([1, 8, 64], steps=6)
+    assert [b for b, _ in points] == [1, 8, 64]
+    assert all(s > 0 for _, s in points)
+    assert points[2][1] > points[0][1]  # a 64-wide decode step costs more than a 1-wide one
+    assert engine.latency_profile() == points
+    for r in _requests(tok):
+        engine.add_request(r)
+    while engine.has_unfinished():
+        engine.step()
+    seen = dict(engine.latency_profile())
+    assert set(seen) >= {1, 8, 64} and all(s > 0 for s in seen.values())
+
+
+def test_latency_is_not_measured_while_running(model_and_tok):
+    model, tok = model_and_tok
+    engine = TorchEngine(model, 4, tok.eos_token_id)
+    engine.add_request(next(_requests(tok)))
+    engine.step()
+    with pytest.raises(RuntimeError, match="idle engine"):
+        engine.measure_latency([1])
