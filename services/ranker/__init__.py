@@ -1,0 +1,1 @@
+"""Output-length ranker: predicts which prompts will produce long outputs, learning online."""
