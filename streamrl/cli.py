@@ -1,4 +1,4 @@
-"""`streamrl` command line: run | trainer | generator. Heavy imports happen per command."""
+"""`streamrl` command line: run | trainer | generator | ranker. Heavy imports happen per command."""
 
 from __future__ import annotations
 
@@ -59,6 +59,15 @@ def cmd_generator(args) -> int:
                  args.advertise_host)
 
 
+def cmd_ranker(args) -> int:
+    from streamrl.ranker.main import serve
+    from streamrl.spec import load_job
+
+    job = load_job(args.job)
+    return serve(job, Path(args.state) if args.state else None, args.host,
+                 Path(args.endpoint_file) if args.endpoint_file else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrl", description="Disaggregated RL post-training of LLMs.")
     parser.add_argument("--log-level", default=os.environ.get("STREAMRL_LOG_LEVEL", "INFO"))
@@ -90,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--relay-port", type=int, default=0, help="port serving held weights to pool peers (0 = any)")
     p.add_argument("--advertise-host", help="address peers use to reach the relay (default: --host)")
     p.set_defaults(fn=cmd_generator)
+
+    p = sub.add_parser("ranker", help="serve the output-length ranker")
+    p.add_argument("job", help="RLJob YAML file")
+    p.add_argument("--state", help="state file (default: spec.ranker.statePath; none = in memory)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--endpoint-file", help="write {grpc_port, admin_port} here once listening")
+    p.set_defaults(fn=cmd_ranker)
 
     args = parser.parse_args(argv)
     _setup_logging(args.log_level)

@@ -33,6 +33,10 @@ WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
 BATCH_OCCUPANCY = "streamrl_batch_occupancy"
 CONNECTED_GENERATORS = "streamrl_connected_generators"
 
+RANKER_RECALL = "streamrl_ranker_recall"
+RANKER_OBSERVATIONS = "streamrl_ranker_observations"
+RANKER_LOG_ERROR = "streamrl_ranker_abs_log_error"
+
 # Idle reasons.
 WAITING_SAMPLES = "waiting_samples"
 WAITING_WEIGHTS = "waiting_weights"
@@ -85,6 +89,20 @@ class ServiceMetrics:
         self.batch_occupancy = Gauge(BATCH_OCCUPANCY, "Running sequences / engine capacity", registry=r)
         self.connected_generators = Gauge(CONNECTED_GENERATORS, "Generators connected to the trainer", registry=r)
         self.clock = StageClock(self)
+
+
+class RankerMetrics:
+    """The ranker's collectors, on its own registry."""
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.recall = Gauge(RANKER_RECALL, "Recall of the true top-x% longest over the recent window", ["top"],
+                            registry=r)
+        self.observations = Counter(RANKER_OBSERVATIONS, "Prompts whose output lengths were observed", registry=r)
+        self.abs_log_error = Histogram(
+            RANKER_LOG_ERROR, "|log(1 + predicted) - log(1 + actual)| of mean output length, before learning it",
+            buckets=(0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
+        )
 
 
 class StageClock:

@@ -234,6 +234,24 @@ class TrainerSpec(_Model):
     """Size of one FetchWeights chunk, bytes (below gRPC's 4 MiB message limit)."""
 
 
+class RankerSpec(_Model):
+    """The output-length ranker service."""
+
+    predictor: Literal["features"] = "features"
+    """`features`: ridge regression on prompt n-grams and numbers, learnt online (CPU, milliseconds)."""
+    state_path: str | None = None
+    """File the ranker saves its state to and restores it from (local runs default to
+    <out>/ranker.npz)."""
+    window: int = Field(512, ge=10)
+    """Observations over which the ranker reports its own recall."""
+    min_observations: int = Field(32, ge=1)
+    """Observations before the learned predictor is trusted (history and the mean before)."""
+    port: int = Field(0, ge=0, le=65535)
+    """gRPC port (0 = any free port; local runs)."""
+    admin_port: int = Field(0, ge=0, le=65535)
+    """HTTP admin port (0 = any free port)."""
+
+
 class TLSSpec(_Model):
     """Mutual TLS: every service presents a certificate signed by the job's CA and
     requires one from its peers (files, e.g. mounted from a Kubernetes Secret)."""
@@ -287,6 +305,8 @@ class RLJobSpec(_Model):
     """Checkpointing."""
     security: SecuritySpec = Field(default_factory=SecuritySpec)
     """gRPC authentication (off by default: local runs use loopback only)."""
+    ranker: RankerSpec = Field(default_factory=RankerSpec)
+    """Output-length ranker."""
 
 
 class ObjectMeta(BaseModel):

@@ -20,13 +20,17 @@ RECALL_FRACTIONS = (0.20, 0.10, 0.05)
 
 
 def recall_at(pairs: list[tuple[float, float]], fraction: float) -> float:
-    """|predicted top-x% ∩ true top-x%| / |true top-x%| over (predicted, actual) pairs."""
-    k = max(1, round(fraction * len(pairs)))
+    """|predicted top-x% ∩ true top-x%| / |true top-x%| over (predicted, actual) pairs.
+
+    Ties in the actual lengths are resolved in the predictor's favour: an item counts as
+    truly top-x% when it is at least as long as the k-th longest (otherwise which of
+    several equally long outputs is "in" would be arbitrary)."""
     if len(pairs) < 2:
         return float("nan")
+    k = max(1, round(fraction * len(pairs)))
     by_pred = sorted(range(len(pairs)), key=lambda i: -pairs[i][0])[:k]
-    by_true = sorted(range(len(pairs)), key=lambda i: -pairs[i][1])[:k]
-    return len(set(by_pred) & set(by_true)) / k
+    threshold = sorted((a for _, a in pairs), reverse=True)[k - 1]
+    return sum(1 for i in by_pred if pairs[i][1] >= threshold) / k
 
 
 class Ranker:

@@ -13,6 +13,9 @@ def test_recall_by_hand():
     pairs = [(10, 100), (9, 1), (8, 90), (1, 80), (0, 2)]  # true top-40%: items 0 and 2
     assert recall_at(pairs, 0.4) == 0.5  # predicted top-40%: items 0 and 1
     assert recall_at(pairs, 0.2) == 1.0
+    tied = [(5, 10), (4, 10), (3, 10), (2, 1), (1, 1)]  # three equally long: any of them is "top"
+    assert recall_at(tied, 0.4) == 1.0
+    assert recall_at([(1, 10), (5, 1), (4, 1), (3, 10), (2, 1)], 0.4) == 0.0
 
 
 def _stream(n: int, seed: int):
