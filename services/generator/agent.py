@@ -16,7 +16,7 @@ import time
 import grpc
 
 from streamrl.generator.engine import Engine
-from streamrl.generator.worker import Cancel, LoadWeights, Worker
+from streamrl.generator.worker import Cancel, LoadWeights, SetBatchCap, Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice
 from streamrl.transfer import RelayServer, WeightSource, fetch_blob
@@ -105,6 +105,8 @@ class GeneratorAgent:
                     self.worker.inbox.put(Cancel(tuple(resp.cancel.prompt_ids)))
                 elif kind == "new_weights":
                     self._start_fetch(notice_from_pb(resp.new_weights))
+                elif kind == "configure":
+                    self.worker.inbox.put(SetBatchCap(resp.configure.max_batch_size))
             log.info("trainer closed the stream")
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:

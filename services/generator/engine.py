@@ -88,6 +88,11 @@ class Engine(ABC):
     def stats(self) -> EngineStats: ...
 
     @abstractmethod
+    def set_batch_cap(self, max_batch_size: int) -> None:
+        """Decode at most this many sequences at once from now on (0 = full capacity);
+        running sequences above the cap finish, new ones wait."""
+
+    @abstractmethod
     def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4) -> list[tuple[int, float]]:
         """PTL(BS): seconds per decode step at each batch size, measured now (call while idle)."""
 

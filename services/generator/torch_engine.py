@@ -40,6 +40,7 @@ class TorchEngine(Engine):
     def __init__(self, model: torch.nn.Module, max_batch_size: int, eos_token_id: int, max_len: int | None = None):
         self.model = model
         self.capacity = max_batch_size
+        self.batch_cap = max_batch_size
         self.eos_token_id = eos_token_id
         max_len = max_len or getattr(model.config, "max_position_embeddings", 2048)
         self.decoder = SlotDecoder(model, max_batch_size, min(max_len, 8192))
@@ -76,7 +77,7 @@ class TorchEngine(Engine):
         return bool(self._waiting or self._running)
 
     def stats(self) -> EngineStats:
-        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.capacity)
+        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.batch_cap)
 
     # ---- the loop -------------------------------------------------------------------
     def step(self) -> list[Completion]:
@@ -127,8 +128,11 @@ class TorchEngine(Engine):
             out.append((bs, seconds))
         return out
 
+    def set_batch_cap(self, max_batch_size: int) -> None:
+        self.batch_cap = min(max_batch_size, self.capacity) if max_batch_size > 0 else self.capacity
+
     def _admit(self, finished: list[Completion]) -> None:
-        free = self.capacity - len(self._running)
+        free = self.batch_cap - len(self._running)
         if free <= 0 or not self._waiting:
             return
         now = time.monotonic()

@@ -39,6 +39,12 @@ class LoadWeights:
     """Where the bytes came from: "trainer" or "peer"."""
 
 
+@dataclass(frozen=True)
+class SetBatchCap:
+    max_batch_size: int
+    """0 = the engine's full capacity."""
+
+
 class Stop:
     """Finish: leave the loop (unfinished work is abandoned; the trainer re-dispatches it)."""
 
@@ -118,6 +124,8 @@ class Worker:
             self.metrics.policy_version.set(msg.policy_version)
             self.metrics.weight_sync_seconds.observe(sync_s)
             self._on_loaded(msg, sync_s)
+        elif isinstance(msg, SetBatchCap):
+            self.engine.set_batch_cap(msg.max_batch_size)
         elif isinstance(msg, Stop):
             self._stopped.set()
         else:

@@ -30,6 +30,13 @@ class SamplingConfig:
     """Run seed; each prompt derives its own from it."""
 
 
+@dataclass(frozen=True)
+class BatchCap:
+    """Tell a replica to decode at most this many sequences at once (0 = its capacity)."""
+
+    max_batch_size: int
+
+
 @dataclass
 class GeneratorHandle:
     generator_id: str

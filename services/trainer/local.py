@@ -8,10 +8,10 @@ import threading
 import time
 
 from streamrl.generator.engine import Engine
-from streamrl.generator.worker import LoadWeights, Worker
+from streamrl.generator.worker import LoadWeights, SetBatchCap, Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import WeightsNotice, Work
-from streamrl.trainer.coordinator import Coordinator
+from streamrl.trainer.coordinator import BatchCap, Coordinator
 from streamrl.weights import WeightStore, deserialize
 
 
@@ -38,6 +38,8 @@ class LocalGenerator:
                 return
             if isinstance(msg, Work):
                 self.worker.inbox.put(msg)
+            elif isinstance(msg, BatchCap):
+                self.worker.inbox.put(SetBatchCap(msg.max_batch_size))
             elif isinstance(msg, WeightsNotice):
                 version = self.store.get(msg.policy_version)
                 if version is not None:

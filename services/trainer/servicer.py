@@ -10,7 +10,7 @@ import grpc
 
 from streamrl.samples import WeightsNotice, Work
 from streamrl.transfer import chunk_responses
-from streamrl.trainer.coordinator import Coordinator
+from streamrl.trainer.coordinator import BatchCap, Coordinator
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightStore
@@ -57,6 +57,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                     yield pb.ConnectResponse(assign=work_to_pb(msg))
                 elif isinstance(msg, WeightsNotice):
                     yield pb.ConnectResponse(new_weights=notice_to_pb(msg))
+                elif isinstance(msg, BatchCap):
+                    yield pb.ConnectResponse(configure=pb.Configure(max_batch_size=msg.max_batch_size))
                 else:
                     raise TypeError(f"unexpected outbox message {msg!r}")
         finally:

@@ -101,16 +101,18 @@ class WeightsLoaded(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., sync_s: _Optional[float] = ..., size_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("welcome", "assign", "cancel", "new_weights")
+    __slots__ = ("welcome", "assign", "cancel", "new_weights", "configure")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     NEW_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assign: Assign
     cancel: Cancel
     new_weights: NewWeights
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., new_weights: _Optional[_Union[NewWeights, _Mapping]] = ...) -> None: ...
+    configure: Configure
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., new_weights: _Optional[_Union[NewWeights, _Mapping]] = ..., configure: _Optional[_Union[Configure, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("run_id", "policy_version")
@@ -147,6 +149,12 @@ class SamplingParams(_message.Message):
     max_new_tokens: int
     seed: int
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Configure(_message.Message):
+    __slots__ = ("max_batch_size",)
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    max_batch_size: int
+    def __init__(self, max_batch_size: _Optional[int] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ("prompt_ids",)

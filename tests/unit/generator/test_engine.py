@@ -155,3 +155,16 @@ def test_latency_is_not_measured_while_running(model_and_tok):
     engine.step()
     with pytest.raises(RuntimeError, match="idle engine"):
         engine.measure_latency([1])
+
+
+def test_batch_cap_limits_how_many_decode_at_once(model_and_tok):
+    model, tok = model_and_tok
+    engine = TorchEngine(model, 8, tok.eos_token_id)
+    engine.set_batch_cap(2)
+    for r in _requests(tok, max_new=lambda i: 30):
+        engine.add_request(r)
+    engine.step()
+    assert engine.stats().num_running == 2 and engine.stats().capacity == 2
+    engine.set_batch_cap(0)  # back to full capacity
+    engine.step()
+    assert engine.stats().num_running == 8
