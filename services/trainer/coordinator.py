@@ -57,6 +57,8 @@ class GeneratorHandle:
     """A version it will be told about once a pool peer holds it (relay)."""
     latency_profile: tuple[tuple[int, float], ...] = ()
     """PTL(BS): (batch size, seconds per decode step), from Hello, refreshed by load reports."""
+    long_tail: bool = False
+    """Serves the long tail (at a small batch cap) under skewness-aware dispatch."""
 
 
 @dataclass
@@ -71,6 +73,10 @@ class _InFlight:
     min_policy_version: int
     received: dict[int, tuple[Sample, float]] = field(default_factory=dict)
     """sample_index -> (sample, reward)."""
+    predicted_length: float = 0.0
+    """The ranker's prediction, tokens (0 = none); also the in-replica priority (longest first)."""
+    long_tail: bool = False
+    """Predicted to be in the long tail: served by the long-tail replicas when there are any."""
 
 
 # Reward of a sample given its prompt's answer.
@@ -212,42 +218,75 @@ class Coordinator:
 
     # ---- work -----------------------------------------------------------------------
     def add_prompts(self, iteration: int, prompts: list[tuple[str, int, str, tuple[int, ...]]],
-                    group_size: int, min_policy_version: int) -> None:
-        """Queue (prompt_id, dataset_index, answer, token_ids) prompts of one iteration."""
+                    group_size: int, min_policy_version: int,
+                    predicted: dict[str, tuple[float, bool]] | None = None) -> None:
+        """Queue (prompt_id, dataset_index, answer, token_ids) prompts of one iteration.
+        With predictions {prompt_id: (length, long_tail)} they go out longest first."""
+        predicted = predicted or {}
+        if predicted:
+            prompts = sorted(prompts, key=lambda p: -predicted.get(p[0], (0.0, False))[0])
         for prompt_id, dataset_index, answer, token_ids in prompts:
             seed = (self.sampling.seed << 32) + zlib.crc32(prompt_id.encode())
+            length, long_tail = predicted.get(prompt_id, (0.0, False))
             self._inflight[prompt_id] = _InFlight(prompt_id, iteration, dataset_index, answer, token_ids,
-                                                  group_size, seed, min_policy_version)
+                                                  group_size, seed, min_policy_version,
+                                                  predicted_length=length, long_tail=long_tail)
             self._pending.append((prompt_id, list(range(group_size))))
         self.dispatch()
+
+    def set_long_tail_replicas(self, replica_ids: set[str], batch_cap: int) -> None:
+        """Route long-tail prompts to these replicas, which decode at most batch_cap at once;
+        the others run at full capacity and take the rest."""
+        for h in self.generators.values():
+            long_tail = h.generator_id in replica_ids
+            if long_tail != h.long_tail or long_tail:
+                h.outbox.put_nowait(BatchCap(batch_cap if long_tail else 0))
+            h.long_tail = long_tail
+        self.dispatch()
+
+    def _next_for(self, handle: GeneratorHandle) -> int | None:
+        """Index in the pending queue of the first work this replica may take."""
+        routed = any(h.long_tail for h in self.generators.values()) and \
+            any(not h.long_tail for h in self.generators.values())
+        for i, (prompt_id, _) in enumerate(self._pending):
+            task = self._inflight.get(prompt_id)
+            if not routed or task is None or task.long_tail == handle.long_tail:
+                return i
+        return None
 
     def _room(self, h: GeneratorHandle) -> int:
         return h.capacity * self.queue_factor - len(h.outstanding)
 
     def dispatch(self) -> None:
-        """Hand pending samples to the generator with the most room, a whole prompt at a
-        time (a group larger than a replica's whole allowance is split)."""
-        while self._pending and self.generators:
-            handle = max(self.generators.values(), key=self._room)
-            room = self._room(handle)
-            if room <= 0:
-                return
-            prompt_id, indices = self._pending[0]
-            task = self._inflight.get(prompt_id)
-            indices = [i for i in indices if task and i not in task.received]
-            if len(indices) > room and room < handle.capacity * self.queue_factor:
-                return  # keep a group on one replica: wait until it fits whole
-            self._pending.popleft()
-            take, rest = indices[:room], indices[room:]
-            if rest:
-                self._pending.appendleft((prompt_id, rest))
-            if not take:
-                continue
-            handle.outstanding.update((prompt_id, i) for i in take)
-            sp = self.sampling
-            handle.outbox.put_nowait(Work(prompt_id, task.token_ids, tuple(take), sp.temperature, sp.top_p,
-                                          sp.max_new_tokens, task.seed, task.min_policy_version))
-            self.num_prompts_dispatched += 1
+        """Hand pending samples to the generators with the most room, a whole prompt at a
+        time (a group larger than a replica's whole allowance is split); long-tail prompts
+        only to long-tail replicas while both kinds exist."""
+        progress = True
+        while progress and self._pending and self.generators:
+            progress = False
+            for handle in sorted(self.generators.values(), key=self._room, reverse=True):
+                room = self._room(handle)
+                index = self._next_for(handle) if room > 0 else None
+                if index is None:
+                    continue
+                prompt_id, indices = self._pending[index]
+                task = self._inflight.get(prompt_id)
+                indices = [i for i in indices if task and i not in task.received]
+                if len(indices) > room and room < handle.capacity * self.queue_factor:
+                    continue  # keep a group on one replica: wait until it fits whole
+                del self._pending[index]
+                take, rest = indices[:room], indices[room:]
+                if rest:
+                    self._pending.insert(index, (prompt_id, rest))
+                if take:
+                    handle.outstanding.update((prompt_id, i) for i in take)
+                    sp = self.sampling
+                    handle.outbox.put_nowait(Work(prompt_id, task.token_ids, tuple(take), sp.temperature, sp.top_p,
+                                                  sp.max_new_tokens, task.seed, task.min_policy_version,
+                                                  priority=task.predicted_length))
+                    self.num_prompts_dispatched += 1
+                progress = True
+                break
 
     def on_sample(self, generator_id: str, sample: Sample) -> bool:
         """Take a finished sample; False when it was dropped (duplicate, unknown or malformed)."""

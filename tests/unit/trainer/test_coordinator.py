@@ -214,3 +214,24 @@ def test_relay_seed_that_dies_before_loading_is_replaced():
         assert told.source == ""  # now the seed itself, fetching from the trainer
 
     run(go())
+
+
+def test_long_tail_prompts_go_to_long_tail_replicas_longest_first():
+    from streamrl.trainer.coordinator import BatchCap
+
+    async def go():
+        c = _coordinator(group_size=2)
+        a = c.connect("a", "p", 8, "torch", 0)
+        b = c.connect("b", "p", 8, "torch", 0)
+        c.set_long_tail_replicas({"a"}, batch_cap=2)
+        assert _drain(a) == [BatchCap(2)] and _drain(b) == []
+        prompts = [(pid, i, "7", (1,)) for i, pid in enumerate(["s1", "L1", "s2", "L2"])]
+        predicted = {"s1": (5.0, False), "L1": (90.0, True), "s2": (9.0, False), "L2": (60.0, True)}
+        c.add_prompts(0, prompts, group_size=2, min_policy_version=0, predicted=predicted)
+        to_a, to_b = _drain(a), _drain(b)
+        assert [(w.prompt_id, w.priority) for w in to_a] == [("L1", 90.0), ("L2", 60.0)]
+        assert [(w.prompt_id, w.priority) for w in to_b] == [("s2", 9.0), ("s1", 5.0)]
+        c.set_long_tail_replicas(set(), batch_cap=2)  # plan without a long tail: a back to full batch
+        assert _drain(a) == [BatchCap(0)]
+
+    run(go())
