@@ -42,7 +42,7 @@ def cmd_trainer(args) -> int:
     from streamrl.trainer.main import serve
 
     return asyncio.run(serve(job, model_dir, Path(args.out), args.host,
-                             Path(args.endpoint_file) if args.endpoint_file else None))
+                             Path(args.endpoint_file) if args.endpoint_file else None, args.ranker))
 
 
 def cmd_generator(args) -> int:
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--threads", type=int, help="torch threads (default: spec.trainer.threads)")
     p.add_argument("--endpoint-file", help="write {grpc_port, admin_port} here once listening")
+    p.add_argument("--ranker", help="ranker gRPC address host:port (skewness-aware dispatch)")
     p.set_defaults(fn=cmd_trainer)
 
     p = sub.add_parser("generator", help="serve one generator replica that dials the trainer")

@@ -31,6 +31,7 @@ WEIGHT_SYNC_BYTES = "streamrl_weight_sync_bytes"
 WEIGHT_SERVED_BYTES = "streamrl_weight_served_bytes"
 WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
 BATCH_OCCUPANCY = "streamrl_batch_occupancy"
+SKEWNESS_BUBBLE_SECONDS = "streamrl_skewness_bubble_seconds"
 CONNECTED_GENERATORS = "streamrl_connected_generators"
 
 RANKER_RECALL = "streamrl_ranker_recall"
@@ -86,7 +87,12 @@ class ServiceMetrics:
         self.weight_publish_seconds = Histogram(
             WEIGHT_PUBLISH_SECONDS, "Trainer: seconds to serialize and publish a version", registry=r,
         )
-        self.batch_occupancy = Gauge(BATCH_OCCUPANCY, "Running sequences / engine capacity", registry=r)
+        self.batch_occupancy = Gauge(BATCH_OCCUPANCY, "Running sequences / engine batch cap", registry=r)
+        self.skewness_bubble_seconds = Counter(
+            SKEWNESS_BUBBLE_SECONDS,
+            "Generator decode seconds spent below the low-occupancy fraction of its batch cap with work unfinished",
+            registry=r,
+        )
         self.connected_generators = Gauge(CONNECTED_GENERATORS, "Generators connected to the trainer", registry=r)
         self.clock = StageClock(self)
 

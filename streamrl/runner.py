@@ -78,33 +78,54 @@ def _stop(children: list[Child]) -> None:
             c.proc.wait()
 
 
-def _wait_endpoint(path: Path, trainer: Child) -> dict:
+def _wait_endpoint(path: Path, child: Child) -> dict:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if path.exists():
             return json.loads(path.read_text())
-        if trainer.proc.poll() is not None:
-            raise RuntimeError(f"trainer exited with {trainer.proc.returncode} before listening:\n"
-                               f"{_tail(trainer.log_path)}")
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"{child.name} exited with {child.proc.returncode} before listening:\n"
+                               f"{_tail(child.log_path)}")
         time.sleep(0.1)
-    raise RuntimeError(f"trainer did not start within {STARTUP_TIMEOUT_S:.0f}s; see {trainer.log_path}")
+    raise RuntimeError(f"{child.name} did not start within {STARTUP_TIMEOUT_S:.0f}s; see {child.log_path}")
+
+
+def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path) -> tuple[Child, str]:
+    """The ranker (light: it shares cores), its state kept in the run directory."""
+    endpoint_file = out_dir / "ranker.json"
+    endpoint_file.unlink(missing_ok=True)
+    ranker = _spawn("ranker", ["ranker", str(job_file), "--state", str(out_dir / "ranker.npz"),
+                               "--endpoint-file", str(endpoint_file)], 1, [], log_dir)
+    try:
+        return ranker, f"127.0.0.1:{_wait_endpoint(endpoint_file, ranker)['grpc_port']}"
+    except BaseException:
+        _stop([ranker])
+        raise
 
 
 def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -> tuple[Child, list[Child], dict]:
-    """Start the trainer, wait for its endpoint, then every generator replica."""
+    """Start the ranker when dispatch needs it, the trainer, then every generator replica;
+    returns (trainer, the others, the trainer's endpoint)."""
     spec = job.spec
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     cores = CorePlanner()
+    others: list[Child] = []
+    ranker_args: list[str] = []
+    if spec.generators.dispatch.policy == "skewness-aware":
+        ranker, address = _start_ranker(job_file, out_dir, log_dir)
+        others.append(ranker)
+        ranker_args = ["--ranker", address]
     colocated = spec.pipeline.mode == PipelineMode.colocated
     # Colocated alternates generation and training in one process: it gets every core.
     trainer_threads = (len(cores.cores) or 1) if colocated else spec.trainer.threads
     endpoint_file = out_dir / "trainer.json"
     endpoint_file.unlink(missing_ok=True)
     trainer = _spawn("trainer", ["trainer", str(job_file), "--model-dir", str(model_dir), "--out", str(out_dir),
-                                 "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file)],
+                                 "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file),
+                                 *ranker_args],
                      trainer_threads, cores.take(trainer_threads), log_dir)
-    generators: list[Child] = []
+    generators = others
     try:
         endpoint = _wait_endpoint(endpoint_file, trainer)
         if not colocated:

@@ -198,11 +198,41 @@ class GeneratorPoolSpec(_Model):
     pool behind a slow link receives one copy per version, not one per replica."""
 
 
+class DispatchSpec(_Model):
+    """How prompts are spread over generator replicas."""
+
+    policy: Literal["random-fifo", "skewness-aware", "oracle"] = "random-fifo"
+    """`random-fifo`: prompts in dataset order to the least-loaded replica, first come first
+    served. `skewness-aware`: the ranker predicts output lengths; the top longTailFraction
+    go to replicas running small batches, chosen to minimise estimated generation time,
+    and every replica admits longest-predicted first. `oracle`: as skewness-aware with the
+    true lengths of a previous run (oracleLengths), for benchmarking."""
+    long_tail_fraction: float = Field(0.2, ge=0, le=1)
+    """alpha: the fraction of each iteration's prompts, longest predicted first, treated as long tail."""
+    objective: Literal["sum", "max"] = "sum"
+    """How the planner scores a split of replicas: `sum` of the two groups' estimated times
+    (as published) or their `max` (the wall time when both run at once)."""
+    long_tail_batch_cap: int = Field(8, ge=1)
+    """Batch cap of long-tail replicas."""
+    oracle_lengths: str | None = None
+    """lengths.jsonl of a previous run of the same prompts (for `oracle`)."""
+    low_occupancy: float = Field(0.5, gt=0, le=1)
+    """Skewness bubble: a generator decoding fewer than this fraction of its batch cap."""
+
+    @model_validator(mode="after")
+    def _oracle_needs_lengths(self) -> "DispatchSpec":
+        if self.policy == "oracle" and not self.oracle_lengths:
+            raise ValueError("oracleLengths is required when policy is 'oracle'")
+        return self
+
+
 class GeneratorsSpec(_Model):
     """Generation side."""
 
     pools: list[GeneratorPoolSpec] = Field(default_factory=lambda: [GeneratorPoolSpec()], min_length=1)
     """Generator pools."""
+    dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
+    """Dispatch policy."""
 
     @model_validator(mode="after")
     def _unique_pools(self) -> "GeneratorsSpec":

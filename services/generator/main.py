@@ -39,6 +39,7 @@ def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, gen
             relay.address = f"{advertise_host}:{relay.port}"
     agent = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type, relay,
                            channel_factory=lambda address: open_channel(address, job.spec.security))
+    agent.worker.low_occupancy = job.spec.generators.dispatch.low_occupancy
 
     def status() -> dict:
         st = engine.stats()

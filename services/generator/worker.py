@@ -58,6 +58,7 @@ class Worker:
         on_sample: Callable[[Sample], None],
         on_loaded: Callable[[LoadWeights, float], None] = lambda msg, sync_s: None,
         waiting_weights: Callable[[], bool] = lambda: False,
+        low_occupancy: float = 0.5,
     ):
         self.engine = engine
         self.generator_id = generator_id
@@ -66,6 +67,7 @@ class Worker:
         self._on_sample = on_sample
         self._on_loaded = on_loaded
         self._waiting_weights = waiting_weights
+        self.low_occupancy = low_occupancy
         self._deferred: list[Work] = []
         self._prompt_of: dict[str, str] = {}  # request_id -> prompt_id
         self._stopped = threading.Event()
@@ -85,12 +87,17 @@ class Worker:
             if self._stopped.is_set() or not self.engine.has_unfinished():
                 continue
             clock.busy()
-            tokens_before = self.engine.stats().num_generated_tokens
+            before = self.engine.stats()
+            t0 = time.monotonic()
             for done in self.engine.step():
                 self._emit(done)
             st = self.engine.stats()
-            self.metrics.generated_tokens.inc(st.num_generated_tokens - tokens_before)
+            self.metrics.generated_tokens.inc(st.num_generated_tokens - before.num_generated_tokens)
             self.metrics.batch_occupancy.set(st.num_running / st.capacity)
+            # A skewness bubble: a few (long) sequences decoding while the batch has room
+            # and nothing waits to fill it.
+            if before.num_waiting == 0 and before.num_running < self.low_occupancy * before.capacity:
+                self.metrics.skewness_bubble_seconds.inc(time.monotonic() - t0)
         clock.idle(NO_WORK)
 
     def _drain(self, block: bool) -> None:

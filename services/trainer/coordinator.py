@@ -92,6 +92,8 @@ class Coordinator:
         self.scale_advantages = scale_advantages
         self.queue_factor = queue_factor
         self.relay_pools = relay_pools
+        self.on_membership_change: Callable[[], None] = lambda: None
+        """Called after a replica joins or leaves (the dispatch plan is recomputed)."""
         self.generators: dict[str, GeneratorHandle] = {}
         self._inflight: dict[str, _InFlight] = {}
         self._pending: deque[tuple[str, list[int]]] = deque()  # (prompt_id, sample indices) not assigned
@@ -128,6 +130,7 @@ class Coordinator:
         self.metrics.connected_generators.set(len(self.generators))
         log.info("generator %s joined (pool %s, capacity %d)", generator_id, pool, capacity)
         self._change.set()
+        self.on_membership_change()
         self.dispatch()
         return handle
 
@@ -153,6 +156,7 @@ class Coordinator:
         log.warning("generator %s left; %d unfinished samples go back to the queue",
                     generator_id, sum(map(len, lost.values())))
         self._reseed(handle.pool)
+        self.on_membership_change()
         self._change.set()
         self.dispatch()
 

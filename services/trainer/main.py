@@ -28,6 +28,7 @@ from streamrl.spec import PipelineMode, RLJob
 from streamrl.tasks import load_prompts
 from streamrl.trainer.coordinator import Coordinator, SamplingConfig
 from streamrl.trainer.learner import Learner
+from streamrl.trainer.lengths import setup_lengths
 from streamrl.trainer.local import LocalGenerator
 from streamrl.trainer.loop import TrainLoop
 from streamrl.trainer.recorder import Recorder
@@ -40,7 +41,7 @@ log = logging.getLogger("streamrl.trainer")
 
 
 async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0.1",
-                endpoint_file: Path | None = None) -> int:
+                endpoint_file: Path | None = None, ranker_address: str | None = None) -> int:
     spec = job.spec
     torch.manual_seed(spec.algorithm.seed)
     colocated = spec.pipeline.mode == PipelineMode.colocated
@@ -66,7 +67,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         learner.model.save_pretrained(path)
         tok.save_pretrained(path)
 
-    loop = TrainLoop(spec, coordinator, learner, store, encode, prompts, recorder, metrics, save_model)
+    lengths = setup_lengths(spec, ranker_address)
+    loop = TrainLoop(spec, coordinator, learner, store, encode, prompts, recorder, metrics, save_model, lengths)
     run_id = uuid.uuid4().hex[:12]
     started = time.monotonic()
 
@@ -146,6 +148,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         log.info("summary: %s", json.dumps({k: summary[k] for k in ("num_iterations", "samples_per_s",
                                                                     "reward_mean", "phase")}))
         coordinator.close()
+        if lengths:
+            await lengths.close()
         if local:
             local.stop()
         if server:

@@ -1,4 +1,5 @@
-"""Writes a run's record: metrics.jsonl (one object per iteration), summary.json, the final model."""
+"""Writes a run's record: metrics.jsonl (one object per iteration), lengths.jsonl (mean
+output length per prompt), summary.json."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ class Recorder:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = (self.out_dir / "metrics.jsonl").open("w")
+        self._lengths = (self.out_dir / "lengths.jsonl").open("w")
         self.records: list[dict] = []
         self.started = time.monotonic()
 
@@ -19,6 +21,11 @@ class Recorder:
         self.records.append(record)
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+
+    def lengths(self, prompt_id: str, dataset_index: int, mean_length: float) -> None:
+        """One line per consumed prompt: what an oracle dispatcher of a rerun needs."""
+        self._lengths.write(json.dumps({"prompt_id": prompt_id, "dataset_index": dataset_index,
+                                        "mean_length": mean_length}) + "\n")
 
     def summary(self, extra: dict) -> dict:
         rs = self.records
@@ -42,3 +49,4 @@ class Recorder:
 
     def close(self) -> None:
         self._metrics.close()
+        self._lengths.close()
