@@ -29,7 +29,12 @@ def run(policy: str, args, out: Path, oracle: Path | None = None) -> list[dict]:
     job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny.yaml").read_text())
     job["metadata"]["name"] = f"skew-{policy}"
     spec = job["spec"]
-    spec["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step)
+    # A longer warm start: the model then really produces the task's long tail (a
+    # 600-step model truncates long counts), and a tiny learning rate keeps the length
+    # distribution still, so the policies face the same workload.
+    spec["model"]["warmStartSteps"] = args.warm_start_steps
+    spec["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step,
+                             learningRate=1e-7)
     spec["pipeline"] = {"mode": "batch"}
     spec["trainer"] = {"minGenerators": args.replicas}
     spec["generators"]["pools"][0]["replicas"] = args.replicas
@@ -46,6 +51,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--prompts-per-step", type=int, default=64)
     p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--warm-start-steps", type=int, default=1500)
     p.add_argument("--out", default="runs/bench-skew")
     args = p.parse_args()
     out = Path(args.out).resolve()

@@ -80,7 +80,8 @@ class Ranker:
         return [(float(np.expm1(logs[i])), ranks[i]) for i in range(len(prompts))]
 
     # ---- learning -------------------------------------------------------------------
-    def observe(self, key: str, text: str, lengths: list[int]) -> None:
+    def observe(self, key: str, text: str, lengths: list[int]) -> float:
+        """Learn from a prompt's output lengths; returns what was predicted for it just before."""
         if not lengths:
             raise ValueError(f"observation of {key!r} has no lengths")
         mean = sum(lengths) / len(lengths)
@@ -96,6 +97,7 @@ class Ranker:
         self._unsaved += 1
         if self.state_path and self._unsaved >= self.save_every:
             self.save()
+        return predicted
 
     def recall(self) -> dict[float, float]:
         """Recall of the true top-20/10/5% longest over the recent window of observations."""

@@ -18,6 +18,7 @@ class RankerServicer(ranker_pb2_grpc.RankerServicer):
         self.ranker = ranker
         self.metrics = metrics
         self.lock = threading.Lock()  # the ranker is not thread-safe; calls are short
+        self.recall_every = 64
 
     @staticmethod
     def _key(prompt: pb.RankedPrompt, context) -> tuple[str, str]:
@@ -39,14 +40,20 @@ class RankerServicer(ranker_pb2_grpc.RankerServicer):
             if not req.lengths:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"observation of {key!r} has no lengths")
             with self.lock:
-                predicted = self.ranker.rank([(key, text)])[0][0]
-                self.ranker.observe(key, text, list(req.lengths))
-                recall = self.ranker.recall()
+                predicted = self.ranker.observe(key, text, list(req.lengths))
             actual = sum(req.lengths) / len(req.lengths)
             self.metrics.abs_log_error.observe(abs(math.log1p(predicted) - math.log1p(actual)))
             self.metrics.observations.inc()
-            for top, value in recall.items():
-                if not math.isnan(value):
-                    self.metrics.recall.labels(f"{top:.2f}").set(value)
             n += 1
+            if n % self.recall_every == 0:
+                self._export_recall()
+        self._export_recall()
         return pb.ObserveResponse(num_observed=n)
+
+    def _export_recall(self) -> None:
+        """Recall sorts the whole window: refreshed every recall_every observations, not each."""
+        with self.lock:
+            recall = self.ranker.recall()
+        for top, value in recall.items():
+            if not math.isnan(value):
+                self.metrics.recall.labels(f"{top:.2f}").set(value)
