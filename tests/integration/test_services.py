@@ -139,3 +139,39 @@ def test_ctrl_c_stops_every_process_and_keeps_the_summary_and_model(write_job, t
     assert "interrupted" in output
     # No trainer or generator is left behind (their command lines name the run directory).
     assert subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1
+
+
+def test_skewness_aware_run_completes_every_prompt_when_a_replica_dies(write_job, tiny_model_dir, tmp_path):
+    job = write_job({"spec": {
+        **JOB["spec"],
+        "model": {"source": "path", "path": str(tiny_model_dir)},
+        "algorithm": {**JOB["spec"]["algorithm"], "numIterations": 4},
+        "trainer": {"minGenerators": 2},
+        "generators": {"dispatch": {"policy": "skewness-aware", "longTailBatchCap": 2},
+                       "pools": [{"name": "default", "replicas": 2,
+                                  "engine": {"type": "torch", "maxBatchSize": 4}}]},
+    }})
+    out = tmp_path / "run"
+    runner = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), "--quiet"],
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    killed = False
+    while not killed:
+        assert runner.poll() is None and time.monotonic() < deadline, "never saw default-1 with work in flight"
+        try:
+            admin = json.loads((out / "trainer.json").read_text())["admin_port"]
+            gen = httpx.get(f"http://127.0.0.1:{admin}/status", timeout=2).json()["generators"].get("default-1")
+        except (OSError, ValueError, httpx.HTTPError):
+            gen = None
+        if gen and gen["num_samples"] >= 2 and gen["outstanding"] > 0:
+            subprocess.run(["pkill", "-KILL", "-f", f"generator .*{out}.* --id default-1"], check=True)
+            killed = True
+        time.sleep(0.02)
+    output, _ = runner.communicate(timeout=180)
+    assert runner.returncode == 0, output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_samples_accepted"] == 4 * 12 * 4
+    assert summary["num_samples_redispatched"] >= 1 and summary["num_samples_duplicate_dropped"] == 0
+    ranked = (out / "logs/trainer.log").read_text()
+    assert "dispatch plan:" in ranked
+    assert (out / "ranker.npz").is_file()  # the ranker learnt and saved its state on the way out
