@@ -87,7 +87,10 @@ class Ranker:
         mean = sum(lengths) / len(lengths)
         target = math.log1p(mean)
         predicted = float(np.expm1(self._predict_log([key], [text])[0]))
-        self._window.append((predicted, mean))
+        if self.predictor_ready or key in self._history:
+            # Recall measures predictions; before any model or history every prompt gets
+            # the same guess, and those ties would only add noise to it.
+            self._window.append((predicted, mean))
         value, count = self._history.get(key, (target, 0))
         self._history[key] = (target if count == 0 else (1 - self.history_decay) * value + self.history_decay * target,
                               count + 1)
