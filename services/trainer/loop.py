@@ -40,6 +40,8 @@ class TrainLoop:
         self.save_model = save_model
         self.lengths = lengths
         self._texts: dict[str, str] = {}  # prompt_id -> text, until consumed (ranker observations)
+        self._predicted: dict[str, tuple[float, bool]] = {}  # prompt_id -> (length, long tail), until consumed
+        self._length_pairs: list[tuple[float, float, bool]] = []  # this iteration: (predicted, actual, long)
         self._recent_lengths: deque[int] = deque(maxlen=4096)  # D: recent output lengths
         self._plan_inputs: tuple[int, int, float, float] | None = None
         coordinator.on_membership_change = self._replan
@@ -78,7 +80,9 @@ class TrainLoop:
         self._plan_inputs = (len(long_ids) * g, len(regular_ids) * g, l_long, l_reg)
         self._replan()
         long_set = set(long_ids)
-        return {pid: (length, pid in long_set) for pid, length in lengths.items()}
+        predicted = {pid: (length, pid in long_set) for pid, length in lengths.items()}
+        self._predicted.update(predicted)
+        return predicted
 
     def _replan(self) -> None:
         """Choose the long-tail replicas for the current inputs (also when replicas join or leave)."""
@@ -162,9 +166,26 @@ class TrainLoop:
             self.metrics.sample_staleness.observe(self.learner.policy_version - s.sample.policy_version)
         self._recent_lengths.extend(lengths)
         text = self._texts.pop(group.prompt_id, "")
+        if group.prompt_id in self._predicted:
+            length, long_tail = self._predicted.pop(group.prompt_id)
+            self._length_pairs.append((length, sum(lengths) / len(lengths), long_tail))
         if self.lengths:
             self.lengths.observe(group.dataset_index, text, self.learner.policy_version, lengths)
         self.recorder.lengths(group.prompt_id, group.dataset_index, sum(lengths) / len(lengths))
+
+    def _length_prediction_record(self) -> dict:
+        """Predicted vs actual mean output length of this iteration's prompts (dispatch with predictions)."""
+        pairs, self._length_pairs = self._length_pairs, []
+        if not pairs:
+            return {}
+        longs = [a for _, a, is_long in pairs if is_long]
+        regular = [a for _, a, is_long in pairs if not is_long]
+        return {
+            "predicted_length_mean": sum(p for p, _, _ in pairs) / len(pairs),
+            "actual_length_mean": sum(a for _, a, _ in pairs) / len(pairs),
+            "long_tail_actual_length_mean": sum(longs) / len(longs) if longs else 0.0,
+            "regular_actual_length_mean": sum(regular) / len(regular) if regular else 0.0,
+        }
 
     def _record(self, it: int, groups: list[Group], stats: dict, wall: float, idle: float, generation_s: float):
         samples = [s for g in groups for s in g.samples]
@@ -192,6 +213,7 @@ class TrainLoop:
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
             "num_samples_stale_dropped": self.coordinator.num_samples_stale_dropped,
+            **self._length_prediction_record(),
             # How the version this iteration started from (= it) reached the generators.
             **self.coordinator.weight_sync_summary(it),
             "elapsed_s": time.monotonic() - self.recorder.started,
