@@ -6,8 +6,10 @@ chosen port is known before anything dials it.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -62,3 +64,12 @@ class AdminServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=5)
+
+
+def write_endpoint(path: Path | None, endpoint: dict[str, Any]) -> None:
+    """Tell whoever started this process where it listens (atomically: the file appears whole)."""
+    if path is None:
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(endpoint))
+    tmp.rename(path)

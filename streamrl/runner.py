@@ -110,7 +110,7 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     cores = CorePlanner()
-    others: list[Child] = []
+    others: list[Child] = []  # ranker (when needed) and generators
     ranker_args: list[str] = []
     if spec.generators.dispatch.policy == "skewness-aware":
         ranker, address = _start_ranker(job_file, out_dir, log_dir)
@@ -125,25 +125,24 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -
                                  "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file),
                                  *ranker_args],
                      trainer_threads, cores.take(trainer_threads), log_dir)
-    generators = others
     try:
         endpoint = _wait_endpoint(endpoint_file, trainer)
         if not colocated:
             for pool in spec.generators.pools:
                 for i in range(pool.replicas):
                     gid = f"{pool.name}-{i}"
-                    generators.append(_spawn(
+                    others.append(_spawn(
                         f"generator-{gid}",
                         ["generator", str(job_file), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
                          "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir)],
                         pool.threads, cores.take(pool.threads), log_dir))
     except BaseException:
-        _stop([trainer, *generators])
+        _stop([trainer, *others])
         raise
-    return trainer, generators, endpoint
+    return trainer, others, endpoint
 
 
-def _progress(job: RLJob, trainer: Child, generators: list[Child], admin: str, out_dir: Path, quiet: bool) -> None:
+def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_dir: Path, quiet: bool) -> None:
     from tqdm import tqdm
 
     total = job.spec.algorithm.num_iterations
@@ -167,10 +166,10 @@ def _progress(job: RLJob, trainer: Child, generators: list[Child], admin: str, o
                     reward=f"{last.get('reward_mean', float('nan')):.3f}",
                     bubble=f"{last.get('pipeline_bubble_ratio', float('nan')):.2f}",
                 )
-            for g in list(generators):
+            for g in list(others):
                 if g.proc.poll() not in (None, 0):
                     bar.write(f"warning: {g.name} exited with {g.proc.returncode}; see {g.log_path}")
-                    generators.remove(g)
+                    others.remove(g)
             time.sleep(0.5)
     metrics = out_dir / "metrics.jsonl"
     if metrics.exists():  # iterations finished between the last poll and the exit
@@ -189,14 +188,14 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False) -> int
     say(f"streamrl run {job.metadata.name}: mode {spec.pipeline.mode.value}, model {model_spec_summary(spec.model)}, "
         f"{sum(p.replicas for p in spec.generators.pools)} generator replica(s), out {out_dir}")
     model_dir = resolve_model_dir(spec, log=say)
-    trainer, generators, endpoint = start_services(job, resolved, model_dir, out_dir)
+    trainer, others, endpoint = start_services(job, resolved, model_dir, out_dir)
     try:
-        _progress(job, trainer, list(generators), f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet)
+        _progress(job, trainer, list(others), f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet)
     except KeyboardInterrupt:
         say("interrupted: stopping services (the trainer writes its summary and model first)")
     finally:
         _stop([trainer])
-        _stop(generators)
+        _stop(others)
     code = trainer.proc.returncode
     summary_path = out_dir / "summary.json"
     if summary_path.exists():

@@ -107,13 +107,8 @@ class WeightSource:
 
 def chunk_responses(version: WeightVersion, offset_bytes: int) -> Iterator[bytes]:
     """The FetchWeights stream of a held version, encoded (see encode_chunk); ValueError
-    for a bad offset, raised before any chunk."""
-    chunks = version.chunks(offset_bytes)
-    first = next(chunks, None)  # validates the offset now, not mid-stream
-    if first is None:
-        return
-    for offset, data, sha in (first, *chunks):
-        yield encode_chunk(version, offset, data, sha)
+    for a bad offset, raised by this call rather than mid-stream."""
+    return (encode_chunk(version, offset, data, sha) for offset, data, sha in version.chunks(offset_bytes))
 
 
 def rollout_handler(servicer) -> grpc.GenericRpcHandler:
@@ -194,11 +189,12 @@ class RelayServer(rollout_pb2_grpc.RolloutServicer):
         if version is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"weight version {request.policy_version} is not held here")
         try:
-            for resp in chunk_responses(version, request.offset_bytes):
-                self.bytes_served += len(resp)
-                yield resp
+            responses = chunk_responses(version, request.offset_bytes)
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        for resp in responses:
+            self.bytes_served += len(resp)
+            yield resp
 
     def Connect(self, request_iterator, context):
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "a generator relays weights only; dial the trainer")

@@ -63,14 +63,13 @@ class WeightVersion:
         return len(self.chunk_sha256)
 
     def chunks(self, offset_bytes: int = 0) -> Iterator[tuple[int, memoryview, str]]:
-        """(offset, data, sha256) from offset_bytes, which must be a chunk boundary; data
-        is a view into the blob (no copy)."""
+        """(offset, data, sha256) from offset_bytes, which must be a chunk boundary (checked
+        now, not at the first chunk); data is a view into the blob (no copy)."""
         if offset_bytes % self.chunk_bytes or offset_bytes > self.size_bytes:
             raise ValueError(f"offset_bytes {offset_bytes} is not a chunk boundary of version {self.policy_version}")
         view = memoryview(self.blob)
-        for i in range(offset_bytes // self.chunk_bytes, self.num_chunks):
-            o = i * self.chunk_bytes
-            yield o, view[o : o + self.chunk_bytes], self.chunk_sha256[i]
+        return ((i * self.chunk_bytes, view[i * self.chunk_bytes : (i + 1) * self.chunk_bytes], self.chunk_sha256[i])
+                for i in range(offset_bytes // self.chunk_bytes, self.num_chunks))
 
 
 class WeightStore:

@@ -69,7 +69,7 @@ class Worker:
         self._waiting_weights = waiting_weights
         self.low_occupancy = low_occupancy
         self._deferred: list[Work] = []
-        self._prompt_of: dict[str, str] = {}  # request_id -> prompt_id
+        self._sample_of: dict[str, tuple[str, int]] = {}  # request_id -> (prompt_id, sample_index)
         self._stopped = threading.Event()
 
     @property
@@ -119,10 +119,10 @@ class Worker:
         elif isinstance(msg, Cancel):
             ids = set(msg.prompt_ids)
             self._deferred = [w for w in self._deferred if w.prompt_id not in ids]
-            dropped = [r for r, p in self._prompt_of.items() if p in ids]
+            dropped = [r for r, (p, _) in self._sample_of.items() if p in ids]
             self.engine.abort(dropped)
             for rid in dropped:
-                del self._prompt_of[rid]
+                del self._sample_of[rid]
         elif isinstance(msg, LoadWeights):
             if msg.policy_version <= self.engine.policy_version:
                 return
@@ -146,14 +146,13 @@ class Worker:
         for w in ready:
             for i in w.sample_indices:
                 rid = f"{w.prompt_id}/{i}"
-                self._prompt_of[rid] = w.prompt_id
+                self._sample_of[rid] = (w.prompt_id, i)
                 self.engine.add_request(GenerationRequest(
                     rid, w.prompt_token_ids, w.max_new_tokens, w.temperature, w.top_p, w.seed + i, w.priority,
                 ))
 
     def _emit(self, done) -> None:
-        prompt_id = self._prompt_of.pop(done.request_id)
-        index = int(done.request_id.rsplit("/", 1)[1])
+        prompt_id, index = self._sample_of.pop(done.request_id)
         self.metrics.samples_streamed.inc()
         self._on_sample(Sample(prompt_id, index, done.token_ids, done.logprobs, done.policy_version,
                                done.finish_reason, self.generator_id, done.queue_s, done.generate_s))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamrl.admin import AdminServer
+from streamrl.admin import AdminServer, write_endpoint
 from streamrl.metrics import RankerMetrics
 from streamrl.ranker.predictor import setup_predictor
 from streamrl.ranker.ranker import Ranker
@@ -47,10 +46,7 @@ def serve(job: RLJob, state_path: Path | None, host: str = "127.0.0.1", endpoint
                     "recall": {f"{k:.2f}": v for k, v in ranker.recall().items()}}
 
     admin = AdminServer(metrics.registry, status, lambda: True, host, spec.admin_port).start()
-    if endpoint_file:
-        tmp = endpoint_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"grpc_port": port, "admin_port": admin.port}))
-        tmp.rename(endpoint_file)
+    write_endpoint(endpoint_file, {"grpc_port": port, "admin_port": admin.port})
     log.info("ranker up: grpc %s:%d, admin http://%s:%d, state %s", host, port, host, admin.port, state_path)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -19,7 +19,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamrl.admin import AdminServer
+from streamrl.admin import AdminServer, write_endpoint
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
 from streamrl.rewards import get_reward
@@ -106,10 +106,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         await server.start()
         await health_servicer.set("streamrl.v1.Rollout", health_pb2.HealthCheckResponse.SERVING)
     endpoint["pid"] = os.getpid()
-    if endpoint_file:
-        tmp = endpoint_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(endpoint))
-        tmp.rename(endpoint_file)
+    write_endpoint(endpoint_file, endpoint)
     log.info("trainer %s up: grpc %s, admin http://%s:%d, mode %s", run_id, endpoint["grpc_port"], host,
              admin.port, spec.pipeline.mode.value)
 

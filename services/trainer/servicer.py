@@ -90,10 +90,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"weight version {request.policy_version} is not held")
         try:
             responses = chunk_responses(version, request.offset_bytes)
-            first = next(responses, None)
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        if first is not None:
-            yield first
-            for resp in responses:
-                yield resp
+        for resp in responses:
+            yield resp
