@@ -267,8 +267,14 @@ class TrainerSpec(_Model):
 class RankerSpec(_Model):
     """The output-length ranker service."""
 
-    predictor: Literal["features"] = "features"
-    """`features`: ridge regression on prompt n-grams and numbers, learnt online (CPU, milliseconds)."""
+    predictor: Literal["features", "causal-lm"] = "features"
+    """`features`: ridge regression on prompt n-grams and numbers, learnt online (CPU,
+    milliseconds). `causal-lm`: a small causal LM (modelPath) fine-tuned online with a
+    ranking objective; the heavier option, for a GPU."""
+    model_path: str | None = None
+    """Hugging Face model directory of the `causal-lm` predictor."""
+    device: str = "cpu"
+    """torch device of the `causal-lm` predictor (e.g. `cuda`)."""
     state_path: str | None = None
     """File the ranker saves its state to and restores it from (local runs default to
     <out>/ranker.npz)."""
@@ -280,6 +286,12 @@ class RankerSpec(_Model):
     """gRPC port (0 = any free port; local runs)."""
     admin_port: int = Field(0, ge=0, le=65535)
     """HTTP admin port (0 = any free port)."""
+
+    @model_validator(mode="after")
+    def _lm_needs_model(self) -> "RankerSpec":
+        if self.predictor == "causal-lm" and not self.model_path:
+            raise ValueError("modelPath is required when predictor is 'causal-lm'")
+        return self
 
 
 class TLSSpec(_Model):
