@@ -1,10 +1,13 @@
 """Skewness-aware generation side by side: the same long-tailed workload, prompts and seeds
 on two generator replicas under `random-fifo`, `oracle` (true lengths of the random-fifo
-run) and `skewness-aware` (the ranker; planner objective `sum`, then `max`), in `batch` mode so generation time is measured
-alone. Prints a table and, as the last line, a JSON object with generation time per
-iteration, the ratios, and the ranker's recall at top-20/10/5%.
+run) and `skewness-aware` (the ranker; planner objective `sum`, then `max`), in `batch`
+mode so generation time is measured alone. Run-to-run drift on shared cores is as large
+as the effect, so the policies run in `--rounds` rounds, each in a rotated order, and
+each policy's figure is the mean over its runs. Prints a table and, as the last line, a
+JSON object with generation time per iteration, the ratios, and the ranker's recall at
+top-20/10/5%.
 
-    python bench/skew.py [--iterations 10] [--prompts-per-step 64] [--replicas 2]
+    python bench/skew.py [--iterations 10] [--rounds 2] [--prompts-per-step 64] [--replicas 2]
 """
 
 from __future__ import annotations
@@ -43,14 +46,16 @@ def run(policy: str, args, out: Path, oracle: Path | None = None, objective: str
     name = policy if objective == "sum" else f"{policy}-{objective}"
     job_file = out / f"{name}.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(out / name),
+    run_dir = out / f"{name}-r{args.round}"
+    subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir),
                     "--quiet"], check=True)
-    return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--prompts-per-step", type=int, default=64)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--warm-start-steps", type=int, default=1500)
@@ -58,30 +63,37 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results = {"random-fifo": run("random-fifo", args, out)}
-    results["oracle"] = run("oracle", args, out, oracle=out / "random-fifo" / "lengths.jsonl")
-    results["skewness-aware"] = run("skewness-aware", args, out)
-    results["skewness-aware-max"] = run("skewness-aware", args, out, objective="max")
-    lengths = np.array([json.loads(line)["mean_length"]
-                        for line in (out / "random-fifo" / "lengths.jsonl").read_text().splitlines()])
-    # Iteration 0 runs before the ranker has seen anything: it is reported but not averaged.
-    gen = {k: float(np.mean([r["generation_s"] for r in rs[1:]])) for k, rs in results.items()}
-    ranker = Ranker(setup_predictor("features"), out / "skewness-aware" / "ranker.npz")
+    # random-fifo first (the oracle reads its lengths), then each round in a rotated order.
+    policies = [("random-fifo", "sum"), ("oracle", "sum"), ("skewness-aware", "sum"), ("skewness-aware", "max")]
+    oracle = out / "random-fifo-r0" / "lengths.jsonl"
+    runs: dict[str, list[float]] = {}
+    for args.round in range(args.rounds):
+        for policy, objective in policies[args.round % 4:] + policies[: args.round % 4]:
+            records = run(policy, args, out, oracle if policy == "oracle" else None, objective)
+            # Iteration 0 runs before the ranker has seen anything: it is not averaged.
+            name = policy if objective == "sum" else f"{policy}-{objective}"
+            runs.setdefault(name, []).append(float(np.mean([r["generation_s"] for r in records[1:]])))
+            print(f"round {args.round}: {name} {runs[name][-1]:.3f} s/iteration", flush=True)
+    gen = {k: float(np.mean(v)) for k, v in runs.items()}
+    lengths = np.array([json.loads(line)["mean_length"] for line in oracle.read_text().splitlines()])
+    ranker = Ranker(setup_predictor("features"), out / f"skewness-aware-r{args.rounds - 1}" / "ranker.npz")
     recall = ranker.recall()
-    print(f"{'policy':<16} {'generation s/iteration':>23} {'x random-fifo':>14}")
+    print(f"{'policy':<20} {'generation s/iteration':>23} {'x random-fifo':>14} {'runs':>16}")
     for k, v in gen.items():
-        print(f"{k:<16} {v:>23.3f} {v / gen['random-fifo']:>14.2f}")
+        print(f"{k:<20} {v:>23.3f} {v / gen['random-fifo']:>14.2f} {' '.join(f'{x:.3f}' for x in runs[k]):>16}")
     print(f"ranker recall top-20/10/5%: {recall[0.2]:.2f} / {recall[0.1]:.2f} / {recall[0.05]:.2f}; "
           f"workload p99/p50 of mean output length per prompt: "
           f"{np.percentile(lengths, 99) / np.percentile(lengths, 50):.1f}")
     print(json.dumps({
         "generation_s_per_iteration": {k: round(v, 4) for k, v in gen.items()},
+        "generation_s_per_run": {k: [round(x, 4) for x in v] for k, v in runs.items()},
         "skewness_aware_over_random_fifo": round(gen["skewness-aware"] / gen["random-fifo"], 3),
         "skewness_aware_over_oracle": round(gen["skewness-aware"] / gen["oracle"], 3),
         "objective_max_over_sum": round(gen["skewness-aware-max"] / gen["skewness-aware"], 3),
         "ranker_recall": {f"top{int(k * 100)}": round(v, 3) for k, v in recall.items()},
         "length_p99_over_p50": round(float(np.percentile(lengths, 99) / np.percentile(lengths, 50)), 2),
-        "replicas": args.replicas, "iterations": args.iterations, "prompts_per_step": args.prompts_per_step,
+        "replicas": args.replicas, "iterations": args.iterations, "rounds": args.rounds,
+        "prompts_per_step": args.prompts_per_step,
     }))
 
 
