@@ -27,7 +27,7 @@ def _threads(n: int) -> None:
 def cmd_run(args) -> int:
     from streamrl.runner import run
 
-    return run(Path(args.job), Path(args.out) if args.out else None, quiet=args.quiet)
+    return run(Path(args.job), Path(args.out) if args.out else None, quiet=args.quiet, prometheus=args.prometheus)
 
 
 def cmd_trainer(args) -> int:
@@ -56,7 +56,7 @@ def cmd_generator(args) -> int:
     from streamrl.generator.main import serve
 
     return serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port, args.relay_port,
-                 args.advertise_host)
+                 args.advertise_host, Path(args.endpoint_file) if args.endpoint_file else None)
 
 
 def cmd_ranker(args) -> int:
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job", help="RLJob YAML file")
     p.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--prometheus", action="store_true",
+                   help="start a Prometheus server (the `prometheus` binary on PATH) on loopback scraping every "
+                        "process of the run, with StreamRL's rules; its data stays in <out>/prometheus")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("trainer", help="serve the trainer (coordinator, learner, weight publisher)")
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--admin-port", type=int, default=0, help="admin HTTP port (0 = any)")
     p.add_argument("--relay-port", type=int, default=0, help="port serving held weights to pool peers (0 = any)")
     p.add_argument("--advertise-host", help="address peers use to reach the relay (default: --host)")
+    p.add_argument("--endpoint-file", help="write {admin_port, relay_port} here once listening")
     p.set_defaults(fn=cmd_generator)
 
     p = sub.add_parser("ranker", help="serve the output-length ranker")

@@ -1,7 +1,12 @@
 """Every metric name StreamRL exports, and the stage clock that feeds the bubble metrics.
 
-Services, the run recorder and (later) dashboards and the autoscaler use these names only.
-Pipeline-bubble ratio = trainer seconds idle waiting for samples / wall seconds.
+Services, the run recorder, the Prometheus rules, the dashboards and the autoscaler use
+these names only; docs/observability.md defines each one (a test keeps it complete).
+
+- pipeline-bubble ratio = trainer seconds idle waiting for samples / wall seconds;
+- skewness-bubble ratio = generator seconds decoding below `lowOccupancy` of its batch cap
+  while its work is unfinished / wall seconds (summed over generators, over their number);
+- utilisation of a stage = its busy seconds / wall seconds.
 """
 
 from __future__ import annotations
@@ -33,15 +38,34 @@ WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
 BATCH_OCCUPANCY = "streamrl_batch_occupancy"
 SKEWNESS_BUBBLE_SECONDS = "streamrl_skewness_bubble_seconds"
 CONNECTED_GENERATORS = "streamrl_connected_generators"
+POOL_REPLICAS = "streamrl_pool_replicas"
+PHASE = "streamrl_phase"
+ITERATION_GENERATION_SECONDS = "streamrl_iteration_generation_seconds"
+ITERATION_TRAIN_SECONDS = "streamrl_iteration_train_seconds"
+ITERATION_WALL_SECONDS = "streamrl_iteration_wall_seconds"
+SKEWNESS_BUBBLE_RATIO = "streamrl_skewness_bubble_ratio"
+SAMPLE_STALENESS_MAX = "streamrl_sample_staleness_max"
+MAX_STALENESS = "streamrl_max_staleness"
+OUTPUT_LENGTH = "streamrl_output_length_tokens"
+PREDICTED_LENGTH_MEAN = "streamrl_predicted_length_mean"
+ACTUAL_LENGTH_MEAN = "streamrl_actual_length_mean"
+ENGINE_RUNNING = "streamrl_engine_running_sequences"
+ENGINE_WAITING = "streamrl_engine_waiting_sequences"
 
 RANKER_RECALL = "streamrl_ranker_recall"
 RANKER_OBSERVATIONS = "streamrl_ranker_observations"
 RANKER_LOG_ERROR = "streamrl_ranker_abs_log_error"
 
 # Idle reasons.
+WAITING_GENERATORS = "waiting_generators"
+"""Trainer: before enough generators joined (start-up; not a pipeline bubble)."""
 WAITING_SAMPLES = "waiting_samples"
 WAITING_WEIGHTS = "waiting_weights"
 NO_WORK = "no_work"
+
+
+PHASES = ("Starting", "WaitingForGenerators", "Running", "Succeeded", "Failed", "Interrupted")
+"""The trainer's run phases, as exported by streamrl_phase."""
 
 
 class ServiceMetrics:
@@ -94,7 +118,37 @@ class ServiceMetrics:
             registry=r,
         )
         self.connected_generators = Gauge(CONNECTED_GENERATORS, "Generators connected to the trainer", registry=r)
+        self.pool_replicas = Gauge(POOL_REPLICAS, "Generators connected to the trainer, by pool", ["pool"], registry=r)
+        self.phase = Gauge(PHASE, "1 for the run's current phase, 0 for the others", ["phase"], registry=r)
+        self.iteration_generation_seconds = Gauge(
+            ITERATION_GENERATION_SECONDS, "Last iteration: seconds from its start until its last sample arrived",
+            registry=r)
+        self.iteration_train_seconds = Gauge(
+            ITERATION_TRAIN_SECONDS, "Last iteration: seconds of forward/backward and optimizer work", registry=r)
+        self.iteration_wall_seconds = Gauge(ITERATION_WALL_SECONDS, "Last iteration: wall seconds", registry=r)
+        self.skewness_bubble_ratio = Gauge(
+            SKEWNESS_BUBBLE_RATIO, "Last iteration: generator skewness-bubble seconds / (generators x wall seconds)",
+            registry=r)
+        self.sample_staleness_max = Gauge(
+            SAMPLE_STALENESS_MAX, "Last iteration: largest staleness of a consumed sample (versions)", registry=r)
+        self.max_staleness = Gauge(MAX_STALENESS, "The staleness contract, pipeline.maxStaleness (versions)",
+                                   registry=r)
+        self.output_length = Histogram(
+            OUTPUT_LENGTH, "Completion tokens of each consumed sample",
+            buckets=(4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768), registry=r)
+        self.predicted_length_mean = Gauge(
+            PREDICTED_LENGTH_MEAN, "Last iteration: mean predicted output length (dispatch with predictions)",
+            registry=r)
+        self.actual_length_mean = Gauge(ACTUAL_LENGTH_MEAN, "Last iteration: mean actual output length",
+                                        registry=r)
+        self.engine_running = Gauge(ENGINE_RUNNING, "Generator: sequences decoding now", registry=r)
+        self.engine_waiting = Gauge(ENGINE_WAITING, "Generator: samples assigned and waiting to start",
+                                    registry=r)
         self.clock = StageClock(self)
+
+    def set_phase(self, phase: str) -> None:
+        for p in PHASES:
+            self.phase.labels(p).set(1.0 if p == phase else 0.0)
 
 
 class RankerMetrics:

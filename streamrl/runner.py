@@ -10,12 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from typing import Callable
 
 import httpx
 
 from streamrl.models import model_spec_summary, resolve_model_dir
+from streamrl.prometheus.server import LocalPrometheus, Target
 from streamrl.spec import PipelineMode, RLJob, dump_job, load_job
 
 STARTUP_TIMEOUT_S = 180.0
@@ -27,6 +30,10 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    endpoint_file: Path | None = None
+    """Where it writes {admin_port, ...} once listening."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Its role (and pool and replica), as Prometheus labels."""
 
 
 class CorePlanner:
@@ -96,6 +103,7 @@ def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path) -> tuple[Child, 
     endpoint_file.unlink(missing_ok=True)
     ranker = _spawn("ranker", ["ranker", str(job_file), "--state", str(out_dir / "ranker.npz"),
                                "--endpoint-file", str(endpoint_file)], 1, [], log_dir)
+    ranker.endpoint_file, ranker.labels = endpoint_file, {"role": "ranker"}
     try:
         return ranker, f"127.0.0.1:{_wait_endpoint(endpoint_file, ranker)['grpc_port']}"
     except BaseException:
@@ -125,24 +133,47 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -
                                  "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file),
                                  *ranker_args],
                      trainer_threads, cores.take(trainer_threads), log_dir)
+    trainer.endpoint_file, trainer.labels = endpoint_file, {"role": "trainer"}
     try:
         endpoint = _wait_endpoint(endpoint_file, trainer)
         if not colocated:
             for pool in spec.generators.pools:
                 for i in range(pool.replicas):
                     gid = f"{pool.name}-{i}"
-                    others.append(_spawn(
+                    gen_endpoint = out_dir / "endpoints" / f"generator-{gid}.json"
+                    gen_endpoint.parent.mkdir(exist_ok=True)
+                    gen_endpoint.unlink(missing_ok=True)
+                    child = _spawn(
                         f"generator-{gid}",
                         ["generator", str(job_file), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
-                         "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir)],
-                        pool.threads, cores.take(pool.threads), log_dir))
+                         "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir),
+                         "--endpoint-file", str(gen_endpoint)],
+                        pool.threads, cores.take(pool.threads), log_dir)
+                    child.endpoint_file = gen_endpoint
+                    child.labels = {"role": "generator", "pool": pool.name, "replica": gid}
+                    others.append(child)
     except BaseException:
         _stop([trainer, *others])
         raise
     return trainer, others, endpoint
 
 
-def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_dir: Path, quiet: bool) -> None:
+def scrape_targets(job: RLJob, children: list[Child]) -> list[Target]:
+    """The admin endpoints of the children that are listening, labelled for Prometheus."""
+    out = []
+    for c in children:
+        if c.endpoint_file is None or c.proc.poll() is not None:
+            continue
+        try:
+            port = json.loads(c.endpoint_file.read_text())["admin_port"]
+        except (OSError, ValueError, KeyError):
+            continue  # not listening yet
+        out.append(Target(f"127.0.0.1:{port}", {"rljob": job.metadata.name, **c.labels}))
+    return out
+
+
+def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_dir: Path, quiet: bool,
+              on_tick: Callable[[], None] = lambda: None) -> None:
     from tqdm import tqdm
 
     total = job.spec.algorithm.num_iterations
@@ -170,6 +201,7 @@ def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_d
                 if g.proc.poll() not in (None, 0):
                     bar.write(f"warning: {g.name} exited with {g.proc.returncode}; see {g.log_path}")
                     others.remove(g)
+            on_tick()
             time.sleep(0.5)
     metrics = out_dir / "metrics.jsonl"
     if metrics.exists():  # iterations finished between the last poll and the exit
@@ -177,9 +209,15 @@ def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_d
     bar.close()
 
 
-def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False) -> int:
+def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, prometheus: bool = False) -> int:
     job = load_job(job_file)
     out_dir = out_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    server = None
+    if prometheus:
+        try:
+            server = LocalPrometheus(out_dir / "prometheus")  # fails before anything starts
+        except FileNotFoundError as err:
+            raise ValueError(f"--prometheus: {err}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = out_dir / "job.yaml"
     resolved.write_text(dump_job(job))
@@ -188,14 +226,27 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False) -> int
     say(f"streamrl run {job.metadata.name}: mode {spec.pipeline.mode.value}, model {model_spec_summary(spec.model)}, "
         f"{sum(p.replicas for p in spec.generators.pools)} generator replica(s), out {out_dir}")
     model_dir = resolve_model_dir(spec, log=say)
+    if server is not None:
+        say(f"prometheus: {server.start()} (data in {server.directory})")
     trainer, others, endpoint = start_services(job, resolved, model_dir, out_dir)
+    scraped: list[Target] = []
+
+    def refresh_targets() -> None:
+        nonlocal scraped
+        if server is not None and (now := scrape_targets(job, [trainer, *others])) != scraped:
+            server.set_targets(now)
+            scraped = now
+
     try:
-        _progress(job, trainer, list(others), f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet)
+        _progress(job, trainer, list(others), f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet,
+                  refresh_targets)
     except KeyboardInterrupt:
         say("interrupted: stopping services (the trainer writes its summary and model first)")
     finally:
         _stop([trainer])
         _stop(others)
+        if server is not None:
+            server.stop()
     code = trainer.proc.returncode
     summary_path = out_dir / "summary.json"
     if summary_path.exists():

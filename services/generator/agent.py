@@ -89,7 +89,8 @@ class GeneratorAgent:
             self._outbox.put(pb.ConnectRequest(load=pb.LoadReport(
                 num_running=st.num_running, num_waiting=st.num_waiting,
                 num_generated_tokens=st.num_generated_tokens, tokens_per_s=rate,
-                latency_profile=_latency_points(self.engine.latency_profile()))))
+                latency_profile=_latency_points(self.engine.latency_profile()),
+                skewness_bubble_s=self.worker.skewness_bubble_s)))
 
     # ---- incoming -------------------------------------------------------------------
     def _read(self, responses) -> None:

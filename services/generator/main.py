@@ -8,7 +8,7 @@ import signal
 import socket
 from pathlib import Path
 
-from streamrl.admin import AdminServer
+from streamrl.admin import AdminServer, write_endpoint
 from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.engine import setup_engine
 from streamrl.metrics import ServiceMetrics
@@ -21,7 +21,8 @@ log = logging.getLogger("streamrl.generator")
 
 
 def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, generator_id: str | None = None,
-          host: str = "127.0.0.1", admin_port: int = 0, relay_port: int = 0, advertise_host: str | None = None) -> int:
+          host: str = "127.0.0.1", admin_port: int = 0, relay_port: int = 0, advertise_host: str | None = None,
+          endpoint_file: Path | None = None) -> int:
     """Serve until the trainer closes the stream (exit 0), SIGTERM (0) or a broken link (1)."""
     pools = {p.name: p for p in job.spec.generators.pools}
     if pool_name not in pools:
@@ -48,6 +49,7 @@ def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, gen
                 "num_generated_tokens": st.num_generated_tokens, "capacity": st.capacity}
 
     admin = AdminServer(metrics.registry, status, agent.connected.is_set, host, admin_port).start()
+    write_endpoint(endpoint_file, {"admin_port": admin.port, "relay_port": relay.port if relay else 0})
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     log.info("generator %s (pool %s, %s engine, batch %d) dialling %s; admin http://%s:%d", gid, pool.name,
              pool.engine.type, engine.stats().capacity, trainer_address, host, admin.port)

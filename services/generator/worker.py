@@ -71,6 +71,8 @@ class Worker:
         self._deferred: list[Work] = []
         self._sample_of: dict[str, tuple[str, int]] = {}  # request_id -> (prompt_id, sample_index)
         self._stopped = threading.Event()
+        self.skewness_bubble_s = 0.0
+        """Skewness-bubble seconds so far (also exported as a counter)."""
 
     @property
     def policy_version(self) -> int:
@@ -94,10 +96,14 @@ class Worker:
             st = self.engine.stats()
             self.metrics.generated_tokens.inc(st.num_generated_tokens - before.num_generated_tokens)
             self.metrics.batch_occupancy.set(st.num_running / st.capacity)
+            self.metrics.engine_running.set(st.num_running)
+            self.metrics.engine_waiting.set(st.num_waiting + sum(len(w.sample_indices) for w in self._deferred))
             # A skewness bubble: a few (long) sequences decoding while the batch has room
             # and nothing waits to fill it.
             if before.num_waiting == 0 and before.num_running < self.low_occupancy * before.capacity:
-                self.metrics.skewness_bubble_seconds.inc(time.monotonic() - t0)
+                dt = time.monotonic() - t0
+                self.skewness_bubble_s += dt
+                self.metrics.skewness_bubble_seconds.inc(dt)
         clock.idle(NO_WORK)
 
     def _drain(self, block: bool) -> None:

@@ -59,6 +59,8 @@ class GeneratorHandle:
     """PTL(BS): (batch size, seconds per decode step), from Hello, refreshed by load reports."""
     long_tail: bool = False
     """Serves the long tail (at a small batch cap) under skewness-aware dispatch."""
+    skewness_bubble_s: Callable[[], float] | None = None
+    """Its skewness-bubble seconds so far, read in-process (colocated); else from load reports."""
 
 
 @dataclass
@@ -109,6 +111,8 @@ class Coordinator:
         self.num_samples_stale_dropped = 0
         self.weight_syncs: dict[int, dict[str, tuple[float, int, str]]] = {}
         """policy_version -> generator_id -> (seconds from notice to swap, bytes, source)."""
+        self._pools_seen: set[str] = set()
+        self._departed_skewness_s = 0.0
         self.weight_bytes_by_source: dict[str, int] = {}
         """Weight bytes the replicas received, by source (trainer|peer|local), whole run."""
 
@@ -127,12 +131,29 @@ class Coordinator:
         latest = self.latest_weights
         if latest and latest.policy_version != policy_version:
             handle.outbox.put_nowait(replace(latest, source=self._holder_address(handle, latest.policy_version)))
-        self.metrics.connected_generators.set(len(self.generators))
+        self._count_replicas()
         log.info("generator %s joined (pool %s, capacity %d)", generator_id, pool, capacity)
         self._change.set()
         self.on_membership_change()
         self.dispatch()
         return handle
+
+    def _count_replicas(self) -> None:
+        self.metrics.connected_generators.set(len(self.generators))
+        pools = {h.pool for h in self.generators.values()} | self._pools_seen
+        self._pools_seen = pools
+        for pool in pools:
+            self.metrics.pool_replicas.labels(pool).set(sum(h.pool == pool for h in self.generators.values()))
+
+    @staticmethod
+    def _skewness_s(handle: GeneratorHandle) -> float:
+        if handle.skewness_bubble_s is not None:
+            return handle.skewness_bubble_s()
+        return handle.load.skewness_bubble_s if handle.load is not None else 0.0
+
+    def skewness_bubble_seconds(self) -> float:
+        """Skewness-bubble seconds of every replica so far (as last reported; departed ones included)."""
+        return self._departed_skewness_s + sum(self._skewness_s(h) for h in self.generators.values())
 
     async def wait_for_generators(self, num: int = 1) -> None:
         """Return once at least `num` generators are connected."""
@@ -144,7 +165,8 @@ class Coordinator:
         handle = self.generators.pop(generator_id, None)
         if handle is None:
             return
-        self.metrics.connected_generators.set(len(self.generators))
+        self._count_replicas()
+        self._departed_skewness_s += self._skewness_s(handle)
         lost: dict[str, list[int]] = {}
         for prompt_id, idx in handle.outstanding:
             if prompt_id in self._inflight and idx not in self._inflight[prompt_id].received:

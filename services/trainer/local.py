@@ -24,6 +24,7 @@ class LocalGenerator:
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._on_sample, on_loaded=self._on_loaded)
         self.handle = coordinator.connect(generator_id, "local", engine.stats().capacity, "torch",
                                           engine.policy_version)
+        self.handle.skewness_bubble_s = lambda: self.worker.skewness_bubble_s
         self._thread = threading.Thread(target=self.worker.run, name="engine", daemon=True)
         self._pump_task: asyncio.Task | None = None
 

@@ -11,7 +11,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from streamrl.metrics import WAITING_SAMPLES, ServiceMetrics
+from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
 from streamrl.samples import Group, WeightsNotice
 from streamrl.spec import RLJobSpec
 from streamrl.tasks import Prompt, PromptCursor
@@ -47,8 +47,18 @@ class TrainLoop:
         coordinator.on_membership_change = self._replan
         self.iteration = 0
         self._dispatched = -1
+        self._phase = ""
         self.phase = "Starting"
         self.last: dict = {}
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        self.metrics.set_phase(value)
 
     async def dispatch_through(self, last_iteration: int) -> None:
         """Hand out the prompts of every iteration up to last_iteration not yet handed out.
@@ -110,8 +120,9 @@ class TrainLoop:
         algo = self.spec.algorithm
         self.metrics.clock.busy()
         await self.publish()
+        self.metrics.max_staleness.set(self.spec.pipeline.staleness)
         self.phase = "WaitingForGenerators"
-        self.metrics.clock.idle(WAITING_SAMPLES)
+        self.metrics.clock.idle(WAITING_GENERATORS)
         await self.coordinator.wait_for_generators(self.spec.trainer.min_generators)
         self.phase = "Running"
         for it in range(algo.num_iterations):
@@ -124,6 +135,7 @@ class TrainLoop:
         clock = self.metrics.clock
         t0 = time.monotonic()
         idle0 = clock.seconds("idle", WAITING_SAMPLES)
+        skew0 = self.coordinator.skewness_bubble_seconds()
         staleness = self.spec.pipeline.staleness
         await self.dispatch_through(it + staleness)
         min_version = self.learner.policy_version - staleness
@@ -157,11 +169,15 @@ class TrainLoop:
             await asyncio.to_thread(self.save_model, self.recorder.out_dir / "checkpoints" / f"iter-{it + 1:05d}")
         clock.idle(WAITING_SAMPLES)
         wall = time.monotonic() - t0
-        self._record(it, groups, stats, wall, clock.seconds("idle", WAITING_SAMPLES) - idle0, generation_s)
+        replicas = max(1, len(self.coordinator.generators))
+        skew_ratio = min(1.0, (self.coordinator.skewness_bubble_seconds() - skew0) / (replicas * wall))
+        self._record(it, groups, stats, wall, clock.seconds("idle", WAITING_SAMPLES) - idle0, generation_s, skew_ratio)
 
     def _observe(self, group: Group) -> None:
         """Staleness, recent lengths, the ranker's feedback and the run's length record."""
         lengths = [len(s.sample.completion_token_ids) for s in group.samples]
+        for n in lengths:
+            self.metrics.output_length.observe(n)
         for s in group.samples:
             self.metrics.sample_staleness.observe(self.learner.policy_version - s.sample.policy_version)
         self._recent_lengths.extend(lengths)
@@ -187,7 +203,8 @@ class TrainLoop:
             "regular_actual_length_mean": sum(regular) / len(regular) if regular else 0.0,
         }
 
-    def _record(self, it: int, groups: list[Group], stats: dict, wall: float, idle: float, generation_s: float):
+    def _record(self, it: int, groups: list[Group], stats: dict, wall: float, idle: float, generation_s: float,
+                skewness_bubble_ratio: float):
         samples = [s for g in groups for s in g.samples]
         rewards = [s.reward for s in samples]
         lengths = [len(s.sample.completion_token_ids) for s in samples]
@@ -200,6 +217,7 @@ class TrainLoop:
             "num_samples": len(samples),
             "samples_per_s": len(samples) / wall,
             "pipeline_bubble_ratio": min(1.0, idle / wall),
+            "skewness_bubble_ratio": skewness_bubble_ratio,
             "wall_s": wall,
             "generation_s": generation_s,
             "train_s": stats["forward_backward_s"] + stats["optimizer_s"],
@@ -217,11 +235,21 @@ class TrainLoop:
             # How the version this iteration started from (= it) reached the generators.
             **self.coordinator.weight_sync_summary(it),
             "elapsed_s": time.monotonic() - self.recorder.started,
+            "time_unix": time.time(),
         }
         self.last = record
         self.recorder.iteration(record)
         self.metrics.iteration.set(it + 1)
         self.metrics.reward_mean.set(record["reward_mean"])
-        self.metrics.pipeline_bubble_ratio.set(record["pipeline_bubble_ratio"])
+        m = self.metrics
+        m.pipeline_bubble_ratio.set(record["pipeline_bubble_ratio"])
+        m.skewness_bubble_ratio.set(skewness_bubble_ratio)
+        m.iteration_generation_seconds.set(generation_s)
+        m.iteration_train_seconds.set(record["train_s"])
+        m.iteration_wall_seconds.set(wall)
+        m.sample_staleness_max.set(record["staleness_max"])
+        m.actual_length_mean.set(record["completion_tokens_mean"])
+        if "predicted_length_mean" in record:
+            m.predicted_length_mean.set(record["predicted_length_mean"])
         log.info("iteration %d: reward %.3f, %.1f samples/s, bubble %.2f", it, record["reward_mean"],
                  record["samples_per_s"], record["pipeline_bubble_ratio"])

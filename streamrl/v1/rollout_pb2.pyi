@@ -75,18 +75,20 @@ class Sample(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., queue_s: _Optional[float] = ..., generate_s: _Optional[float] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_generated_tokens", "tokens_per_s", "latency_profile")
+    __slots__ = ("num_running", "num_waiting", "num_generated_tokens", "tokens_per_s", "latency_profile", "skewness_bubble_s")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     LATENCY_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    SKEWNESS_BUBBLE_S_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_generated_tokens: int
     tokens_per_s: float
     latency_profile: _containers.RepeatedCompositeFieldContainer[LatencyPoint]
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ...) -> None: ...
+    skewness_bubble_s: float
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_generated_tokens: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ..., skewness_bubble_s: _Optional[float] = ...) -> None: ...
 
 class WeightsLoaded(_message.Message):
     __slots__ = ("policy_version", "sync_s", "size_bytes", "source")

@@ -106,7 +106,11 @@ def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_
             time.sleep(0.05)
         metrics = http.get(f"{admin}/metrics").text
         assert "streamrl_connected_generators 1.0" in metrics
-        assert 'streamrl_stage_idle_seconds_total{reason="waiting_samples",stage="trainer"}' in metrics
+        # Start-up waiting for generators is its own reason, not a pipeline bubble.
+        assert 'streamrl_stage_idle_seconds_total{reason="waiting_generators",stage="trainer"}' in metrics
+        assert 'streamrl_phase{phase="Running"} 1.0' in metrics
+        assert 'streamrl_phase{phase="WaitingForGenerators"} 0.0' in metrics
+        assert "streamrl_max_staleness 0.0" in metrics  # stream-sync: the contract is 0
         st = http.get(f"{admin}/status").json()
         assert st["mode"] == "stream-sync" and st["num_iterations"] == 2 and "gen-a" in st["generators"]
         # The replica measured PTL(BS) at start-up and said so in its Hello.
