@@ -42,7 +42,7 @@ def cmd_trainer(args) -> int:
     from streamrl.trainer.main import serve
 
     return asyncio.run(serve(job, model_dir, Path(args.out), args.host,
-                             Path(args.endpoint_file) if args.endpoint_file else None, args.ranker))
+                             Path(args.endpoint_file) if args.endpoint_file else None, args.ranker, args.admin_port))
 
 
 def cmd_generator(args) -> int:
@@ -56,7 +56,8 @@ def cmd_generator(args) -> int:
     from streamrl.generator.main import serve
 
     return serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port, args.relay_port,
-                 args.advertise_host, Path(args.endpoint_file) if args.endpoint_file else None)
+                 args.advertise_host, Path(args.endpoint_file) if args.endpoint_file else None,
+                 Path(args.timeline) if args.timeline else None)
 
 
 def cmd_ranker(args) -> int:
@@ -65,7 +66,16 @@ def cmd_ranker(args) -> int:
 
     job = load_job(args.job)
     return serve(job, Path(args.state) if args.state else None, args.host,
-                 Path(args.endpoint_file) if args.endpoint_file else None)
+                 Path(args.endpoint_file) if args.endpoint_file else None, args.admin_port)
+
+
+def cmd_report(args) -> int:
+    from streamrl.report import write_report
+
+    written = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    for path in written:
+        print(path)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
                         "process of the run, with StreamRL's rules; its data stays in <out>/prometheus")
     p.set_defaults(fn=cmd_run)
 
+    p = sub.add_parser("report", help="plots and a Markdown summary of a run directory")
+    p.add_argument("run_dir", help="a run directory (what `streamrl run --out` wrote)")
+    p.add_argument("--out", help="where to write the report (default: <run_dir>/report)")
+    p.set_defaults(fn=cmd_report)
+
     p = sub.add_parser("trainer", help="serve the trainer (coordinator, learner, weight publisher)")
     p.add_argument("job", help="RLJob YAML file")
     p.add_argument("--out", required=True, help="directory for metrics.jsonl, summary.json and the model")
@@ -90,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch threads (default: spec.trainer.threads)")
     p.add_argument("--endpoint-file", help="write {grpc_port, admin_port} here once listening")
     p.add_argument("--ranker", help="ranker gRPC address host:port (skewness-aware dispatch)")
+    p.add_argument("--admin-port", type=int, help="admin HTTP port (default: spec.trainer.adminPort)")
     p.set_defaults(fn=cmd_trainer)
 
     p = sub.add_parser("generator", help="serve one generator replica that dials the trainer")
@@ -103,11 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--relay-port", type=int, default=0, help="port serving held weights to pool peers (0 = any)")
     p.add_argument("--advertise-host", help="address peers use to reach the relay (default: --host)")
     p.add_argument("--endpoint-file", help="write {admin_port, relay_port} here once listening")
+    p.add_argument("--timeline", help="append this replica's busy/idle spans to this JSONL file (run report)")
     p.set_defaults(fn=cmd_generator)
 
     p = sub.add_parser("ranker", help="serve the output-length ranker")
     p.add_argument("job", help="RLJob YAML file")
     p.add_argument("--state", help="state file (default: spec.ranker.statePath; none = in memory)")
+    p.add_argument("--admin-port", type=int, help="admin HTTP port (default: spec.ranker.adminPort)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--endpoint-file", help="write {grpc_port, admin_port} here once listening")
     p.set_defaults(fn=cmd_ranker)

@@ -11,8 +11,10 @@ these names only; docs/observability.md defines each one (a test keeps it comple
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -56,6 +58,10 @@ RANKER_RECALL = "streamrl_ranker_recall"
 RANKER_OBSERVATIONS = "streamrl_ranker_observations"
 RANKER_LOG_ERROR = "streamrl_ranker_abs_log_error"
 
+# Busy reasons (the timeline only; the busy counter has none).
+LOW_OCCUPANCY = "low_occupancy"
+"""Generator: decoding in a skewness bubble (below lowOccupancy of its batch cap, nothing waiting)."""
+
 # Idle reasons.
 WAITING_GENERATORS = "waiting_generators"
 """Trainer: before enough generators joined (start-up; not a pipeline bubble)."""
@@ -64,6 +70,13 @@ WAITING_WEIGHTS = "waiting_weights"
 NO_WORK = "no_work"
 
 
+COMMON_METRICS = frozenset({BUSY_SECONDS, IDLE_SECONDS, POLICY_VERSION, WEIGHT_SERVED_BYTES})
+GENERATOR_METRICS = frozenset({
+    GENERATED_TOKENS, SAMPLES_STREAMED, WEIGHT_SYNC_SECONDS, WEIGHT_FETCH_SECONDS, WEIGHT_SYNC_BYTES,
+    BATCH_OCCUPANCY, SKEWNESS_BUBBLE_SECONDS, ENGINE_RUNNING, ENGINE_WAITING,
+})
+"""Exported by generators only (a trainer exporting zeros would skew per-generator averages)."""
+
 PHASES = ("Starting", "WaitingForGenerators", "Running", "Succeeded", "Failed", "Interrupted")
 """The trainer's run phases, as exported by streamrl_phase."""
 
@@ -71,7 +84,7 @@ PHASES = ("Starting", "WaitingForGenerators", "Running", "Succeeded", "Failed", 
 class ServiceMetrics:
     """The collectors of one process, on its own registry."""
 
-    def __init__(self, stage: str):
+    def __init__(self, stage: str, timeline: Path | None = None):
         self.stage = stage
         r = self.registry = CollectorRegistry()
         self.busy_seconds = Counter(BUSY_SECONDS, "Seconds the stage spent working", ["stage"], registry=r)
@@ -144,7 +157,12 @@ class ServiceMetrics:
         self.engine_running = Gauge(ENGINE_RUNNING, "Generator: sequences decoding now", registry=r)
         self.engine_waiting = Gauge(ENGINE_WAITING, "Generator: samples assigned and waiting to start",
                                     registry=r)
-        self.clock = StageClock(self)
+        self.clock = StageClock(self, Timeline(timeline) if timeline else None)
+        # Each stage exports its own series only; the others still work, unregistered.
+        for collector in [v for v in vars(self).values() if isinstance(v, (Counter, Gauge, Histogram))]:
+            name = collector.describe()[0].name
+            if name not in COMMON_METRICS and (name in GENERATOR_METRICS) != (stage == "generator"):
+                r.unregister(collector)
 
     def set_phase(self, phase: str) -> None:
         for p in PHASES:
@@ -165,21 +183,55 @@ class RankerMetrics:
         )
 
 
-class StageClock:
-    """Attributes every second of a stage to busy or idle(reason); thread-safe."""
+class Timeline:
+    """One process's activity as spans in a JSONL file, for the run report's Gantt chart:
+    {"state": "busy"|"idle", "reason": str, "start": unix s, "end": unix s} per line."""
 
-    def __init__(self, metrics: ServiceMetrics):
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "a", buffering=1 << 16)
+
+    def span(self, state: tuple[str, str], start: float, end: float) -> None:
+        if self._file.closed:
+            return
+        self._file.write(json.dumps({"state": state[0], "reason": state[1], "start": round(start, 4),
+                                     "end": round(end, 4)}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class StageClock:
+    """Attributes every second of a stage to busy(reason) or idle(reason); thread-safe.
+    With a timeline it also writes each stretch in one state as a span."""
+
+    def __init__(self, metrics: ServiceMetrics, timeline: Timeline | None = None):
         self._m = metrics
         self._lock = threading.Lock()
         self._state = ("idle", NO_WORK)
         self._since = time.monotonic()
         self._totals: dict[tuple[str, str], float] = {}
+        self._timeline = timeline
+        self._span_start = time.time()
 
     def _switch(self, state: tuple[str, str]) -> None:
         with self._lock:
             now = time.monotonic()
             self._account(now)
+            if state != self._state and self._timeline is not None:
+                wall = time.time()
+                self._timeline.span(self._state, self._span_start, wall)
+                self._span_start = wall
             self._state = state
+
+    def close(self) -> None:
+        """Write the current stretch and close the timeline."""
+        with self._lock:
+            self._account(time.monotonic())
+            if self._timeline is not None:
+                self._timeline.span(self._state, self._span_start, time.time())
+                self._timeline.close()
 
     def _account(self, now: float) -> None:
         dt = now - self._since
@@ -190,8 +242,8 @@ class StageClock:
         else:
             self._m.idle_seconds.labels(self._m.stage, self._state[1]).inc(dt)
 
-    def busy(self) -> None:
-        self._switch(("busy", ""))
+    def busy(self, reason: str = "") -> None:
+        self._switch(("busy", reason))
 
     def idle(self, reason: str) -> None:
         self._switch(("idle", reason))
@@ -202,5 +254,8 @@ class StageClock:
             self._account(time.monotonic())
             return dict(self._totals)
 
-    def seconds(self, state: str, reason: str = "") -> float:
+    def seconds(self, state: str, reason: str | None = "") -> float:
+        """Seconds in `state` with `reason` (None: any reason)."""
+        if reason is None:
+            return sum(v for (st, _), v in self.totals().items() if st == state)
         return self.totals().get((state, reason), 0.0)

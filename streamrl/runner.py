@@ -18,7 +18,7 @@ from typing import Callable
 import httpx
 
 from streamrl.models import model_spec_summary, resolve_model_dir
-from streamrl.prometheus.server import LocalPrometheus, Target
+from streamrl.prometheus.server import LocalPrometheus, Target, free_port
 from streamrl.spec import PipelineMode, RLJob, dump_job, load_job
 
 STARTUP_TIMEOUT_S = 180.0
@@ -32,6 +32,8 @@ class Child:
     log_path: Path
     endpoint_file: Path | None = None
     """Where it writes {admin_port, ...} once listening."""
+    admin_port: int | None = None
+    """Its admin port when chosen for it in advance (scraped from the start)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Its role (and pool and replica), as Prometheus labels."""
 
@@ -97,13 +99,34 @@ def _wait_endpoint(path: Path, child: Child) -> dict:
     raise RuntimeError(f"{child.name} did not start within {STARTUP_TIMEOUT_S:.0f}s; see {child.log_path}")
 
 
-def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path) -> tuple[Child, str]:
+def plan_processes(job: RLJob) -> dict[str, dict[str, str]]:
+    """{process name: its Prometheus labels} of every process a local run starts."""
+    spec = job.spec
+    out = {}
+    if spec.generators.dispatch.policy == "skewness-aware":
+        out["ranker"] = {"role": "ranker"}
+    out["trainer"] = {"role": "trainer"}
+    if spec.pipeline.mode != PipelineMode.colocated:
+        for pool in spec.generators.pools:
+            for i in range(pool.replicas):
+                gid = f"{pool.name}-{i}"
+                out[f"generator-{gid}"] = {"role": "generator", "pool": pool.name, "replica": gid}
+    return out
+
+
+def _admin_args(name: str, admin_ports: dict[str, int]) -> list[str]:
+    return ["--admin-port", str(admin_ports[name])] if name in admin_ports else []
+
+
+def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path, admin_ports: dict[str, int]) -> tuple[Child, str]:
     """The ranker (light: it shares cores), its state kept in the run directory."""
     endpoint_file = out_dir / "ranker.json"
     endpoint_file.unlink(missing_ok=True)
     ranker = _spawn("ranker", ["ranker", str(job_file), "--state", str(out_dir / "ranker.npz"),
-                               "--endpoint-file", str(endpoint_file)], 1, [], log_dir)
+                               "--endpoint-file", str(endpoint_file), *_admin_args("ranker", admin_ports)],
+                    1, [], log_dir)
     ranker.endpoint_file, ranker.labels = endpoint_file, {"role": "ranker"}
+    ranker.admin_port = admin_ports.get("ranker")
     try:
         return ranker, f"127.0.0.1:{_wait_endpoint(endpoint_file, ranker)['grpc_port']}"
     except BaseException:
@@ -111,9 +134,12 @@ def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path) -> tuple[Child, 
         raise
 
 
-def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -> tuple[Child, list[Child], dict]:
-    """Start the ranker when dispatch needs it, the trainer, then every generator replica;
+def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
+                   admin_ports: dict[str, int] | None = None) -> tuple[Child, list[Child], dict]:
+    """Start the ranker when dispatch needs it, the trainer, then every generator replica
+    (admin ports chosen in advance where `admin_ports` names them, by process name);
     returns (trainer, the others, the trainer's endpoint)."""
+    admin_ports = admin_ports or {}
     spec = job.spec
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -121,7 +147,7 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -
     others: list[Child] = []  # ranker (when needed) and generators
     ranker_args: list[str] = []
     if spec.generators.dispatch.policy == "skewness-aware":
-        ranker, address = _start_ranker(job_file, out_dir, log_dir)
+        ranker, address = _start_ranker(job_file, out_dir, log_dir, admin_ports)
         others.append(ranker)
         ranker_args = ["--ranker", address]
     colocated = spec.pipeline.mode == PipelineMode.colocated
@@ -131,9 +157,10 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -
     endpoint_file.unlink(missing_ok=True)
     trainer = _spawn("trainer", ["trainer", str(job_file), "--model-dir", str(model_dir), "--out", str(out_dir),
                                  "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file),
-                                 *ranker_args],
+                                 *ranker_args, *_admin_args("trainer", admin_ports)],
                      trainer_threads, cores.take(trainer_threads), log_dir)
     trainer.endpoint_file, trainer.labels = endpoint_file, {"role": "trainer"}
+    trainer.admin_port = admin_ports.get("trainer")
     try:
         endpoint = _wait_endpoint(endpoint_file, trainer)
         if not colocated:
@@ -143,13 +170,16 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path) -
                     gen_endpoint = out_dir / "endpoints" / f"generator-{gid}.json"
                     gen_endpoint.parent.mkdir(exist_ok=True)
                     gen_endpoint.unlink(missing_ok=True)
+                    admin_port = admin_ports.get(f"generator-{gid}") or free_port()
                     child = _spawn(
                         f"generator-{gid}",
                         ["generator", str(job_file), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
                          "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir),
-                         "--endpoint-file", str(gen_endpoint)],
+                         "--admin-port", str(admin_port),
+                         "--endpoint-file", str(gen_endpoint),
+                         "--timeline", str(out_dir / "timeline" / f"generator-{gid}.jsonl")],
                         pool.threads, cores.take(pool.threads), log_dir)
-                    child.endpoint_file = gen_endpoint
+                    child.endpoint_file, child.admin_port = gen_endpoint, admin_port
                     child.labels = {"role": "generator", "pool": pool.name, "replica": gid}
                     others.append(child)
     except BaseException:
@@ -162,12 +192,16 @@ def scrape_targets(job: RLJob, children: list[Child]) -> list[Target]:
     """The admin endpoints of the children that are listening, labelled for Prometheus."""
     out = []
     for c in children:
-        if c.endpoint_file is None or c.proc.poll() is not None:
+        if c.proc.poll() is not None:
             continue
-        try:
-            port = json.loads(c.endpoint_file.read_text())["admin_port"]
-        except (OSError, ValueError, KeyError):
-            continue  # not listening yet
+        port = c.admin_port
+        if port is None and c.endpoint_file is not None:
+            try:
+                port = json.loads(c.endpoint_file.read_text())["admin_port"]
+            except (OSError, ValueError, KeyError):
+                continue  # not listening yet
+        if port is None:
+            continue
         out.append(Target(f"127.0.0.1:{port}", {"rljob": job.metadata.name, **c.labels}))
     return out
 
@@ -226,9 +260,15 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
     say(f"streamrl run {job.metadata.name}: mode {spec.pipeline.mode.value}, model {model_spec_summary(spec.model)}, "
         f"{sum(p.replicas for p in spec.generators.pools)} generator replica(s), out {out_dir}")
     model_dir = resolve_model_dir(spec, log=say)
+    # Every process's admin port is chosen up front, so Prometheus scrapes each one from
+    # the moment it listens (a counter first seen mid-run loses its start to rate()).
+    planned = plan_processes(job)
+    admin_ports = {name: free_port() for name in planned}
     if server is not None:
+        server.set_targets([Target(f"127.0.0.1:{admin_ports[name]}", {"rljob": job.metadata.name, **labels})
+                            for name, labels in planned.items()])
         say(f"prometheus: {server.start()} (data in {server.directory})")
-    trainer, others, endpoint = start_services(job, resolved, model_dir, out_dir)
+    trainer, others, endpoint = start_services(job, resolved, model_dir, out_dir, admin_ports)
     scraped: list[Target] = []
 
     def refresh_targets() -> None:
@@ -254,6 +294,13 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
         say(f"done: {s['num_iterations']} iterations, {s['num_samples']} samples, {s['samples_per_s']:.1f} samples/s, "
             f"reward {s.get('reward_first') or 0:.3f} -> {s.get('reward_last') or 0:.3f}, "
             f"pipeline bubble {s['pipeline_bubble_ratio']:.2f}; results in {out_dir}")
+    if (out_dir / "metrics.jsonl").exists():
+        try:
+            from streamrl.report import write_report
+
+            say(f"report: {write_report(out_dir)[-1]}")
+        except Exception as err:  # a plot must never cost the run its exit status
+            say(f"warning: could not write the run report: {err!r}")
     if code not in (0, 130):
         say(f"trainer failed (exit {code}):\n{_tail(trainer.log_path)}")
     return 0 if code == 0 else code if code else 1

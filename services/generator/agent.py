@@ -53,7 +53,7 @@ class GeneratorAgent:
         self._fetching: set[int] = set()
         self.connected = threading.Event()
         self._stopping = threading.Event()
-        self.report_interval_s = 1.0
+        self.report_interval_s = 0.5
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._send_sample,
                              on_loaded=self._send_loaded, waiting_weights=lambda: bool(self._fetching))
         self.exit_code = 0

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from streamrl.generator.engine import Engine, GenerationRequest
-from streamrl.metrics import NO_WORK, WAITING_WEIGHTS, ServiceMetrics
+from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS, ServiceMetrics
 from streamrl.samples import Sample, Work
 
 log = logging.getLogger(__name__)
@@ -88,8 +88,11 @@ class Worker:
             self._drain(block)
             if self._stopped.is_set() or not self.engine.has_unfinished():
                 continue
-            clock.busy()
             before = self.engine.stats()
+            # A skewness bubble: a few (long) sequences decoding while the batch has room
+            # and nothing waits to fill it.
+            low = before.num_waiting == 0 and before.num_running < self.low_occupancy * before.capacity
+            clock.busy(LOW_OCCUPANCY if low else "")
             t0 = time.monotonic()
             for done in self.engine.step():
                 self._emit(done)
@@ -98,9 +101,7 @@ class Worker:
             self.metrics.batch_occupancy.set(st.num_running / st.capacity)
             self.metrics.engine_running.set(st.num_running)
             self.metrics.engine_waiting.set(st.num_waiting + sum(len(w.sample_indices) for w in self._deferred))
-            # A skewness bubble: a few (long) sequences decoding while the batch has room
-            # and nothing waits to fill it.
-            if before.num_waiting == 0 and before.num_running < self.low_occupancy * before.capacity:
+            if low:
                 dt = time.monotonic() - t0
                 self.skewness_bubble_s += dt
                 self.metrics.skewness_bubble_seconds.inc(dt)

@@ -24,7 +24,8 @@ from streamrl.wire import GRPC_OPTIONS
 log = logging.getLogger("streamrl.ranker")
 
 
-def serve(job: RLJob, state_path: Path | None, host: str = "127.0.0.1", endpoint_file: Path | None = None) -> int:
+def serve(job: RLJob, state_path: Path | None, host: str = "127.0.0.1", endpoint_file: Path | None = None,
+          admin_port: int | None = None) -> int:
     """Serve until SIGTERM/SIGINT; the state is saved on the way out."""
     spec = job.spec.ranker
     state_path = state_path or (Path(spec.state_path) if spec.state_path else None)
@@ -45,7 +46,8 @@ def serve(job: RLJob, state_path: Path | None, host: str = "127.0.0.1", endpoint
             return {"num_observed": ranker.num_observed, "predictor_ready": ranker.predictor_ready,
                     "recall": {f"{k:.2f}": v for k, v in ranker.recall().items()}}
 
-    admin = AdminServer(metrics.registry, status, lambda: True, host, spec.admin_port).start()
+    admin = AdminServer(metrics.registry, status, lambda: True, host,
+                        spec.admin_port if admin_port is None else admin_port).start()
     write_endpoint(endpoint_file, {"grpc_port": port, "admin_port": admin.port})
     log.info("ranker up: grpc %s:%d, admin http://%s:%d, state %s", host, port, host, admin.port, state_path)
     stop = threading.Event()

@@ -59,3 +59,4 @@ class LocalGenerator:
         if self._pump_task:
             self._pump_task.cancel()
         self._thread.join(timeout=10)
+        self.worker.metrics.clock.close()

@@ -41,11 +41,12 @@ log = logging.getLogger("streamrl.trainer")
 
 
 async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0.1",
-                endpoint_file: Path | None = None, ranker_address: str | None = None) -> int:
+                endpoint_file: Path | None = None, ranker_address: str | None = None,
+                admin_port: int | None = None) -> int:
     spec = job.spec
     torch.manual_seed(spec.algorithm.seed)
     colocated = spec.pipeline.mode == PipelineMode.colocated
-    metrics = ServiceMetrics("trainer")
+    metrics = ServiceMetrics("trainer", timeline=out_dir / "timeline" / "trainer.jsonl")
     tok = load_tokenizer(model_dir)
     reward_fn = get_reward(spec.reward.function)
     prompts = load_prompts(spec.task)
@@ -84,7 +85,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             "last": loop.last, **coordinator.status(),
         }
 
-    admin = AdminServer(metrics.registry, status, lambda: loop.phase == "Running", host, spec.trainer.admin_port)
+    admin = AdminServer(metrics.registry, status, lambda: loop.phase == "Running", host,
+                        spec.trainer.admin_port if admin_port is None else admin_port)
     admin.start()
     server = None
     local = None
@@ -95,7 +97,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         pool = spec.generators.pools[0]
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, tok.eos_token_id)
         # Its own metrics: the engine's busy time must not count as the trainer's.
-        local = LocalGenerator(engine, coordinator, store, ServiceMetrics("generator"))
+        local = LocalGenerator(engine, coordinator, store,
+                               ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl"))
         local.start()
     else:
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=server_interceptors(spec.security, aio=True))
@@ -141,6 +144,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             "reward_last": recorder.records[-1]["reward_mean"] if recorder.records else None,
         })
         recorder.close()
+        metrics.clock.close()
         save_model(out_dir / "model")
         log.info("summary: %s", json.dumps({k: summary[k] for k in ("num_iterations", "samples_per_s",
                                                                     "reward_mean", "phase")}))

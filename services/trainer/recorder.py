@@ -41,6 +41,9 @@ class Recorder:
             "pipeline_bubble_ratio": (
                 sum(r["pipeline_bubble_ratio"] * r["wall_s"] for r in rs) / wall if wall else 0.0
             ),
+            "skewness_bubble_ratio": (
+                sum(r.get("skewness_bubble_ratio", 0.0) * r["wall_s"] for r in rs) / wall if wall else 0.0
+            ),
             "policy_version": rs[-1]["policy_version"] if rs else 0,
             **extra,
         }

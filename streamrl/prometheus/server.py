@@ -30,7 +30,8 @@ class Target:
     """Added to every series scraped from it: rljob, role, pool, replica."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now (for a process started next)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -43,7 +44,7 @@ class LocalPrometheus:
         if not self.binary:
             raise FileNotFoundError(MISSING)
         self.directory = Path(directory)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.scrape_interval_s = scrape_interval_s
         self.rules = rules

@@ -1,0 +1,205 @@
+"""The run report: PNG plots a person would rather look at than read, and a short Markdown
+summary beside them, from a run directory (`metrics.jsonl`, `summary.json`, `timeline/`).
+
+Written at the end of `streamrl run` and by `streamrl report DIR` for any run directory.
+The plotting functions return their figures so tests can compare what is drawn with
+`metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_GENERATORS, WAITING_SAMPLES, WAITING_WEIGHTS  # noqa: E402
+
+COLORS = {
+    ("busy", ""): "#2b8cbe",
+    ("busy", LOW_OCCUPANCY): "#fdae61",
+    ("idle", WAITING_SAMPLES): "#d7191c",
+    ("idle", WAITING_WEIGHTS): "#9e9ac8",
+    ("idle", NO_WORK): "#e0e0e0",
+    ("idle", WAITING_GENERATORS): "#bdbdbd",
+}
+LABELS = {
+    ("busy", ""): "working (training / generating)",
+    ("busy", LOW_OCCUPANCY): "generating at low occupancy (skewness bubble)",
+    ("idle", WAITING_SAMPLES): "trainer waiting for samples (pipeline bubble)",
+    ("idle", WAITING_WEIGHTS): "waiting for weights",
+    ("idle", NO_WORK): "idle: no work",
+    ("idle", WAITING_GENERATORS): "waiting for generators to join",
+}
+
+
+@dataclass
+class Run:
+    directory: Path
+    name: str
+    """The RLJob's name (the directory's when job.yaml is missing)."""
+    records: list[dict]
+    summary: dict
+    timelines: dict[str, list[dict]] = field(default_factory=dict)
+    """{process name: spans}, trainer first."""
+
+
+def load_run(directory: str | Path) -> Run:
+    directory = Path(directory)
+    metrics = directory / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ValueError(f"{directory}: no metrics.jsonl here; is it a run directory (streamrl run --out)?")
+    records = []
+    for lineno, line in enumerate(metrics.read_text().splitlines(), 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{metrics}:{lineno}: not JSON: {err.msg}") from None
+    if not records:
+        raise ValueError(f"{metrics}: no iterations recorded yet")
+    name = directory.name
+    try:
+        import yaml
+
+        name = yaml.safe_load((directory / "job.yaml").read_text())["metadata"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    summary_path = directory / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    timelines = {}
+    files = sorted((directory / "timeline").glob("*.jsonl"), key=lambda p: (p.stem != "trainer", p.stem))
+    for path in files:
+        spans = []
+        for line in path.read_text().splitlines():
+            try:
+                spans.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a process killed mid-write leaves a partial last line
+        if spans:
+            timelines[path.stem] = spans
+    return Run(directory, name, records, summary, timelines)
+
+
+def plot_progress(run: Run) -> Figure:
+    """Reward and samples/s per iteration."""
+    it = [r["iteration"] for r in run.records]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    ax1.plot(it, [r["reward_mean"] for r in run.records], marker="o", ms=3, color="#1a9641", label="reward")
+    ax1.set_ylabel("mean reward")
+    ax1.set_title(f"{run.name}: reward and throughput per iteration")
+    ax1.grid(alpha=0.3)
+    ax2.plot(it, [r["samples_per_s"] for r in run.records], marker="o", ms=3, color="#2b8cbe", label="samples/s")
+    ax2.set_ylabel("samples/s")
+    ax2.set_xlabel("iteration")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bubbles(run: Run) -> Figure:
+    """Pipeline- and skewness-bubble ratios per iteration."""
+    it = [r["iteration"] for r in run.records]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(it, [r["pipeline_bubble_ratio"] for r in run.records], marker="o", ms=3, color="#d7191c",
+            label="pipeline bubble (trainer waiting for samples)")
+    ax.plot(it, [r.get("skewness_bubble_ratio", 0.0) for r in run.records], marker="s", ms=3, color="#fdae61",
+            label="skewness bubble (generators at low occupancy)")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("fraction of wall time")
+    ax.set_title("Bubble ratios per iteration")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_timeline(run: Run) -> Figure:
+    """A Gantt chart: one row per process, a bar per stretch of busy or idle time, coloured
+    by reason; the gaps the paper draws as bubbles are the red and orange stretches."""
+    names = list(run.timelines)
+    fig, ax = plt.subplots(figsize=(14, 1.6 + 0.5 * max(1, len(names))))
+    t0 = min((s["start"] for spans in run.timelines.values() for s in spans), default=0.0)
+    for row, name in enumerate(names):
+        by_state: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for s in run.timelines[name]:
+            by_state.setdefault((s["state"], s["reason"]), []).append((s["start"] - t0, s["end"] - s["start"]))
+        for state, bars in by_state.items():
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLORS.get(state, "#000000"), label=f"{name}|{state}")
+    # Iteration boundaries from the trainer's records.
+    for r in run.records:
+        if "time_unix" in r:
+            ax.axvline(r["time_unix"] - t0, color="#636363", lw=0.4, alpha=0.5)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first process started (grey lines: iteration ends)")
+    ax.set_title("Activity per process")
+    seen = {tuple(s) for spans in run.timelines.values() for s in ((x["state"], x["reason"]) for x in spans)}
+    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in COLORS if k in seen],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def summary_markdown(run: Run, images: list[str]) -> str:
+    rs, s = run.records, run.summary
+    gen, train = _mean([r["generation_s"] for r in rs]), _mean([r["train_s"] for r in rs])
+    lines = [
+        f"# Run report: {run.name}",
+        "",
+        f"Run directory: `{run.directory}`",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| phase | {s.get('phase', 'unknown')} |",
+        f"| mode | {s.get('mode', 'unknown')} |",
+        f"| iterations | {len(rs)} |",
+        f"| samples | {sum(r['num_samples'] for r in rs)} |",
+        f"| samples/s | {s.get('samples_per_s', _mean([r['samples_per_s'] for r in rs])):.1f} |",
+        f"| reward, first → last iteration | {rs[0]['reward_mean']:.3f} → {rs[-1]['reward_mean']:.3f} |",
+        f"| pipeline-bubble ratio (wall-weighted) | {_weighted(rs, 'pipeline_bubble_ratio'):.3f} |",
+        f"| skewness-bubble ratio (wall-weighted) | {_weighted(rs, 'skewness_bubble_ratio'):.3f} |",
+        f"| generation vs training s/iteration | {gen:.3f} vs {train:.3f} "
+        f"({'generation' if gen > train else 'training'}-bound) |",
+        f"| staleness, max | {max(r.get('staleness_max', 0) for r in rs)} |",
+        f"| stale samples dropped | {s.get('num_samples_stale_dropped', 0)} |",
+        "",
+    ]
+    lines += [f"![{Path(i).stem}]({i})" for i in images]
+    return "\n".join(lines) + "\n"
+
+
+def _weighted(records: list[dict], key: str) -> float:
+    wall = sum(r["wall_s"] for r in records)
+    return sum(r.get(key, 0.0) * r["wall_s"] for r in records) / wall if wall else 0.0
+
+
+def write_report(directory: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write progress.png, bubbles.png, timeline.png (when timelines exist) and report.md;
+    returns their paths."""
+    run = load_run(directory)
+    out = Path(out) if out else run.directory / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {"progress.png": plot_progress(run), "bubbles.png": plot_bubbles(run)}
+    if run.timelines:
+        figures["timeline.png"] = plot_timeline(run)
+    written = []
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(out / name)
+    md = out / "report.md"
+    md.write_text(summary_markdown(run, list(figures)))
+    written.append(md)
+    return written
