@@ -20,7 +20,7 @@ SUBSTITUTIONS = {"$__rate_interval": "1m", "$__interval": "15s", "$rljob": ".*"}
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_dashboards", ROOT / "scripts" / "gen_dashboards.py")
+    spec = importlib.util.spec_from_file_location("gen_observability", ROOT / "scripts" / "gen_observability.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -45,7 +45,15 @@ def test_committed_dashboards_equal_a_fresh_generation():
     fresh = _generator().render()
     assert sorted(fresh) == sorted(p.name for p in DASHBOARD_DIR.glob("*.json"))
     for name, text in fresh.items():
-        assert (DASHBOARD_DIR / name).read_text() == text, f"{name} is stale: run scripts/gen_dashboards.py"
+        assert (DASHBOARD_DIR / name).read_text() == text, f"{name} is stale: run scripts/gen_observability.py"
+
+
+def test_committed_prometheus_rule_equals_the_rules_file():
+    committed = ROOT / "deploy" / "prometheus" / "prometheusrule.yaml"
+    assert committed.read_text() == _generator().prometheus_rule(), "stale: run scripts/gen_observability.py"
+    manifest = yaml.safe_load(committed.read_text())
+    assert (manifest["apiVersion"], manifest["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert manifest["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
 
 
 def test_every_query_parses_and_names_known_metrics():
