@@ -109,7 +109,8 @@ def overview() -> Dashboard:
 
 
 def generation() -> Dashboard:
-    gen = f'{JOB}, role="generator"'
+    gen = JOB  # generator-only series: only generators export them (also in-process, colocated)
+    stage = f'{JOB}, stage="generator"'
     return (
         base("streamrl-generation", "StreamRL / Generation",
              "Per-replica occupancy, throughput and queues; the long tail and how well the ranker predicts it.")
@@ -125,10 +126,10 @@ def generation() -> Dashboard:
                            q(f"rate(streamrl_skewness_bubble_seconds_total{{{gen}}}[$__rate_interval])",
                              "{{replica}}"), max_val=1))
         .with_panel(series("Generator time by state", "percentunit",
-                           q(f"sum by (reason) (rate(streamrl_stage_idle_seconds_total{{{gen}}}[$__rate_interval]))"
-                             f" / scalar(count(streamrl_stage_busy_seconds_total{{{gen}}}))", "idle: {{reason}}"),
-                           q(f"sum(rate(streamrl_stage_busy_seconds_total{{{gen}}}[$__rate_interval]))"
-                             f" / scalar(count(streamrl_stage_busy_seconds_total{{{gen}}}))", "busy"),
+                           q(f"sum by (reason) (rate(streamrl_stage_idle_seconds_total{{{stage}}}[$__rate_interval]))"
+                             f" / scalar(count(streamrl_stage_busy_seconds_total{{{stage}}}))", "idle: {{reason}}"),
+                           q(f"sum(rate(streamrl_stage_busy_seconds_total{{{stage}}}[$__rate_interval]))"
+                             f" / scalar(count(streamrl_stage_busy_seconds_total{{{stage}}}))", "busy"),
                            max_val=1))
         .with_row(Row("The long tail"))
         .with_panel(series("Output length quantiles", "none", *[

@@ -13,6 +13,37 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+
+
+class _Merged:
+    """Several registries as one exposition: families of the same name are joined, and a
+    series (name and labels) already seen is not repeated."""
+
+    def __init__(self, registries: tuple[CollectorRegistry, ...]):
+        self.registries = registries
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        seen: set[tuple] = set()
+        for registry in self.registries:
+            for fam in registry.collect():
+                out = families.get(fam.name)
+                if out is None:
+                    out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                for sample in fam.samples:
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    if key not in seen:
+                        seen.add(key)
+                        out.samples.append(sample)
+        yield from families.values()
+
+
+def merged_registry(*registries: CollectorRegistry) -> CollectorRegistry:
+    """One registry serving the series of several (e.g. a trainer with an in-process generator)."""
+    merged = CollectorRegistry(auto_describe=False)
+    merged.register(_Merged(registries))
+    return merged
 
 
 class AdminServer:

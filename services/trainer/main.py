@@ -19,7 +19,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamrl.admin import AdminServer, write_endpoint
+from streamrl.admin import AdminServer, merged_registry, write_endpoint
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
 from streamrl.rewards import get_reward
@@ -85,7 +85,12 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             "last": loop.last, **coordinator.status(),
         }
 
-    admin = AdminServer(metrics.registry, status, lambda: loop.phase == "Running", host,
+    # Colocated: the in-process generator has its own metrics (the engine's busy time must
+    # not count as the trainer's), served beside the trainer's.
+    local_metrics = ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl") \
+        if colocated else None
+    registry = merged_registry(metrics.registry, local_metrics.registry) if local_metrics else metrics.registry
+    admin = AdminServer(registry, status, lambda: loop.phase == "Running", host,
                         spec.trainer.admin_port if admin_port is None else admin_port)
     admin.start()
     server = None
@@ -96,9 +101,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
 
         pool = spec.generators.pools[0]
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, tok.eos_token_id)
-        # Its own metrics: the engine's busy time must not count as the trainer's.
-        local = LocalGenerator(engine, coordinator, store,
-                               ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl"))
+        local = LocalGenerator(engine, coordinator, store, local_metrics)
         local.start()
     else:
         server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=server_interceptors(spec.security, aio=True))
