@@ -108,7 +108,7 @@ def plan_processes(job: RLJob) -> dict[str, dict[str, str]]:
     out["trainer"] = {"role": "trainer"}
     if spec.pipeline.mode != PipelineMode.colocated:
         for pool in spec.generators.pools:
-            for i in range(pool.replicas):
+            for i in range(spec.generators.pool_replicas()[pool.name]):
                 gid = f"{pool.name}-{i}"
                 out[f"generator-{gid}"] = {"role": "generator", "pool": pool.name, "replica": gid}
     return out
@@ -165,7 +165,7 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
         endpoint = _wait_endpoint(endpoint_file, trainer)
         if not colocated:
             for pool in spec.generators.pools:
-                for i in range(pool.replicas):
+                for i in range(spec.generators.pool_replicas()[pool.name]):
                     gid = f"{pool.name}-{i}"
                     gen_endpoint = out_dir / "endpoints" / f"generator-{gid}.json"
                     gen_endpoint.parent.mkdir(exist_ok=True)
@@ -258,7 +258,7 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     spec = job.spec
     say(f"streamrl run {job.metadata.name}: mode {spec.pipeline.mode.value}, model {model_spec_summary(spec.model)}, "
-        f"{sum(p.replicas for p in spec.generators.pools)} generator replica(s), out {out_dir}")
+        f"{sum(spec.generators.pool_replicas().values())} generator replica(s), out {out_dir}")
     model_dir = resolve_model_dir(spec, log=say)
     # Every process's admin port is chosen up front, so Prometheus scrapes each one from
     # the moment it listens (a counter first seen mid-run loses its start to rate()).

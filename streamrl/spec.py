@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "streamrl.io/v1alpha1"
@@ -116,7 +116,7 @@ class AlgorithmSpec(_Model):
     (Dr. GRPO), which removes the length bias and is known before the batch completes."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up over this many optimizer steps."""
-    scale_advantages: bool = True
+    scale_advantages: StrictBool = True
     """Divide group-centred rewards by the group's standard deviation."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; log-probabilities are taken at the same temperature."""
@@ -181,6 +181,28 @@ class TorchEngineSpec(_Model):
 EngineSpec = Annotated[Union[TorchEngineSpec], Field(discriminator="type")]
 
 
+class PlacementSpec(_Model):
+    """Where and how a role's pods run in Kubernetes (`streamrl run` ignores it). The
+    free-form parts are checked by the operator against Kubernetes's own schemas."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+    """Node labels the pods require, e.g. a GPU node pool
+    (`cloud.google.com/gke-accelerator: nvidia-l4`)."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32)
+    """Kubernetes tolerations, e.g. for tainted GPU nodes."""
+    gpus: int = Field(0, ge=0, le=64)
+    """GPUs per pod: requests and limits of `gpuResource`."""
+    gpu_resource: str = Field("nvidia.com/gpu", max_length=253)
+    """The extended resource that counts GPUs on these nodes."""
+    resources: dict[str, Any] = Field(default_factory=dict)
+    """Kubernetes resource requirements (`requests`, `limits`) of the main container; the GPUs
+    above are added to them."""
+    template: dict[str, Any] = Field(default_factory=dict)
+    """A pod template (`metadata`, `spec`) merged under what the operator builds: extra
+    volumes, env, affinity, serviceAccountName, sidecars... The main container is named
+    `main`; list entries with the same name are merged."""
+
+
 class GeneratorPoolSpec(_Model):
     """A set of identical generator replicas (one node pool / GPU type)."""
 
@@ -192,10 +214,15 @@ class GeneratorPoolSpec(_Model):
     """Inference engine of every replica in the pool."""
     threads: int = Field(1, ge=1)
     """torch threads per replica (local runs pin one core each by default)."""
-    weight_relay: bool = True
+    weight_relay: StrictBool = True
     """Replicas serve the weight versions they hold to the other replicas of this pool:
     one replica fetches each version from the trainer and the rest fetch from it, so a
     pool behind a slow link receives one copy per version, not one per replica."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Kubernetes: node pool, tolerations, GPUs and pod template of these replicas."""
+    cluster_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    """Kubernetes: the RLCluster (another cluster, e.g. another datacenter) this pool runs
+    in; unset = the RLJob's own cluster."""
 
 
 class DispatchSpec(_Model):
@@ -229,8 +256,12 @@ class DispatchSpec(_Model):
 class GeneratorsSpec(_Model):
     """Generation side."""
 
-    pools: list[GeneratorPoolSpec] = Field(default_factory=lambda: [GeneratorPoolSpec()], min_length=1)
+    pools: list[GeneratorPoolSpec] = Field(default_factory=lambda: [GeneratorPoolSpec()], min_length=1,
+                                           max_length=16)
     """Generator pools."""
+    replicas: int | None = Field(None, ge=1, le=4096)
+    """Total replicas over all pools, when set (Kubernetes' `/scale` subresource writes it):
+    spread over the pools in proportion to their `replicas`. Unset = each pool's own."""
     dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
     """Dispatch policy."""
 
@@ -243,6 +274,20 @@ class GeneratorsSpec(_Model):
         if sum(p.replicas for p in self.pools) < 1:
             raise ValueError("at least one generator replica is needed")
         return self
+
+    def pool_replicas(self) -> dict[str, int]:
+        """Replicas per pool: each pool's own, or `replicas` spread in proportion to them
+        (largest remainders first, ties to the earlier pool)."""
+        own = {p.name: p.replicas for p in self.pools}
+        if self.replicas is None:
+            return own
+        weight = sum(own.values())
+        exact = {n: self.replicas * r / weight for n, r in own.items()}
+        out = {n: int(x) for n, x in exact.items()}
+        order = sorted(own, key=lambda n: (-(exact[n] - out[n]), list(own).index(n)))
+        for n in order[: self.replicas - sum(out.values())]:
+            out[n] += 1
+        return out
 
 
 class TrainerSpec(_Model):
@@ -262,6 +307,11 @@ class TrainerSpec(_Model):
     """Weight versions kept in memory for generators to fetch."""
     weight_chunk_bytes: int = Field(1 << 20, ge=1024, le=3 << 20)
     """Size of one FetchWeights chunk, bytes (below gRPC's 4 MiB message limit)."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Kubernetes: node pool, tolerations, GPUs and pod template of the trainer."""
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """Kubernetes Service type of the trainer's gRPC endpoint; pools in other clusters
+    need `NodePort` or `LoadBalancer`."""
 
 
 class RankerSpec(_Model):
@@ -286,6 +336,8 @@ class RankerSpec(_Model):
     """gRPC port (0 = any free port; local runs)."""
     admin_port: int = Field(0, ge=0, le=65535)
     """HTTP admin port (0 = any free port)."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Kubernetes: node pool, tolerations, GPUs and pod template of the ranker."""
 
     @model_validator(mode="after")
     def _lm_needs_model(self) -> "RankerSpec":
@@ -349,6 +401,16 @@ class RLJobSpec(_Model):
     """gRPC authentication (off by default: local runs use loopback only)."""
     ranker: RankerSpec = Field(default_factory=RankerSpec)
     """Output-length ranker."""
+    image: str | None = Field(None, max_length=512)
+    """Kubernetes: container image of every role (default: the operator's, set by the Helm chart)."""
+    suspend: StrictBool = False
+    """Kubernetes: scale every role to zero and keep the job (set back to false to resume)."""
+
+    @model_validator(mode="after")
+    def _remote_pools_reach_the_trainer(self) -> "RLJobSpec":
+        if any(p.cluster_ref for p in self.generators.pools) and self.trainer.service_type == "ClusterIP":
+            raise ValueError("pools in another cluster (clusterRef) need trainer.serviceType NodePort or LoadBalancer")
+        return self
 
 
 class ObjectMeta(BaseModel):

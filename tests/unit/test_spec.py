@@ -90,3 +90,16 @@ def test_spec_module_imports_neither_torch_nor_grpc():
     code = "import sys, streamrl.spec; print('torch' in sys.modules, 'grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_total_replicas_spread_over_pools_in_proportion():
+    from streamrl.spec import GeneratorsSpec
+
+    pools = [{"name": "l4", "replicas": 2}, {"name": "a10", "replicas": 1}]
+    assert GeneratorsSpec.model_validate({"pools": pools}).pool_replicas() == {"l4": 2, "a10": 1}
+    assert GeneratorsSpec.model_validate({"pools": pools, "replicas": 6}).pool_replicas() == {"l4": 4, "a10": 2}
+    # 7 * 2/3 = 4.67, 7 * 1/3 = 2.33: the larger remainder gets the extra replica.
+    assert GeneratorsSpec.model_validate({"pools": pools, "replicas": 7}).pool_replicas() == {"l4": 5, "a10": 2}
+    assert GeneratorsSpec.model_validate({"pools": pools, "replicas": 1}).pool_replicas() == {"l4": 1, "a10": 0}
+    even = [{"name": "a", "replicas": 1}, {"name": "b", "replicas": 1}]
+    assert GeneratorsSpec.model_validate({"pools": even, "replicas": 3}).pool_replicas() == {"a": 2, "b": 1}

@@ -1,0 +1,224 @@
+"""The RLJob CustomResourceDefinition, generated from the one spec model (streamrl/spec.py).
+
+pydantic's JSON schema becomes a *structural* OpenAPI v3 schema: references inlined,
+`X | None` as nullable, exclusive bounds in OpenAPI 3.0 form, free-form objects kept
+(`x-kubernetes-preserve-unknown-fields`), no titles. Cross-field checks that pydantic does
+in validators are repeated as CEL rules (`x-kubernetes-validations`) so `kubectl apply`
+refuses a bad job before the operator sees it. `scripts/gen_crd.py` writes the result; a
+test fails when the committed file is stale.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from streamrl.spec import API_VERSION, RLJobSpec
+
+GROUP, VERSION = API_VERSION.split("/")
+KIND, PLURAL, SINGULAR, SHORT = "RLJob", "rljobs", "rljob", "rlj"
+PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Invalid")
+CONDITIONS = ("Ready", "Progressing", "Suspended", "Complete", "Failed", "ScalingLimited", "ClustersReady")
+
+# Cross-field rules, by the spec path of the object they sit on (mirroring spec.py's validators).
+CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "": [
+        {"rule": "!has(self.generators) || !has(self.generators.pools) || "
+                 "!self.generators.pools.exists(p, has(p.clusterRef)) || "
+                 "(has(self.trainer) && self.trainer.serviceType != 'ClusterIP')",
+         "message": "pools in another cluster (clusterRef) need trainer.serviceType NodePort or LoadBalancer",
+         "fieldPath": ".trainer.serviceType"},
+    ],
+    "model": [
+        {"rule": "self.source != 'path' || has(self.path)", "message": "path is required when source is 'path'",
+         "fieldPath": ".path", "reason": "FieldValueRequired"},
+        {"rule": "self.source == 'path' || !has(self.path)", "message": "path is only used when source is 'path'",
+         "fieldPath": ".path", "reason": "FieldValueForbidden"},
+    ],
+    "task": [
+        {"rule": "self.name != 'jsonl' || has(self.path)", "message": "path is required when name is 'jsonl'",
+         "fieldPath": ".path", "reason": "FieldValueRequired"},
+    ],
+    "generators": [
+        {"rule": "!has(self.pools) || self.pools.all(p, self.pools.exists_one(q, q.name == p.name))",
+         "message": "pool names must be unique", "fieldPath": ".pools", "reason": "FieldValueDuplicate"},
+        {"rule": "!has(self.pools) || self.pools.exists(p, p.replicas > 0)",
+         "message": "at least one generator replica is needed", "fieldPath": ".pools"},
+    ],
+    "generators.dispatch": [
+        {"rule": "self.policy != 'oracle' || has(self.oracleLengths)",
+         "message": "oracleLengths is required when policy is 'oracle'", "fieldPath": ".oracleLengths",
+         "reason": "FieldValueRequired"},
+    ],
+    "ranker": [
+        {"rule": "self.predictor != 'causal-lm' || has(self.modelPath)",
+         "message": "modelPath is required when predictor is 'causal-lm'", "fieldPath": ".modelPath",
+         "reason": "FieldValueRequired"},
+    ],
+}
+
+
+def _description(text: str) -> str:
+    return " ".join(text.split())
+
+
+def structural(node: dict, defs: dict) -> dict:
+    """One pydantic JSON-schema node as a structural OpenAPI v3 node."""
+    def wrapped(inner: dict, **extra) -> dict:
+        """A reference or one-member union resolved, keeping this node's description."""
+        out = structural(inner, defs)
+        if "description" in node:
+            out["description"] = _description(node["description"])
+        return {**out, **extra}
+
+    if "$ref" in node:
+        return wrapped(defs[node["$ref"].rsplit("/", 1)[-1]])
+    if "oneOf" in node:  # a discriminated union of one model (the engine, until a second one exists)
+        if len(node["oneOf"]) != 1:
+            raise ValueError("unions of several models are not structural; add the type to the CRD by hand")
+        return wrapped(node["oneOf"][0])
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1 or len(node["anyOf"]) != 2:
+            raise ValueError(f"only `X | None` unions are supported, got {node['anyOf']}")
+        extra = {"default": node["default"]} if node.get("default") is not None else {}
+        return wrapped(options[0], nullable=True, **extra)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "additionalProperties", "properties", "items", "$defs"):
+            continue
+        if key == "default":
+            if value is None or isinstance(value, (dict, list)):
+                continue  # null and object defaults stay the operator's (pydantic applies them)
+            out[key] = value
+        elif key == "description":
+            out[key] = _description(value)
+        elif key == "exclusiveMinimum":
+            out["minimum"], out["exclusiveMinimum"] = value, True
+        elif key == "exclusiveMaximum":
+            out["maximum"], out["exclusiveMaximum"] = value, True
+        elif key == "const":
+            out["enum"] = [value]
+        else:
+            out[key] = value
+    if "enum" in node and "type" not in out:
+        out["type"] = "string"
+    if "properties" in node:
+        out["type"] = "object"
+        out["properties"] = {k: structural(v, defs) for k, v in node["properties"].items()}
+        if node.get("required"):
+            out["required"] = node["required"]
+    elif out.get("type") == "object":
+        extra = node.get("additionalProperties", True)
+        if isinstance(extra, dict) and extra.get("type") in ("string", "integer", "number", "boolean"):
+            out["additionalProperties"] = {"type": extra["type"]}
+        else:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    if "items" in node:
+        out["items"] = structural(node["items"], defs)
+    if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        raise ValueError(f"untyped schema node: {node}")
+    return out
+
+
+def _at(schema: dict, path: str) -> dict:
+    for part in [p for p in path.split(".") if p]:
+        schema = schema["properties"][part]
+    return schema
+
+
+def spec_schema() -> dict:
+    raw = RLJobSpec.model_json_schema(by_alias=True)
+    schema = structural(raw, raw.get("$defs", {}))
+    for path, rules in CEL_RULES.items():
+        _at(schema, path)["x-kubernetes-validations"] = rules
+    return schema
+
+
+def _obj(description: str, properties: dict, **extra) -> dict:
+    return {"type": "object", "description": description, "properties": properties, **extra}
+
+
+def status_schema() -> dict:
+    integer, number = {"type": "integer", "format": "int64"}, {"type": "number"}
+    condition = _obj("A condition of the job (Kubernetes conventions).", {
+        "type": {"type": "string", "description": "One of " + ", ".join(CONDITIONS) + "."},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+        "reason": {"type": "string", "description": "CamelCase reason for the last transition."},
+        "message": {"type": "string", "description": "Human-readable details."},
+        "lastTransitionTime": {"type": "string", "format": "date-time"},
+        "observedGeneration": integer,
+    }, required=["type", "status"])
+    pool = _obj("One generator pool.", {
+        "name": {"type": "string"}, "cluster": {"type": "string", "description": "RLCluster, empty = local."},
+        "replicas": integer, "readyReplicas": integer,
+    })
+    return _obj("Written by the operator.", {
+        "phase": {"type": "string", "enum": list(PHASES), "description": "Where the job is in its life."},
+        "message": {"type": "string", "description": "Why it is in this phase (for Invalid: the field and problem)."},
+        "observedGeneration": {**integer, "description": "The spec generation this status describes."},
+        "startTime": {"type": "string", "format": "date-time"},
+        "completionTime": {"type": "string", "format": "date-time"},
+        "conditions": {"type": "array", "items": condition, "x-kubernetes-list-type": "map",
+                       "x-kubernetes-list-map-keys": ["type"]},
+        "generators": _obj("All generator pools.", {
+            "replicas": {**integer, "description": "Replicas asked for, over all pools."},
+            "readyReplicas": integer,
+            "labelSelector": {"type": "string", "description": "Selector of every generator pod (for /scale)."},
+            "pools": {"type": "array", "items": pool},
+        }),
+        "trainer": _obj("Progress as the trainer reports it.", {
+            "ready": {"type": "boolean"}, "iteration": integer, "policyVersion": integer, "reward": number,
+            "pipelineBubbleRatio": number, "samplesPerSecond": number,
+        }),
+        "ranker": _obj("The output-length ranker.", {"ready": {"type": "boolean"}, "recall": number}),
+        "autoscaling": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                        "description": "The autoscaler's last decision and its reason."},
+    })
+
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Generators", "type": "integer", "jsonPath": ".status.generators.readyReplicas",
+     "description": "Ready generator replicas over all pools"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.trainer.iteration"},
+    {"name": "Reward", "type": "number", "jsonPath": ".status.trainer.reward"},
+    {"name": "Bubble", "type": "number", "jsonPath": ".status.trainer.pipelineBubbleRatio",
+     "description": "Pipeline-bubble ratio of the last iteration"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def rljob_crd() -> dict:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/name": "streamrl"}},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": SINGULAR,
+                      "shortNames": [SHORT], "categories": ["streamrl"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "An RL post-training job: generator pools, a trainer and a ranker, "
+                                   "streaming samples and weights over gRPC.",
+                    "properties": {
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+                        "spec": {**spec_schema(), "description": "The job (the same spec `streamrl run` takes)."},
+                        "status": status_schema(),
+                    },
+                    "required": ["spec"],
+                }},
+                "subresources": {"status": {}, "scale": {
+                    "specReplicasPath": ".spec.generators.replicas",
+                    "statusReplicasPath": ".status.generators.replicas",
+                    "labelSelectorPath": ".status.generators.labelSelector",
+                }},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+            }],
+        },
+    }

@@ -1,0 +1,156 @@
+"""The RLJob CRD: generated from the spec model, structural, accepted by Kubernetes's own
+schema for CRDs, and refusing bad jobs with the same verdict (and a message naming the
+field) as the operator's model."""
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from streamrl.operator.crd import CONDITIONS, rljob_crd
+from streamrl.spec import SpecError, parse_job
+from tests.unit.operator.apiserver_checks import check
+
+ROOT = Path(__file__).resolve().parents[3]
+CRD_FILE = ROOT / "helm" / "streamrl" / "files" / "crds" / "streamrl.io_rljobs.yaml"
+EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("rljob-*.yaml"))
+CRD = rljob_crd()
+
+
+def _gen():
+    spec = importlib.util.spec_from_file_location("gen_crd", ROOT / "scripts" / "gen_crd.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_crd_equals_a_fresh_generation():
+    [(name, text)] = _gen().render().items()
+    assert CRD_FILE.name == name
+    assert CRD_FILE.read_text() == text, "stale CRD: run scripts/gen_crd.py"
+
+
+def _walk(node: dict, path: str = "$"):
+    yield path, node
+    for key, sub in node.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{key}")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}.*")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
+
+
+def test_schema_is_structural():
+    schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    forbidden = {"$ref", "anyOf", "oneOf", "allOf", "not", "const", "title", "discriminator", "definitions", "$defs"}
+    nodes = list(_walk(schema))
+    assert len(nodes) > 100
+    for path, node in nodes:
+        assert node.get("type") or node.get("x-kubernetes-preserve-unknown-fields"), f"{path}: untyped"
+        assert not forbidden & node.keys(), f"{path}: {forbidden & node.keys()}"
+        assert not ("properties" in node and "additionalProperties" in node), f"{path}: both kinds of properties"
+        assert node.get("additionalProperties") is not False, f"{path}: additionalProperties: false"
+        if isinstance(node.get("exclusiveMinimum"), bool):
+            assert "minimum" in node, path
+    # Lists that CEL rules iterate are bounded (the API server's cost budget).
+    assert schema["properties"]["spec"]["properties"]["generators"]["properties"]["pools"]["maxItems"] == 16
+
+
+def test_crd_passes_kubernetes_schema_for_crds_in_strict_mode():
+    assert kubernetes_validate.validate(CRD, "1.33", strict=True) == "1.33"
+
+
+def test_crd_surface():
+    spec = CRD["spec"]
+    assert (spec["group"], spec["names"]["kind"], spec["names"]["shortNames"]) == ("streamrl.io", "RLJob", ["rlj"])
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"] == {"specReplicasPath": ".spec.generators.replicas",
+                                                "statusReplicasPath": ".status.generators.replicas",
+                                                "labelSelectorPath": ".status.generators.labelSelector"}
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["generators"]["properties"]["labelSelector"]["type"] == "string"
+    assert {"phase", "conditions", "observedGeneration", "trainer", "ranker", "generators"} <= status.keys()
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == \
+        ["Phase", "Ready", "Generators", "Step", "Reward", "Bubble", "Age"]
+    assert len(CONDITIONS) == 7
+    # Pod templates stay free-form in the schema (the operator validates them).
+    pool = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["generators"]["properties"][
+        "pools"]["items"]
+    assert pool["properties"]["placement"]["properties"]["template"]["x-kubernetes-preserve-unknown-fields"] is True
+    # kubectl explain shows the model's docstrings.
+    assert "node pool" in pool["properties"]["placement"]["description"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(path):
+    obj = yaml.safe_load(path.read_text())
+    assert check(CRD, obj["spec"] and {"spec": obj["spec"]}) == []
+    parse_job(obj)
+
+
+BASE = {"spec": {"generators": {"pools": [{"name": "l4", "replicas": 2}]}}}
+
+
+def _with(path: str, value):
+    obj = copy.deepcopy(BASE)
+    node = obj["spec"]
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return obj
+
+
+INVALID = [
+    (_with("algorithm.groupSize", 1), "algorithm.groupSize: 1 is less than the minimum of 2"),
+    (_with("pipeline.mode", "turbo"), "pipeline.mode: 'turbo' is not one of"),
+    (_with("algorithm.lr", 0.1), "algorithm: Additional properties are not allowed ('lr' was unexpected)"),
+    (_with("generators.pools.0.name", "Bad_Name"), "generators.pools.0.name: 'Bad_Name' does not match"),
+    (_with("generators.pools.0.replicas", -1), "generators.pools.0.replicas: -1 is less than the minimum of 0"),
+    (_with("generators.pools", [{"name": "a"}, {"name": "a"}]), "generators.pools: pool names must be unique"),
+    (_with("generators.pools", [{"name": "a", "replicas": 0}]),
+     "generators.pools: at least one generator replica is needed"),
+    (_with("generators.dispatch", {"policy": "oracle"}),
+     "generators.dispatch.oracleLengths: oracleLengths is required when policy is 'oracle'"),
+    (_with("model", {"source": "path"}), "model.path: path is required when source is 'path'"),
+    (_with("model", {"path": "/models/x"}), "model.path: path is only used when source is 'path'"),
+    (_with("task", {"name": "jsonl"}), "task.path: path is required when name is 'jsonl'"),
+    (_with("ranker", {"predictor": "causal-lm"}), "ranker.modelPath: modelPath is required when predictor is"),
+    (_with("generators.pools.0.clusterRef", "dc-west"),
+     "trainer.serviceType: pools in another cluster (clusterRef) need trainer.serviceType NodePort or"),
+    (_with("algorithm.learningRate", 0), "algorithm.learningRate: 0 is less than or equal to the minimum of 0"),
+    (_with("algorithm.topP", 1.5), "algorithm.topP: 1.5 is greater than the maximum of 1"),
+    (_with("generators.pools.0.placement", {"gpus": -1}),
+     "generators.pools.0.placement.gpus: -1 is less than the minimum of 0"),
+    (_with("generators.pools.0.placement", {"nodeSelector": {"pool": 1}}),
+     "generators.pools.0.placement.nodeSelector.pool: 1 is not of type 'string'"),
+    (_with("generators.replicas", 0), "generators.replicas: 0 is less than the minimum of 1"),
+    (_with("trainer.serviceType", "Ingress"), "trainer.serviceType: 'Ingress' is not one of"),
+    (_with("security.tls", {"certFile": "/c", "keyFile": "/k"}), "security.tls: 'caFile' is a required property"),
+    (_with("generators.pools", [{"name": f"p{i}"} for i in range(17)]), "generators.pools: [{'name'"),
+    (_with("generators.dispatch", {"longTailFraction": 1.5}),
+     "generators.dispatch.longTailFraction: 1.5 is greater than the maximum of 1"),
+    (_with("generators.pools.0.engine", {"type": "vllm"}), "generators.pools.0.engine.type: 'vllm' is not one of"),
+    (_with("trainer.weightChunkBytes", 100), "trainer.weightChunkBytes: 100 is less than the minimum of 1024"),
+    (_with("suspend", "yes"), "suspend: 'yes' is not of type 'boolean'"),
+]
+
+
+@pytest.mark.parametrize("obj, message", INVALID, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(INVALID)])
+def test_invalid_jobs_are_refused_with_the_field_named(obj, message):
+    errors = check(CRD, obj)
+    assert any(("spec." + message) in e for e in errors), errors
+    with pytest.raises(SpecError):  # the operator's model agrees
+        parse_job(obj)
+
+
+def test_valid_base_is_accepted():
+    assert check(CRD, BASE) == []
+    assert len(INVALID) >= 20
