@@ -21,7 +21,7 @@ MODES = ["colocated", "batch", "stream-sync", "stream-async"]
 
 
 def job_for(mode: str, iterations: int, prompts_per_step: int) -> dict:
-    job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny.yaml").read_text())
+    job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
     job["metadata"]["name"] = f"bench-{mode}"
     algo = job["spec"]["algorithm"]
     algo.update(numIterations=iterations, promptsPerStep=prompts_per_step)

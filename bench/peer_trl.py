@@ -41,7 +41,7 @@ def ensure_trl_venv(venv: Path) -> Path:
 
 
 def job(args) -> dict:
-    example = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny.yaml").read_text())
+    example = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
     example["metadata"]["name"] = "peer-trl-streamrl"
     spec = example["spec"]
     spec["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step,

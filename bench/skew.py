@@ -29,7 +29,7 @@ from streamrl.ranker.ranker import Ranker  # noqa: E402
 
 
 def run(policy: str, args, out: Path, oracle: Path | None = None, objective: str = "sum") -> list[dict]:
-    job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny.yaml").read_text())
+    job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
     job["metadata"]["name"] = f"skew-{policy}"
     spec = job["spec"]
     # A longer warm start: the model then really produces the task's long tail (a

@@ -346,19 +346,26 @@ class RankerSpec(_Model):
         return self
 
 
+TLS_MOUNT = "/etc/streamrl/tls"
+"""Where pods find the job's TLS Secret."""
+
+
 class TLSSpec(_Model):
     """Mutual TLS: every service presents a certificate signed by the job's CA and
     requires one from its peers (files, e.g. mounted from a Kubernetes Secret)."""
 
-    ca_file: str
+    ca_file: str = f"{TLS_MOUNT}/ca.crt"
     """PEM file of the CA that signs every service's certificate."""
-    cert_file: str
+    cert_file: str = f"{TLS_MOUNT}/tls.crt"
     """PEM certificate of this service."""
-    key_file: str
+    key_file: str = f"{TLS_MOUNT}/tls.key"
     """PEM private key of this service."""
-    server_name: str = "streamrl"
+    server_name: str = Field("streamrl", min_length=1, max_length=253)
     """Name every certificate carries (subjectAltName DNS) and clients verify, so peers
     can be dialled by IP address."""
+    secret_name: str | None = Field(None, max_length=253)
+    """Kubernetes: the Secret (keys `ca.crt`, `tls.crt`, `tls.key`) the operator mounts at
+    /etc/streamrl/tls in every pod, where the default file paths point."""
 
 
 class SecuritySpec(_Model):

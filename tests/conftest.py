@@ -10,7 +10,7 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "deploy/examples/rljob-tiny.yaml"
+EXAMPLE = ROOT / "deploy/examples/rljob-tiny-cpu.yaml"
 
 torch.set_num_threads(1)
 

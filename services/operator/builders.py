@@ -1,0 +1,284 @@
+"""Pure functions from an RLJob to every Kubernetes object it needs. No I/O: the kopf
+handlers call these and apply the results; tests validate them against Kubernetes's own
+schemas.
+
+Per job: a ConfigMap holding the spec every service loads; the trainer as a Job (its exit
+is the run's outcome) behind a Service that is the one endpoint generators dial; the
+ranker as a Deployment and Service (skewness-aware dispatch only); one generator
+Deployment per pool, with that pool's node selector, tolerations, GPUs and template.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from streamrl.spec import TLS_MOUNT, RLJob, dump_job
+
+TRAINER_GRPC_PORT, RANKER_GRPC_PORT, RELAY_PORT, ADMIN_PORT = 50051, 50052, 50053, 8080
+SPEC_MOUNT, OUT_MOUNT, CACHE_MOUNT = "/etc/streamrl/job", "/var/lib/streamrl/out", "/var/cache/streamrl"
+JOB_FILE = f"{SPEC_MOUNT}/job.yaml"
+MAIN = "main"
+"""Name of the container every role runs in (pod templates merge into it)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the operator knows besides the RLJob (chart values)."""
+
+    image: str = "ghcr.io/streamrl/streamrl:0.1.0"
+    """Default image of every role (spec.image overrides it)."""
+    image_pull_policy: str = "IfNotPresent"
+    trainer_backoff_limit: int = 2
+    """Restarts of a failed trainer before the job is Failed."""
+
+
+# ---- names and labels ---------------------------------------------------------------
+def name(job: str, role: str, pool: str | None = None) -> str:
+    return f"{job}-{role}" + (f"-{pool}" if pool else "")
+
+
+def labels(job: str, role: str, pool: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "streamrl",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/managed-by": "streamrl-operator",
+        "streamrl.io/job": job,
+        "streamrl.io/role": role,
+    }
+    if pool:
+        out["streamrl.io/pool"] = pool
+    return out
+
+
+def selector(job: str, role: str, pool: str | None = None) -> dict[str, str]:
+    """The labels that select a role's pods (a subset of labels(); stable for Deployments)."""
+    out = {"streamrl.io/job": job, "streamrl.io/role": role}
+    if pool:
+        out["streamrl.io/pool"] = pool
+    return out
+
+
+def generator_selector(job: str) -> str:
+    """Every generator pod of the job, serialized (the /scale subresource's labelSelector)."""
+    return f"streamrl.io/job={job},streamrl.io/role=generator"
+
+
+def owner_reference(body: dict) -> dict:
+    """Children in the RLJob's own cluster are garbage-collected with it."""
+    meta = body["metadata"]
+    return {"apiVersion": body.get("apiVersion", "streamrl.io/v1alpha1"), "kind": body.get("kind", "RLJob"),
+            "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(job: RLJob, obj_name: str, namespace: str, lbls: dict[str, str], owner: dict | None) -> dict:
+    meta = {"name": obj_name, "namespace": namespace, "labels": lbls}
+    if owner:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+# ---- pod templates ------------------------------------------------------------------
+def merge(base: Any, override: Any) -> Any:
+    """Deep-merge `override` onto `base`: maps key by key, lists of named items (containers,
+    volumes, env, ports...) item by name, anything else replaced by `override`."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = merge(base[k], v) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(override, list) and all(
+            isinstance(x, dict) and "name" in x for x in base + override):
+        out = [copy.deepcopy(x) for x in base]
+        index = {x["name"]: i for i, x in enumerate(out)}
+        for item in override:
+            if item["name"] in index:
+                out[index[item["name"]]] = merge(out[index[item["name"]]], item)
+            else:
+                out.append(copy.deepcopy(item))
+        return out
+    return copy.deepcopy(override)
+
+
+def _resources(placement) -> dict:
+    res = copy.deepcopy(placement.resources) or {}
+    if placement.gpus:
+        for kind in ("requests", "limits"):
+            res.setdefault(kind, {})[placement.gpu_resource] = placement.gpus
+    return res
+
+
+def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[str, int], settings: Settings,
+                 pool: str | None = None, env: list[dict] | None = None, restart_policy: str | None = None) -> dict:
+    """The pod template of one role: the operator's part, with the user's template merged
+    under it (the operator's fields win, the user's extra ones are kept)."""
+    spec = job.spec
+    volumes = [
+        {"name": "job", "configMap": {"name": name(job.metadata.name, "spec")}},
+        {"name": "out", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+    ]
+    mounts = [
+        {"name": "job", "mountPath": SPEC_MOUNT, "readOnly": True},
+        {"name": "out", "mountPath": OUT_MOUNT},
+        {"name": "cache", "mountPath": CACHE_MOUNT},
+    ]
+    if spec.security.tls and spec.security.tls.secret_name:
+        volumes.append({"name": "tls", "secret": {"secretName": spec.security.tls.secret_name}})
+        mounts.append({"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True})
+    probe = {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 10, "failureThreshold": 6}
+    container = {
+        "name": MAIN,
+        "image": spec.image or settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "args": args,
+        "env": [
+            {"name": "STREAMRL_CACHE_DIR", "value": CACHE_MOUNT},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *(env or []),
+        ],
+        "ports": [{"name": k, "containerPort": v, "protocol": "TCP"} for k, v in ports.items()],
+        "volumeMounts": mounts,
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 5,
+                         "failureThreshold": 120},
+        "livenessProbe": probe,
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 5},
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    resources = _resources(placement)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
+        "enableServiceLinks": False,
+    }
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(placement.tolerations)
+    if restart_policy:
+        pod_spec["restartPolicy"] = restart_policy
+    ours = {"metadata": {"labels": labels(job.metadata.name, role, pool)}, "spec": pod_spec}
+    user = copy.deepcopy(placement.template or {})
+    return merge(user, ours) if user else ours
+
+
+# ---- objects ------------------------------------------------------------------------
+def service_spec(job: RLJob) -> RLJob:
+    """The spec the pods load: fixed ports (Services point at them)."""
+    spec = job.spec
+    trainer = spec.trainer.model_copy(update={"port": TRAINER_GRPC_PORT, "admin_port": ADMIN_PORT})
+    ranker = spec.ranker.model_copy(update={"port": RANKER_GRPC_PORT, "admin_port": ADMIN_PORT})
+    return job.model_copy(update={"spec": spec.model_copy(update={"trainer": trainer, "ranker": ranker}),
+                                  "status": None})
+
+
+def build_configmap(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(job, name(job.metadata.name, "spec"), namespace, labels(job.metadata.name, "spec"), owner),
+        "data": {"job.yaml": dump_job(service_spec(job))},
+    }
+
+
+def uses_ranker(job: RLJob) -> bool:
+    return job.spec.generators.dispatch.policy == "skewness-aware"
+
+
+def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None) -> dict:
+    """The trainer as a batch Job: one pod, its exit status is the run's outcome."""
+    j = job.metadata.name
+    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT)]
+    if uses_ranker(job):
+        args += ["--ranker", f"{name(j, 'ranker')}:{RANKER_GRPC_PORT}"]
+    template = pod_template(job, "trainer", job.spec.trainer.placement, args,
+                            {"grpc": TRAINER_GRPC_PORT, "admin": ADMIN_PORT}, settings, restart_policy="Never")
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": _meta(job, name(j, "trainer"), namespace, labels(j, "trainer"), owner),
+        "spec": {"backoffLimit": settings.trainer_backoff_limit, "suspend": job.spec.suspend,
+                 "template": template},
+    }
+
+
+def build_trainer_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
+    j = job.metadata.name
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(job, name(j, "trainer"), namespace, labels(j, "trainer"), owner),
+        "spec": {"type": job.spec.trainer.service_type, "selector": selector(j, "trainer"),
+                 "ports": [{"name": "grpc", "port": TRAINER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                           {"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}]},
+    }
+
+
+def _deployment(job: RLJob, namespace: str, role: str, replicas: int, template: dict, owner: dict | None,
+                pool: str | None = None) -> dict:
+    j = job.metadata.name
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(job, name(j, role if role != "generator" else "gen", pool), namespace,
+                          labels(j, role, pool), owner),
+        "spec": {"replicas": 0 if job.spec.suspend else replicas, "selector": {"matchLabels": selector(j, role, pool)},
+                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                 "template": template},
+    }
+
+
+def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None) -> list[dict]:
+    """The ranker's Deployment and Service (its state in the pod; a restart relearns from history)."""
+    j = job.metadata.name
+    args = ["ranker", JOB_FILE, "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT),
+            "--state", f"{OUT_MOUNT}/ranker.npz"]
+    template = pod_template(job, "ranker", job.spec.ranker.placement, args,
+                            {"grpc": RANKER_GRPC_PORT, "admin": ADMIN_PORT}, settings)
+    deployment = _deployment(job, namespace, "ranker", 1, template, owner)
+    deployment["spec"]["strategy"] = {"type": "Recreate"}
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(job, name(j, "ranker"), namespace, labels(j, "ranker"), owner),
+        "spec": {"selector": selector(j, "ranker"),
+                 "ports": [{"name": "grpc", "port": RANKER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"}]},
+    }
+    return [deployment, service]
+
+
+def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Settings, trainer_address: str,
+                     owner: dict | None = None, origin: dict[str, str] | None = None) -> dict:
+    """One pool's Deployment. `trainer_address` is host:port of the trainer's Service (in
+    another cluster: its external address); `origin` labels mark objects made for a job in
+    another cluster."""
+    pools = {p.name: p for p in job.spec.generators.pools}
+    pool = pools[pool_name]
+    replicas = job.spec.generators.pool_replicas()[pool_name]
+    args = ["generator", JOB_FILE, "--trainer", trainer_address, "--pool", pool_name, "--id", "$(POD_NAME)",
+            "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT), "--relay-port", str(RELAY_PORT),
+            "--advertise-host", "$(POD_IP)"]
+    template = pod_template(job, "generator", pool.placement, args, {"relay": RELAY_PORT, "admin": ADMIN_PORT},
+                            settings, pool=pool_name)
+    deployment = _deployment(job, namespace, "generator", replicas, template, owner, pool_name)
+    if origin:
+        deployment["metadata"]["labels"].update(origin)
+        template["metadata"]["labels"].update(origin)
+    return deployment
+
+
+def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None) -> list[dict]:
+    """Every object in the RLJob's own cluster (pools with a clusterRef are built apart)."""
+    j = job.metadata.name
+    trainer_address = f"{name(j, 'trainer')}.{namespace}.svc:{TRAINER_GRPC_PORT}"
+    out = [build_configmap(job, namespace, owner), build_trainer(job, namespace, settings, owner),
+           build_trainer_service(job, namespace, owner)]
+    if uses_ranker(job):
+        out += build_ranker(job, namespace, settings, owner)
+    for pool in job.spec.generators.pools:
+        if not pool.cluster_ref:
+            out.append(build_generators(job, pool.name, namespace, settings, trainer_address, owner))
+    return out
+
