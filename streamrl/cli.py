@@ -69,6 +69,12 @@ def cmd_ranker(args) -> int:
                  Path(args.endpoint_file) if args.endpoint_file else None, args.admin_port)
 
 
+def cmd_operator(args) -> int:
+    from streamrl.operator.main import run
+
+    return run(args.namespace or [], args.health_port)
+
+
 def cmd_report(args) -> int:
     from streamrl.report import write_report
 
@@ -96,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", help="a run directory (what `streamrl run --out` wrote)")
     p.add_argument("--out", help="where to write the report (default: <run_dir>/report)")
     p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator (RLJob and RLCluster resources)")
+    p.add_argument("--namespace", action="append", help="manage RLJobs in this namespace (repeatable; default: all)")
+    p.add_argument("--health-port", type=int, default=8080, help="port of the /healthz liveness endpoint")
+    p.set_defaults(fn=cmd_operator)
 
     p = sub.add_parser("trainer", help="serve the trainer (coordinator, learner, weight publisher)")
     p.add_argument("job", help="RLJob YAML file")

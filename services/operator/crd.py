@@ -222,3 +222,49 @@ def rljob_crd() -> dict:
             }],
         },
     }
+
+
+def rlcluster_crd() -> dict:
+    """RLCluster: another Kubernetes cluster (e.g. another datacenter) generator pools can run in."""
+    ref = _obj("The Secret, in the operator's namespace, holding a self-contained kubeconfig (no exec plugins, "
+               "auth providers, file paths or insecure TLS).", {
+                   "name": {"type": "string", "maxLength": 253},
+                   "key": {"type": "string", "default": "kubeconfig", "maxLength": 253},
+               }, required=["name"])
+    condition = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"rlclusters.{GROUP}", "labels": {"app.kubernetes.io/name": "streamrl"}},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": "RLCluster", "listKind": "RLClusterList", "plural": "rlclusters",
+                      "singular": "rlcluster", "shortNames": ["rlc"], "categories": ["streamrl"]},
+            "scope": "Cluster",
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "A Kubernetes cluster RLJob generator pools can run in (spec.generators.pools[]."
+                                   "clusterRef names it).",
+                    "properties": {
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+                        "spec": _obj("How to reach the cluster.", {"kubeconfigSecretRef": ref},
+                                     required=["kubeconfigSecretRef"]),
+                        "status": _obj("Written by the operator.", {
+                            "phase": {"type": "string", "enum": ["Active", "Inactive"]},
+                            "message": {"type": "string"},
+                            "conditions": {"type": "array", "items": condition},
+                        }),
+                    },
+                    "required": ["spec"],
+                }},
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+            }],
+        },
+    }

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from streamrl.operator.crd import rljob_crd
+from streamrl.operator.crd import rlcluster_crd, rljob_crd
 from streamrl.prometheus import RULES_FILE
 from tests.k8stools import tool
 
@@ -57,11 +57,12 @@ def test_every_rendered_object_is_valid_kubernetes():
 
 
 def test_crds_come_from_the_generated_files_and_are_kept():
-    [crd] = by_kind(render())["CustomResourceDefinition"]
-    assert crd["spec"] == rljob_crd()["spec"]
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    [crd] = by_kind(render("crds.keep=false"))["CustomResourceDefinition"]
-    assert "annotations" not in crd["metadata"]
+    crds = {c["metadata"]["name"]: c for c in by_kind(render())["CustomResourceDefinition"]}
+    assert sorted(crds) == ["rlclusters.streamrl.io", "rljobs.streamrl.io"]
+    assert crds["rljobs.streamrl.io"]["spec"] == rljob_crd()["spec"]
+    assert crds["rlclusters.streamrl.io"]["spec"] == rlcluster_crd()["spec"]
+    assert all(c["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"} for c in crds.values())
+    assert all("annotations" not in c["metadata"] for c in by_kind(render("crds.keep=false"))["CustomResourceDefinition"])
     assert "CustomResourceDefinition" not in by_kind(render("crds.install=false"))
 
 

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from streamrl.operator.crd import CONDITIONS, rljob_crd
+from streamrl.operator.crd import CONDITIONS, rlcluster_crd, rljob_crd
 from streamrl.spec import SpecError, parse_job
 from tests.unit.operator.apiserver_checks import check
 
@@ -27,10 +27,20 @@ def _gen():
     return module
 
 
-def test_committed_crd_equals_a_fresh_generation():
-    [(name, text)] = _gen().render().items()
-    assert CRD_FILE.name == name
-    assert CRD_FILE.read_text() == text, "stale CRD: run scripts/gen_crd.py"
+def test_committed_crds_equal_a_fresh_generation():
+    rendered = _gen().render()
+    assert sorted(rendered) == sorted(p.name for p in CRD_FILE.parent.glob("*.yaml"))
+    for name, text in rendered.items():
+        assert (CRD_FILE.parent / name).read_text() == text, f"stale {name}: run scripts/gen_crd.py"
+
+
+def test_rlcluster_crd_is_valid_and_cluster_scoped():
+    crd = rlcluster_crd()
+    assert kubernetes_validate.validate(crd, "1.33", strict=True) == "1.33"
+    assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["names"]["shortNames"] == ["rlc"]
+    ok = {"spec": {"kubeconfigSecretRef": {"name": "dc-west-kubeconfig"}}}
+    assert check(crd, ok) == []
+    assert any("'name' is a required property" in e for e in check(crd, {"spec": {"kubeconfigSecretRef": {}}}))
 
 
 def _walk(node: dict, path: str = "$"):

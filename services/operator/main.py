@@ -1,0 +1,55 @@
+"""`streamrl operator`: the kopf operator process (one replica; see the Helm chart)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import kopf
+import yaml
+
+from streamrl.operator.builders import Settings
+from streamrl.operator.kube import KubeClient
+
+log = logging.getLogger("streamrl.operator")
+
+
+def settings_from_env() -> Settings:
+    """What the chart passes in the environment."""
+    defaults = Settings()
+    return Settings(image=os.environ.get("STREAMRL_JOB_IMAGE") or defaults.image,
+                    image_pull_policy=os.environ.get("STREAMRL_JOB_IMAGE_PULL_POLICY") or defaults.image_pull_policy,
+                    trainer_backoff_limit=int(os.environ.get("STREAMRL_TRAINER_BACKOFF_LIMIT")
+                                              or defaults.trainer_backoff_limit))
+
+
+def local_client() -> KubeClient:
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return KubeClient.in_cluster()
+    path = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
+    if not path.exists():
+        raise ValueError("streamrl operator runs in a cluster (service account) or with KUBECONFIG pointing at a "
+                         f"self-contained kubeconfig; {path} does not exist")
+    return KubeClient.from_kubeconfig(yaml.safe_load(path.read_text()), "local")
+
+
+def run(namespaces: list[str], health_port: int = 8080) -> int:
+    from streamrl.operator import handlers
+    from streamrl.operator.handlers import Runtime
+
+    async def main() -> None:
+        runtime = Runtime(local_client(), settings_from_env(),
+                          namespace=os.environ.get("STREAMRL_OPERATOR_NAMESPACE", "default"))
+        log.info("operator up: image %s, watching %s", runtime.settings.image, ", ".join(namespaces) or "every namespace")
+        try:
+            await kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces or None,
+                                memo=kopf.Memo(runtime=runtime),
+                                liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz")
+        finally:
+            await runtime.kube.close()
+
+    assert handlers.RLJOBS  # the handlers are registered on import
+    asyncio.run(main())
+    return 0
