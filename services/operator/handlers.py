@@ -194,13 +194,13 @@ async def reconcile_rljob(body, meta, namespace, status, patch, memo, logger, **
 @kopf.timer(*RLJOBS, interval=STATUS_INTERVAL_S, initial_delay=STATUS_INTERVAL_S / 2)
 async def refresh_rljob_status(body, meta, namespace, status, patch, memo, **_):
     runtime: Runtime = memo.runtime
-    if (status or {}).get("phase") == "Invalid":
-        return
+    generation = int(meta.get("generation") or 1)
+    if (status or {}).get("phase") == "Invalid" or (status or {}).get("observedGeneration") != generation:
+        return  # the spec handler has not applied this generation yet (it writes the status then)
     try:
         job = _parse(body)
     except SpecError:
         return
-    generation = int(meta.get("generation") or 1)
     problem = (status or {}).get("conditions") and next(
         (c.get("message") for c in status["conditions"] if c["type"] == "ClustersReady" and c["status"] == "False"),
         None)

@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx
 
-PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Secret": "secrets", "Deployment": "deployments",
-           "Job": "jobs", "RLJob": "rljobs", "RLCluster": "rlclusters", "Event": "events"}
+PLURALS = {"Namespace": "namespaces", "ConfigMap": "configmaps", "Service": "services", "Secret": "secrets",
+           "Deployment": "deployments", "Job": "jobs", "RLJob": "rljobs", "RLCluster": "rlclusters",
+           "Event": "events"}
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
