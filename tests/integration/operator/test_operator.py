@@ -154,3 +154,29 @@ async def test_pool_in_another_cluster_is_created_there_and_removed_by_the_final
     await wait_for(lambda: remote.objects[DEPLOYMENTS, NS, "cross-gen-west"].deleted, what="remote pool removed")
     await wait_for(lambda: remote.objects[CONFIGMAPS, NS, "cross-spec"].deleted, what="remote spec removed")
     await wait_for(lambda: get(k8s, RLJOB, "cross").deleted, what="RLJob gone once the finalizer ran")
+
+
+async def test_rlcluster_with_an_unsafe_or_missing_kubeconfig_is_inactive_with_the_reason(k8s, operator):
+    import base64
+
+    unsafe = {"apiVersion": "v1", "kind": "Config", "current-context": "west",
+              "contexts": [{"name": "west", "context": {"cluster": "west", "user": "rl"}}],
+              "clusters": [{"name": "west", "cluster": {"server": "https://203.0.113.9:6443"}}],
+              "users": [{"name": "rl", "user": {"exec": {"command": "aws", "args": ["eks", "get-token"]}}}]}
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "west-kubeconfig", "namespace": operator.namespace},
+              "data": {"kubeconfig": base64.b64encode(yaml.safe_dump(unsafe).encode()).decode()}}
+    resp = await k8s.post(f"/api/v1/namespaces/{operator.namespace}/secrets", json=secret)
+    assert resp.status in (200, 201), await resp.text()
+    for name, ref in [("west", "west-kubeconfig"), ("east", "east-kubeconfig")]:
+        resp = await k8s.post("/apis/streamrl.io/v1alpha1/rlclusters", json={
+            "apiVersion": "streamrl.io/v1alpha1", "kind": "RLCluster", "metadata": {"name": name},
+            "spec": {"kubeconfigSecretRef": {"name": ref}}})
+        assert resp.status in (200, 201), await resp.text()
+    clusters = "streamrl.io/v1alpha1/rlclusters"
+    await wait_for(lambda: k8s.objects[clusters, None, "west"]["status"]["phase"] == "Inactive", what="west checked")
+    await wait_for(lambda: k8s.objects[clusters, None, "east"]["status"]["phase"] == "Inactive", what="east checked")
+    west, east = k8s.objects[clusters, None, "west"]["status"], k8s.objects[clusters, None, "east"]["status"]
+    assert "user.exec is not allowed" in west["message"] and west["conditions"][0]["reason"] == "InvalidKubeconfig"
+    assert "east-kubeconfig not found" in east["message"] and east["conditions"][0]["reason"] == "SecretMissing"
+    assert operator.clusters == {}
