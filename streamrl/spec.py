@@ -312,6 +312,9 @@ class TrainerSpec(_Model):
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Kubernetes Service type of the trainer's gRPC endpoint; pools in other clusters
     need `NodePort` or `LoadBalancer`."""
+    external_host: str | None = Field(None, max_length=253)
+    """With `NodePort`: the host other clusters reach this cluster's nodes at (a node's
+    address, or a gateway in front of them); they dial it on the Service's node port."""
 
 
 class RankerSpec(_Model):

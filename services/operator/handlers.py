@@ -95,8 +95,14 @@ def _origin(runtime: Runtime, namespace: str, job: str) -> dict[str, str]:
 async def _trainer_address(runtime: Runtime, job: RLJob, namespace: str) -> tuple[str | None, str | None]:
     """(host:port other clusters dial, or None with the reason)."""
     service = await runtime.kube.get(path_of("v1", "Service", namespace, name(job.metadata.name, "trainer")))
-    if job.spec.trainer.service_type != "LoadBalancer":
-        return None, "pools in other clusters need trainer.serviceType LoadBalancer (NodePort has no address here)"
+    if job.spec.trainer.service_type == "NodePort":
+        host = job.spec.trainer.external_host
+        ports = [p for p in (service or {}).get("spec", {}).get("ports", []) if p.get("name") == "grpc"]
+        if not host:
+            return None, "trainer.serviceType NodePort needs trainer.externalHost (where other clusters reach the nodes)"
+        if not ports or not ports[0].get("nodePort"):
+            return None, "waiting for the trainer Service's node port"
+        return f"{host}:{ports[0]['nodePort']}", None
     ingress = ((service or {}).get("status", {}).get("loadBalancer", {}).get("ingress") or [{}])[0]
     host = ingress.get("ip") or ingress.get("hostname")
     if not host:

@@ -103,10 +103,14 @@ class KubeClient:
         return await self._request("DELETE", path, json={"propagationPolicy": "Background"}) is not None
 
     async def apply(self, obj: dict) -> tuple[str, dict]:
-        """Create the object, or merge-patch it to the desired state; ("created"|"updated", object)."""
+        """Create the object, or merge-patch it to the desired state when it differs;
+        ("created"|"updated"|"unchanged", object). Fields the server or others filled in
+        (a Service's node port, a Deployment's status) are left alone."""
         current = await self.get(path_for(obj))
         if current is None:
             return "created", await self.create(obj)
+        if contains(current, obj):
+            return "unchanged", current
         return "updated", await self.patch(path_for(obj), obj)
 
     async def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str) -> list[dict]:
@@ -119,6 +123,17 @@ class KubeClient:
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def contains(current: Any, desired: Any) -> bool:
+    """Whether `current` already has every field of `desired` (maps: a superset; lists:
+    the same length, item by item)."""
+    if isinstance(desired, dict):
+        return isinstance(current, dict) and all(k in current and contains(current[k], v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(current, list) and len(current) == len(desired) and all(
+            contains(c, d) for c, d in zip(current, desired))
+    return current == desired
 
 
 def _current(config: dict) -> tuple[dict, dict]:

@@ -180,3 +180,19 @@ async def test_rlcluster_with_an_unsafe_or_missing_kubeconfig_is_inactive_with_t
     assert "user.exec is not allowed" in west["message"] and west["conditions"][0]["reason"] == "InvalidKubeconfig"
     assert "east-kubeconfig not found" in east["message"] and east["conditions"][0]["reason"] == "SecretMissing"
     assert operator.clusters == {}
+
+
+async def test_nodeport_trainer_is_dialled_at_the_external_host_and_node_port(k8s, operator, remote_cluster):
+    remote, client = remote_cluster
+    operator.clusters["dc-west"] = client
+    body = example("np", "rljob-cross-dc.yaml")
+    body["spec"]["trainer"] = {"serviceType": "NodePort", "externalHost": "gw.dc-east.example", "minGenerators": 2}
+    await create(k8s, body)
+    await wait_for(lambda: get(k8s, SERVICES, "np-trainer"), what="trainer Service")
+    # The API server allocates the node port.
+    ports = plain(get(k8s, SERVICES, "np-trainer")["spec"]["ports"])
+    ports[0]["nodePort"] = 31051
+    await k8s.patch(f"/api/v1/namespaces/{NS}/services/np-trainer", json={"spec": {"ports": ports}})
+    await wait_for(lambda: remote.objects[DEPLOYMENTS, NS, "np-gen-west"], timeout=15, what="remote pool")
+    args = remote.objects[DEPLOYMENTS, NS, "np-gen-west"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--trainer") + 1] == "gw.dc-east.example:31051"

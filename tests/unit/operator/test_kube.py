@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from streamrl.operator.kube import KubeClient, kubeconfig_problems, path_of
+from streamrl.operator.kube import KubeClient, contains, kubeconfig_problems, path_of
 
 GOOD = {
     "apiVersion": "v1", "kind": "Config", "current-context": "west",
@@ -57,3 +57,12 @@ def test_paths():
     assert path_of("v1", "ConfigMap", "rl", "x-spec") == "/api/v1/namespaces/rl/configmaps/x-spec"
     assert path_of("apps/v1", "Deployment", "rl") == "/apis/apps/v1/namespaces/rl/deployments"
     assert path_of("streamrl.io/v1alpha1", "RLCluster", None, "west") == "/apis/streamrl.io/v1alpha1/rlclusters/west"
+
+
+def test_contains_decides_whether_an_apply_writes():
+    desired = {"spec": {"ports": [{"name": "grpc", "port": 50051}], "type": "NodePort"}}
+    allocated = {"spec": {"ports": [{"name": "grpc", "port": 50051, "nodePort": 31051}], "type": "NodePort",
+                          "clusterIP": "10.0.0.7"}, "status": {}}
+    assert contains(allocated, desired)  # server-filled fields do not trigger a write
+    assert not contains(allocated, {"spec": {"type": "LoadBalancer"}})
+    assert not contains(allocated, {"spec": {"ports": [{"name": "grpc"}, {"name": "admin"}]}})
