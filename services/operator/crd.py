@@ -16,7 +16,7 @@ from typing import Any
 from streamrl.spec import API_VERSION, RLJobSpec
 
 GROUP, VERSION = API_VERSION.split("/")
-KIND, PLURAL, SINGULAR, SHORT = "RLJob", "rljobs", "rljob", "rlj"
+KIND, PLURAL, SHORT = "RLJob", "rljobs", "rlj"
 PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Invalid")
 CONDITIONS = ("Ready", "Progressing", "Suspended", "Complete", "Failed", "ScalingLimited", "ClustersReady")
 
@@ -190,38 +190,45 @@ PRINTER_COLUMNS = [
 ]
 
 
-def rljob_crd() -> dict:
+def _crd(kind: str, plural: str, short: str, scope: str, description: str, spec: dict, status: dict,
+         subresources: dict, columns: list[dict]) -> dict:
+    """A one-version CustomResourceDefinition of the streamrl.io group."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/name": "streamrl"}},
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/name": "streamrl"}},
         "spec": {
             "group": GROUP,
-            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": SINGULAR,
-                      "shortNames": [SHORT], "categories": ["streamrl"]},
-            "scope": "Namespaced",
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                      "shortNames": [short], "categories": ["streamrl"]},
+            "scope": scope,
             "versions": [{
                 "name": VERSION, "served": True, "storage": True,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
-                    "description": "An RL post-training job: generator pools, a trainer and a ranker, "
-                                   "streaming samples and weights over gRPC.",
-                    "properties": {
-                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
-                        "spec": {**spec_schema(), "description": "The job (the same spec `streamrl run` takes)."},
-                        "status": status_schema(),
-                    },
+                    "description": description,
+                    "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                                   "metadata": {"type": "object"}, "spec": spec, "status": status},
                     "required": ["spec"],
                 }},
-                "subresources": {"status": {}, "scale": {
-                    "specReplicasPath": ".spec.generators.replicas",
-                    "statusReplicasPath": ".status.generators.replicas",
-                    "labelSelectorPath": ".status.generators.labelSelector",
-                }},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "subresources": subresources,
+                "additionalPrinterColumns": columns,
             }],
         },
     }
+
+
+def rljob_crd() -> dict:
+    return _crd(
+        KIND, PLURAL, SHORT, "Namespaced",
+        "An RL post-training job: generator pools, a trainer and a ranker, streaming samples and weights over gRPC.",
+        {**spec_schema(), "description": "The job (the same spec `streamrl run` takes)."},
+        status_schema(),
+        {"status": {}, "scale": {"specReplicasPath": ".spec.generators.replicas",
+                                 "statusReplicasPath": ".status.generators.replicas",
+                                 "labelSelectorPath": ".status.generators.labelSelector"}},
+        PRINTER_COLUMNS,
+    )
 
 
 def rlcluster_crd() -> dict:
@@ -231,40 +238,17 @@ def rlcluster_crd() -> dict:
                    "name": {"type": "string", "maxLength": 253},
                    "key": {"type": "string", "default": "kubeconfig", "maxLength": 253},
                }, required=["name"])
-    condition = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"rlclusters.{GROUP}", "labels": {"app.kubernetes.io/name": "streamrl"}},
-        "spec": {
-            "group": GROUP,
-            "names": {"kind": "RLCluster", "listKind": "RLClusterList", "plural": "rlclusters",
-                      "singular": "rlcluster", "shortNames": ["rlc"], "categories": ["streamrl"]},
-            "scope": "Cluster",
-            "versions": [{
-                "name": VERSION, "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "description": "A Kubernetes cluster RLJob generator pools can run in (spec.generators.pools[]."
-                                   "clusterRef names it).",
-                    "properties": {
-                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
-                        "spec": _obj("How to reach the cluster.", {"kubeconfigSecretRef": ref},
-                                     required=["kubeconfigSecretRef"]),
-                        "status": _obj("Written by the operator.", {
-                            "phase": {"type": "string", "enum": ["Active", "Inactive"]},
-                            "message": {"type": "string"},
-                            "conditions": {"type": "array", "items": condition},
-                        }),
-                    },
-                    "required": ["spec"],
-                }},
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-            }],
-        },
-    }
+    return _crd(
+        "RLCluster", "rlclusters", "rlc", "Cluster",
+        "A Kubernetes cluster RLJob generator pools can run in (spec.generators.pools[].clusterRef names it).",
+        _obj("How to reach the cluster.", {"kubeconfigSecretRef": ref}, required=["kubeconfigSecretRef"]),
+        _obj("Written by the operator.", {
+            "phase": {"type": "string", "enum": ["Active", "Inactive"]},
+            "message": {"type": "string"},
+            "conditions": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        }),
+        {"status": {}},
+        [{"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}],
+    )
