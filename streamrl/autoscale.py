@@ -1,0 +1,179 @@
+"""The elastic-scaling policy: which generator pool gets one more replica or one fewer,
+and why. Pure (no I/O, time passed in), shared by `streamrl run` and the operator.
+
+Inputs are what the bubble metrics say: recent per-iteration generation and training
+times, how long generators sat idle for lack of work, replicas per pool and each pool's
+measured throughput and configured cost. Rules:
+
+- scale up by one when generation is the bottleneck by more than one more replica would
+  save: Δ = T_gen − T_train > Δ′, with Δ′ estimated from measured per-replica throughput
+  (a replica of pool q turns total throughput R into R + r_q, so T_gen shrinks by
+  T_gen · r_q / (R + r_q)); the pool is the one with the best throughput per cost that
+  still has room;
+- scale down by one when generators sit idle for lack of work beyond a threshold, or when
+  one replica fewer would still keep generation no slower than training; the pool is the
+  one with the worst throughput per cost above its minimum;
+- in the spirit of Kubernetes HPA `behavior` (same field names): a recommendation must
+  hold for `stabilizationWindowSeconds` before it is acted on, and `policies` cap the step
+  (`type: Pods`, `value` replicas per `periodSeconds`; every policy must allow a step, as
+  with `selectPolicy: Min`);
+- when training is the bottleneck and generators cannot shrink further, say so
+  (`trainer_bound`): resizing the trainer comes later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    """At most `value` replicas per `periodSeconds` (HPA's `type: Pods` policy)."""
+
+    value: int = 1
+    period_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    """One direction of HPA-style behaviour."""
+
+    stabilization_window_seconds: float = 0.0
+    policies: tuple[ScalingPolicy, ...] = (ScalingPolicy(),)
+
+
+@dataclass(frozen=True)
+class Behavior:
+    scale_up: ScalingRules = ScalingRules(stabilization_window_seconds=0.0)
+    scale_down: ScalingRules = ScalingRules(stabilization_window_seconds=300.0)
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    replicas: int
+    min_replicas: int = 0
+    max_replicas: int = 1 << 20
+    samples_per_s: float = 0.0
+    """Measured throughput of one replica of this pool (0 = not measured yet)."""
+    cost: float = 1.0
+    """Relative cost of one replica (e.g. its GPU's price per hour)."""
+
+    @property
+    def value(self) -> float:
+        """Throughput per cost."""
+        return self.samples_per_s / self.cost if self.cost > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    generation_s: float
+    """Generation time per iteration, recent mean (seconds)."""
+    train_s: float
+    """Training time per iteration, recent mean (seconds)."""
+    idle_no_work: float = 0.0
+    """Fraction of generator time idle for lack of work, recent."""
+
+
+@dataclass(frozen=True)
+class State:
+    """What the policy remembers between calls."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()
+    """(time, recommended step: +1, 0 or -1) over the last two horizons (windows, periods)."""
+    actions: tuple[tuple[float, int], ...] = ()
+    """(time, replicas added (> 0) or removed (< 0)) within the longest policy period."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: dict[str, int]
+    """Desired replicas per pool."""
+    reason: str
+    """Why, for a person (events, status, logs)."""
+    step: int = 0
+    """+1, 0 or -1: what changed."""
+    pool: str | None = None
+    """The pool that changed."""
+    trainer_bound: bool = False
+    """Training is the bottleneck and generators are at their minimum."""
+    state: State = field(default_factory=State)
+
+
+def _saving(obs: Observation, pools: list[Pool], pool: Pool) -> float:
+    """Generation seconds per iteration one more replica of `pool` would save."""
+    total = sum(p.replicas * p.samples_per_s for p in pools)
+    if total <= 0 or pool.samples_per_s <= 0:
+        return 0.0
+    return obs.generation_s * pool.samples_per_s / (total + pool.samples_per_s)
+
+
+def _after_removal(obs: Observation, pools: list[Pool], pool: Pool) -> float:
+    """Generation seconds per iteration with one replica of `pool` fewer."""
+    total = sum(p.replicas * p.samples_per_s for p in pools)
+    rest = total - pool.samples_per_s
+    return obs.generation_s * total / rest if rest > 0 else float("inf")
+
+
+def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2) -> tuple[int, Pool | None, str, bool]:
+    """The rule's raw answer: (step, pool, reason, trainer_bound), before windows and policies."""
+    delta = obs.generation_s - obs.train_s
+    growable = sorted((p for p in pools if p.replicas < p.max_replicas and p.samples_per_s > 0),
+                      key=lambda p: (-p.value, p.name))
+    shrinkable = sorted((p for p in pools if p.replicas > p.min_replicas and p.samples_per_s > 0),
+                        key=lambda p: (p.value, p.name))
+    if delta > 0 and growable:
+        best = growable[0]
+        saving = _saving(obs, pools, best)
+        if delta > saving:
+            return (1, best, f"generation-bound: generation {obs.generation_s:.2f}s - training {obs.train_s:.2f}s "
+                             f"= {delta:.2f}s per iteration > {saving:.2f}s one more {best.name} replica would save",
+                    False)
+        return 0, None, f"balanced: {delta:.2f}s of imbalance is less than one more replica saves ({saving:.2f}s)", False
+    if delta > 0:
+        return 0, None, "generation-bound, but every pool is at its maximum", False
+    if shrinkable:
+        worst = shrinkable[0]
+        if obs.idle_no_work > idle_threshold:
+            return (-1, worst, f"generators idle for lack of work {obs.idle_no_work:.0%} of the time "
+                               f"(> {idle_threshold:.0%}): one {worst.name} replica fewer", False)
+        after = _after_removal(obs, pools, worst)
+        if after <= obs.train_s:
+            return (-1, worst, f"training-bound: with one {worst.name} replica fewer generation would take "
+                               f"{after:.2f}s, still within training's {obs.train_s:.2f}s", False)
+        return 0, None, f"balanced: one replica fewer would make generation ({after:.2f}s) the bottleneck", False
+    bound = delta < 0
+    return (0, None, "training-bound and every pool is at its minimum: the trainer is the bottleneck"
+            if bound else "balanced", bound)
+
+
+def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State, now: float,
+           idle_threshold: float = 0.2) -> Decision:
+    """Apply the rule, then the stabilization windows and rate policies."""
+    current = {p.name: p.replicas for p in pools}
+    step, pool, reason, bound = recommend(obs, pools, idle_threshold)
+    horizon = max([behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds]
+                  + [p.period_seconds for r in (behavior.scale_up, behavior.scale_down) for p in r.policies])
+    # Twice the horizon: a window is covered once some recommendation predates its start.
+    recs = tuple((t, s) for t, s in state.recommendations if t > now - 2 * horizon) + ((now, step),)
+    actions = tuple((t, d) for t, d in state.actions if t > now - horizon)
+    new_state = replace(state, recommendations=recs, actions=actions)
+    if step == 0:
+        return Decision(current, reason, trainer_bound=bound, state=new_state)
+    rules = behavior.scale_up if step > 0 else behavior.scale_down
+    window = [s for t, s in recs if t >= now - rules.stabilization_window_seconds]
+    # Act only when every recommendation within the window agrees (HPA: the least drastic wins).
+    covered = min(t for t, _ in recs) <= now - rules.stabilization_window_seconds
+    if any(s != step for s in window) or not covered:
+        return Decision(current, f"{reason}; waiting: not yet stable for "
+                                 f"{rules.stabilization_window_seconds:.0f}s", state=new_state)
+    for policy in rules.policies:
+        moved = sum(abs(d) for t, d in actions if t > now - policy.period_seconds and (d > 0) == (step > 0))
+        if moved + 1 > policy.value:
+            return Decision(current, f"{reason}; held: at most {policy.value} per {policy.period_seconds:.0f}s",
+                            state=new_state)
+    desired = dict(current)
+    desired[pool.name] += step
+    return Decision(desired, reason, step, pool.name, False,
+                    replace(new_state, actions=actions + ((now, step),)))

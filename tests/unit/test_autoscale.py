@@ -1,0 +1,82 @@
+"""The scaling policy, rule by rule: numbers worked out by hand."""
+
+import pytest
+
+from streamrl.autoscale import Behavior, Observation, Pool, ScalingPolicy, ScalingRules, State, decide, recommend
+
+NOW = 1000.0
+FAST = Behavior(ScalingRules(0.0, (ScalingPolicy(1, 60.0),)), ScalingRules(0.0, (ScalingPolicy(1, 60.0),)))
+
+
+def test_generation_bound_adds_one_replica_when_the_gap_exceeds_what_it_saves():
+    # R = 2 x 5 = 10 samples/s; one more saves 10 s x 5 / 15 = 3.33 s < gap 6 s.
+    step, pool, reason, _ = recommend(Observation(10.0, 4.0), [Pool("a", 2, samples_per_s=5.0)])
+    assert (step, pool.name) == (1, "a")
+    assert "6.00s per iteration > 3.33s" in reason
+    # Gap 1 s < 5 s x 5 / 15 = 1.67 s: balanced.
+    assert recommend(Observation(5.0, 4.0), [Pool("a", 2, samples_per_s=5.0)])[0] == 0
+
+
+def test_the_pool_with_the_best_throughput_per_cost_that_has_room_grows():
+    pools = [Pool("a100", 1, samples_per_s=12.0, cost=4.0), Pool("l4", 2, max_replicas=3, samples_per_s=5.0, cost=1.0)]
+    assert recommend(Observation(20.0, 2.0), pools)[1].name == "l4"  # 5/1 beats 12/4
+    full = [pools[0], Pool("l4", 3, max_replicas=3, samples_per_s=5.0, cost=1.0)]
+    assert recommend(Observation(20.0, 2.0), full)[1].name == "a100"
+    at_max = [Pool("a100", 2, max_replicas=2, samples_per_s=12.0)]
+    assert recommend(Observation(20.0, 2.0), at_max)[:2] == (0, None)
+
+
+def test_idle_generators_or_spare_capacity_remove_the_least_valuable_replica():
+    pools = [Pool("a100", 2, min_replicas=1, samples_per_s=12.0, cost=4.0), Pool("l4", 2, samples_per_s=5.0)]
+    step, pool, reason, _ = recommend(Observation(2.0, 4.0, idle_no_work=0.5), pools)
+    assert (step, pool.name) == (-1, "a100") and "idle for lack of work 50%" in reason
+    # No idling, but 4 x 5/s -> 3 x 5/s makes generation 2 x 20/15 = 2.67 s, still under 4 s.
+    step, pool, reason, _ = recommend(Observation(2.0, 4.0), [Pool("l4", 4, samples_per_s=5.0)])
+    assert (step, pool.name) == (-1, "l4") and "2.67s" in reason
+    # 3.5 x 20/15 = 4.67 s > 4 s: keep them.
+    assert recommend(Observation(3.5, 4.0), [Pool("l4", 4, samples_per_s=5.0)])[0] == 0
+
+
+def test_trainer_bound_at_the_minimum_is_said():
+    step, _, reason, bound = recommend(Observation(2.0, 4.0), [Pool("l4", 1, min_replicas=1, samples_per_s=5.0)])
+    assert (step, bound) == (0, True) and "trainer is the bottleneck" in reason
+
+
+def test_unmeasured_pools_are_not_scaled():
+    assert recommend(Observation(10.0, 1.0), [Pool("new", 1, samples_per_s=0.0)])[:2] == (0, None)
+
+
+def test_decide_applies_the_step_and_respects_the_rate_policy():
+    pools = [Pool("a", 2, samples_per_s=5.0)]
+    first = decide(Observation(10.0, 4.0), pools, FAST, State(), NOW)
+    assert (first.replicas, first.step, first.pool) == ({"a": 3}, 1, "a")
+    grown = [Pool("a", 3, samples_per_s=5.0)]
+    held = decide(Observation(10.0, 4.0), grown, FAST, first.state, NOW + 30)
+    assert held.replicas == {"a": 3} and "at most 1 per 60s" in held.reason
+    again = decide(Observation(10.0, 4.0), grown, FAST, held.state, NOW + 61)
+    assert again.replicas == {"a": 4}
+
+
+def test_scale_down_waits_for_its_stabilization_window():
+    behavior = Behavior(FAST.scale_up, ScalingRules(300.0, (ScalingPolicy(1, 60.0),)))
+    pools = [Pool("a", 4, samples_per_s=5.0)]
+    obs = Observation(2.0, 4.0, idle_no_work=0.5)
+    state = State()
+    for t in (0, 100, 200):
+        d = decide(obs, pools, behavior, state, NOW + t)
+        assert d.replicas == {"a": 4} and "not yet stable for 300s" in d.reason
+        state = d.state
+    d = decide(obs, pools, behavior, state, NOW + 301)
+    assert d.replicas == {"a": 3} and d.step == -1
+    # A contrary recommendation inside the window blocks the next scale-down.
+    busy = decide(Observation(10.0, 4.0), [Pool("a", 3, max_replicas=3, samples_per_s=5.0)], behavior, d.state,
+                  NOW + 400)
+    blocked = decide(obs, [Pool("a", 3, samples_per_s=5.0)], behavior, busy.state, NOW + 650)
+    assert blocked.replicas == {"a": 3}
+
+
+@pytest.mark.parametrize("replicas, minimum, expected", [(1, 1, 1), (2, 1, 1)])
+def test_bounds(replicas, minimum, expected):
+    d = decide(Observation(1.0, 4.0, idle_no_work=0.9), [Pool("a", replicas, min_replicas=minimum, samples_per_s=5.0)],
+               FAST, State(), NOW)
+    assert d.replicas == {"a": expected}
