@@ -177,3 +177,21 @@ def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State
     desired[pool.name] += step
     return Decision(desired, reason, step, pool.name, False,
                     replace(new_state, actions=actions + ((now, step),)))
+
+
+def behavior_from_spec(spec) -> Behavior:
+    """The policy's behaviour from `spec.autoscaling.behavior` (an AutoscalingSpec's)."""
+    def rules(r) -> ScalingRules:
+        return ScalingRules(float(r.stabilization_window_seconds),
+                            tuple(ScalingPolicy(p.value, float(p.period_seconds)) for p in r.policies))
+
+    return Behavior(rules(spec.behavior.scale_up), rules(spec.behavior.scale_down))
+
+
+def pools_from_spec(generators, replicas: dict[str, int], samples_per_s: dict[str, float]) -> list[Pool]:
+    """The policy's view of the pools: bounds and cost from the spec, current replicas and
+    measured per-replica throughput from the run."""
+    return [Pool(p.name, replicas.get(p.name, 0), p.min_replicas,
+                 p.max_replicas if p.max_replicas is not None else max(p.replicas, replicas.get(p.name, 0)),
+                 samples_per_s.get(p.name, 0.0), p.cost)
+            for p in generators.pools]

@@ -223,6 +223,19 @@ class GeneratorPoolSpec(_Model):
     cluster_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
     """Kubernetes: the RLCluster (another cluster, e.g. another datacenter) this pool runs
     in; unset = the RLJob's own cluster."""
+    min_replicas: int = Field(0, ge=0)
+    """Autoscaling: the fewest replicas this pool may shrink to."""
+    max_replicas: int | None = Field(None, ge=1)
+    """Autoscaling: the most replicas this pool may grow to (unset = its `replicas`, i.e. no growth)."""
+    cost: float = Field(1.0, gt=0)
+    """Autoscaling: relative cost of one replica (e.g. its GPU's hourly price); the pool with
+    the best measured throughput per cost grows first."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "GeneratorPoolSpec":
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError("maxReplicas must be at least minReplicas")
+        return self
 
 
 class DispatchSpec(_Model):
@@ -380,6 +393,51 @@ class SecuritySpec(_Model):
     """File holding a shared bearer token, required on every call (used with or without TLS)."""
 
 
+class ScalingPolicySpec(_Model):
+    """At most `value` replicas per `periodSeconds` (as HPA's `type: Pods` policies)."""
+
+    type: Literal["Pods"] = "Pods"
+    """Only `Pods` (a number of replicas)."""
+    value: int = Field(1, ge=1)
+    """Replicas per period."""
+    period_seconds: int = Field(60, ge=1, le=1800)
+    """The period, seconds."""
+
+
+class ScalingRulesSpec(_Model):
+    """One direction of scaling behaviour (HPA's `behavior.scaleUp` / `scaleDown`)."""
+
+    stabilization_window_seconds: int = Field(0, ge=0, le=3600)
+    """A recommendation must hold this long before it is acted on."""
+    policies: list[ScalingPolicySpec] = Field(default_factory=lambda: [ScalingPolicySpec()], min_length=1,
+                                              max_length=4)
+    """Rate limits; every one must allow a step."""
+
+
+class ScalingBehaviorSpec(_Model):
+    scale_up: ScalingRulesSpec = Field(default_factory=ScalingRulesSpec)
+    """Adding generator replicas."""
+    scale_down: ScalingRulesSpec = Field(
+        default_factory=lambda: ScalingRulesSpec(stabilization_window_seconds=300))
+    """Removing generator replicas (a five-minute window by default, as HPA's)."""
+
+
+class AutoscalingSpec(_Model):
+    """Elastic generator capacity from the bubble metrics."""
+
+    mode: Literal["Disabled", "Internal", "External"] = "Disabled"
+    """`Internal`: StreamRL scales each pool itself; `External`: something else writes the
+    RLJob's `/scale` (KEDA, an HPA); `Disabled`: replicas stay as written."""
+    prometheus_url: str | None = Field(None, max_length=2048)
+    """Kubernetes: the Prometheus HTTP API the policy reads (default: the operator's)."""
+    interval_seconds: int = Field(15, ge=1, le=3600)
+    """How often the policy runs."""
+    idle_threshold: float = Field(0.2, ge=0, le=1)
+    """Remove a replica when generators idle for lack of work more than this fraction of the time."""
+    behavior: ScalingBehaviorSpec = Field(default_factory=ScalingBehaviorSpec)
+    """Stabilization windows and rate limits, with HPA's field names."""
+
+
 class CheckpointSpec(_Model):
     """Checkpoints of the policy as Hugging Face directories."""
 
@@ -411,6 +469,8 @@ class RLJobSpec(_Model):
     """gRPC authentication (off by default: local runs use loopback only)."""
     ranker: RankerSpec = Field(default_factory=RankerSpec)
     """Output-length ranker."""
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Elastic scaling of generator pools."""
     image: str | None = Field(None, max_length=512)
     """Kubernetes: container image of every role (default: the operator's, set by the Helm chart)."""
     suspend: StrictBool = False

@@ -45,6 +45,10 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         {"rule": "!has(self.pools) || self.pools.exists(p, p.replicas > 0)",
          "message": "at least one generator replica is needed", "fieldPath": ".pools"},
     ],
+    "generators.pools[]": [
+        {"rule": "!has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",
+         "message": "maxReplicas must be at least minReplicas", "fieldPath": ".maxReplicas"},
+    ],
     "generators.dispatch": [
         {"rule": "self.policy != 'oracle' || has(self.oracleLengths)",
          "message": "oracleLengths is required when policy is 'oracle'", "fieldPath": ".oracleLengths",
@@ -122,8 +126,11 @@ def structural(node: dict, defs: dict) -> dict:
 
 
 def _at(schema: dict, path: str) -> dict:
+    """The schema node at a spec path ("a.b"; "a[]" = the items of list a)."""
     for part in [p for p in path.split(".") if p]:
-        schema = schema["properties"][part]
+        schema = schema["properties"][part.removesuffix("[]")]
+        if part.endswith("[]"):
+            schema = schema["items"]
     return schema
 
 

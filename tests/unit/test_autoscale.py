@@ -80,3 +80,20 @@ def test_bounds(replicas, minimum, expected):
     d = decide(Observation(1.0, 4.0, idle_no_work=0.9), [Pool("a", replicas, min_replicas=minimum, samples_per_s=5.0)],
                FAST, State(), NOW)
     assert d.replicas == {"a": expected}
+
+
+def test_policy_inputs_from_the_spec():
+    from streamrl.autoscale import behavior_from_spec, pools_from_spec
+    from streamrl.spec import parse_job
+
+    job = parse_job({"spec": {
+        "generators": {"pools": [{"name": "l4", "replicas": 2, "minReplicas": 1, "maxReplicas": 6, "cost": 0.8},
+                                 {"name": "a100", "replicas": 1, "cost": 3.0}]},
+        "autoscaling": {"mode": "Internal", "behavior": {
+            "scaleUp": {"policies": [{"type": "Pods", "value": 2, "periodSeconds": 30}]},
+            "scaleDown": {"stabilizationWindowSeconds": 120}}}}})
+    behavior = behavior_from_spec(job.spec.autoscaling)
+    assert behavior.scale_up == ScalingRules(0.0, (ScalingPolicy(2, 30.0),))
+    assert behavior.scale_down == ScalingRules(120.0, (ScalingPolicy(1, 60.0),))
+    pools = pools_from_spec(job.spec.generators, {"l4": 3, "a100": 1}, {"l4": 5.0})
+    assert pools == [Pool("l4", 3, 1, 6, 5.0, 0.8), Pool("a100", 1, 0, 1, 0.0, 3.0)]

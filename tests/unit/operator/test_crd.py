@@ -151,6 +151,11 @@ INVALID = [
     (_with("generators.pools.0.engine", {"type": "vllm"}), "generators.pools.0.engine.type: 'vllm' is not one of"),
     (_with("trainer.weightChunkBytes", 100), "trainer.weightChunkBytes: 100 is less than the minimum of 1024"),
     (_with("suspend", "yes"), "suspend: 'yes' is not of type 'boolean'"),
+    (_with("generators.pools", [{"name": "a", "replicas": 1, "minReplicas": 3, "maxReplicas": 2}]),
+     "generators.pools[0].maxReplicas: maxReplicas must be at least minReplicas"),
+    (_with("autoscaling", {"mode": "Sometimes"}), "autoscaling.mode: 'Sometimes' is not one of"),
+    (_with("autoscaling", {"behavior": {"scaleDown": {"policies": []}}}),
+     "autoscaling.behavior.scaleDown.policies: [] should be non-empty"),
 ]
 
 
