@@ -89,7 +89,7 @@ def test_policy_inputs_from_the_spec():
     job = parse_job({"spec": {
         "generators": {"pools": [{"name": "l4", "replicas": 2, "minReplicas": 1, "maxReplicas": 6, "cost": 0.8},
                                  {"name": "a100", "replicas": 1, "cost": 3.0}]},
-        "autoscaling": {"mode": "Internal", "behavior": {
+        "autoscaling": {"behavior": {
             "scaleUp": {"policies": [{"type": "Pods", "value": 2, "periodSeconds": 30}]},
             "scaleDown": {"stabilizationWindowSeconds": 120}}}}})
     behavior = behavior_from_spec(job.spec.autoscaling)
@@ -97,3 +97,10 @@ def test_policy_inputs_from_the_spec():
     assert behavior.scale_down == ScalingRules(120.0, (ScalingPolicy(1, 60.0),))
     pools = pools_from_spec(job.spec.generators, {"l4": 3, "a100": 1}, {"l4": 5.0})
     assert pools == [Pool("l4", 3, 1, 6, 5.0, 0.8), Pool("a100", 1, 0, 1, 0.0, 3.0)]
+
+
+def test_modes_without_an_autoscaler_are_refused_not_ignored():
+    from streamrl.spec import SpecError, parse_job
+
+    with pytest.raises(SpecError, match="autoscalers that apply the scaling policy are not in this version"):
+        parse_job({"spec": {"autoscaling": {"mode": "Internal"}}})
