@@ -53,6 +53,9 @@ class GeneratorAgent:
         self._fetching: set[int] = set()
         self.connected = threading.Event()
         self._stopping = threading.Event()
+        self._draining = threading.Event()
+        self.drain_timeout_s = 120.0
+        """A drain that takes longer stops at once (the trainer re-dispatches what is left)."""
         self.report_interval_s = 0.5
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._send_sample,
                              on_loaded=self._send_loaded, waiting_weights=lambda: bool(self._fetching))
@@ -175,6 +178,8 @@ class GeneratorAgent:
         self.worker.run()
         self._stopping.set()
         self._outbox.put(_CLOSE)
+        if self._draining.is_set():  # let the last samples reach the trainer and its stream end
+            reader.join(timeout=10)
         responses.cancel()
         reader.join(timeout=5)
         self.channel.close()
@@ -185,3 +190,17 @@ class GeneratorAgent:
     def stop(self) -> None:
         self._stopping.set()
         self.worker.stop()
+
+    def drain(self, reason: str = "") -> None:
+        """Leave gracefully: tell the trainer to assign nothing more, finish what is held,
+        then close (a second call, or drain_timeout_s, stops at once)."""
+        if self._draining.is_set():
+            self.stop()
+            return
+        self._draining.set()
+        log.info("draining (%s): finishing the samples this replica holds", reason or "asked")
+        self._outbox.put(pb.ConnectRequest(draining=pb.Draining(reason=reason)))
+        self.worker.drain()
+        timer = threading.Timer(self.drain_timeout_s, self.stop)
+        timer.daemon = True
+        timer.start()

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from pathlib import Path
 
 from streamrl.admin import AdminServer, write_endpoint
@@ -58,8 +59,20 @@ def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, gen
             engine, trainer_address, gid, pool.name, metrics, pool.engine.type, relay,
             channel_factory=lambda address: open_channel(address, job.spec.security))
         agent.worker.low_occupancy = job.spec.generators.dispatch.low_occupancy
-        write_endpoint(endpoint_file, {"admin_port": admin.port, "relay_port": relay.port if relay else 0})
-        signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+        write_endpoint(endpoint_file, {"admin_port": admin.port, "relay_port": relay.port if relay else 0,
+                                       "pid": os.getpid()})
+        # SIGTERM drains (scale-down, pod deletion); a second one stops at once. The handler
+        # only sets an event: it interrupts the main thread, which may hold a queue's lock.
+        terminate = threading.Event()
+
+        def on_terminate() -> None:
+            while True:
+                terminate.wait()
+                terminate.clear()
+                agent.drain("SIGTERM")
+
+        threading.Thread(target=on_terminate, name="sigterm", daemon=True).start()
+        signal.signal(signal.SIGTERM, lambda *_: terminate.set())
         log.info("generator %s (pool %s, %s engine, batch %d) dialling %s; admin http://%s:%d", gid, pool.name,
                  pool.engine.type, engine.stats().capacity, trainer_address, host, admin.port)
         return agent.run()

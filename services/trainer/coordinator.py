@@ -59,6 +59,8 @@ class GeneratorHandle:
     """PTL(BS): (batch size, seconds per decode step), from Hello, refreshed by load reports."""
     long_tail: bool = False
     """Serves the long tail (at a small batch cap) under skewness-aware dispatch."""
+    draining: bool = False
+    """It is leaving: assigned nothing more; what it holds it finishes."""
     skewness_bubble_s: Callable[[], float] | None = None
     """Its skewness-bubble seconds so far, read in-process (colocated); else from load reports."""
 
@@ -281,7 +283,19 @@ class Coordinator:
         return None
 
     def _room(self, h: GeneratorHandle) -> int:
-        return h.capacity * self.queue_factor - len(h.outstanding)
+        return 0 if h.draining else h.capacity * self.queue_factor - len(h.outstanding)
+
+    def drain(self, generator_id: str, reason: str = "") -> None:
+        """A replica is leaving gracefully: nothing more for it; the rest of the pool (and
+        the dispatch plan) carries on without it."""
+        handle = self.generators.get(generator_id)
+        if handle is None or handle.draining:
+            return
+        handle.draining = True
+        log.info("generator %s is draining (%s) with %d samples to finish", generator_id, reason or "no reason",
+                 len(handle.outstanding))
+        self.on_membership_change()
+        self.dispatch()
 
     def dispatch(self) -> None:
         """Hand pending samples to the generators with the most room, a whole prompt at a

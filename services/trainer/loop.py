@@ -100,7 +100,9 @@ class TrainLoop:
             return
         dispatch = self.spec.generators.dispatch
         replicas = [Replica(h.generator_id, LatencyProfile(h.latency_profile or ((1, 1.0),)), h.capacity)
-                    for h in self.coordinator.generators.values()]
+                    for h in self.coordinator.generators.values() if not h.draining]
+        if not replicas:
+            return
         plan = plan_dispatch(*self._plan_inputs[:2], replicas, *self._plan_inputs[2:],
                              dispatch.long_tail_batch_cap, dispatch.objective)
         self.coordinator.set_long_tail_replicas(set(plan.long_replicas), dispatch.long_tail_batch_cap)

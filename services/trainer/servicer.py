@@ -75,6 +75,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 elif kind == "weights_loaded":
                     w = req.weights_loaded
                     self.coordinator.on_loaded(gid, w.policy_version, w.sync_s, w.size_bytes, w.source)
+                elif kind == "draining":
+                    self.coordinator.drain(gid, req.draining.reason)
                 elif kind == "load":
                     handle.load = req.load
                     if req.load.latency_profile:

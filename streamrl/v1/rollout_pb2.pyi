@@ -17,16 +17,24 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 
 class ConnectRequest(_message.Message):
-    __slots__ = ("hello", "sample", "load", "weights_loaded")
+    __slots__ = ("hello", "sample", "load", "weights_loaded", "draining")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_LOADED_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     sample: Sample
     load: LoadReport
     weights_loaded: WeightsLoaded
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., weights_loaded: _Optional[_Union[WeightsLoaded, _Mapping]] = ...) -> None: ...
+    draining: Draining
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., weights_loaded: _Optional[_Union[WeightsLoaded, _Mapping]] = ..., draining: _Optional[_Union[Draining, _Mapping]] = ...) -> None: ...
+
+class Draining(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile")
