@@ -111,7 +111,8 @@ class GeneratorAgent:
                     self._start_fetch(notice_from_pb(resp.new_weights))
                 elif kind == "configure":
                     self.worker.inbox.put(SetBatchCap(resp.configure.max_batch_size))
-            log.info("trainer closed the stream")
+            log.info("drained: the trainer has every sample this replica held" if self._draining.is_set()
+                     else "trainer closed the stream")
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:
                 log.error("stream to trainer failed: %s %s", err.code().name, err.details())
@@ -199,8 +200,9 @@ class GeneratorAgent:
             return
         self._draining.set()
         log.info("draining (%s): finishing the samples this replica holds", reason or "asked")
+        # The trainer ends the stream once every sample assigned here has arrived (assignments
+        # still on the wire included); then this replica exits.
         self._outbox.put(pb.ConnectRequest(draining=pb.Draining(reason=reason)))
-        self.worker.drain()
         timer = threading.Timer(self.drain_timeout_s, self.stop)
         timer.daemon = True
         timer.start()

@@ -49,10 +49,6 @@ class Stop:
     """Finish: leave the loop (unfinished work is abandoned; the trainer re-dispatches it)."""
 
 
-class Drain:
-    """Finish what is held (running, waiting and deferred work), then leave the loop."""
-
-
 class Worker:
     def __init__(
         self,
@@ -75,7 +71,6 @@ class Worker:
         self._deferred: list[Work] = []
         self._sample_of: dict[str, tuple[str, int]] = {}  # request_id -> (prompt_id, sample_index)
         self._stopped = threading.Event()
-        self._draining = False
         self.skewness_bubble_s = 0.0
         """Skewness-bubble seconds so far (also exported as a counter)."""
 
@@ -87,9 +82,6 @@ class Worker:
         """The loop; returns after Stop."""
         clock = self.metrics.clock
         while not self._stopped.is_set():
-            if self._draining and not self.engine.has_unfinished() and not self._deferred:
-                log.info("drained: every sample this replica held is finished")
-                break
             block = not self.engine.has_unfinished()
             if block:
                 clock.idle(WAITING_WEIGHTS if (self._deferred or self._waiting_weights()) else NO_WORK)
@@ -150,8 +142,6 @@ class Worker:
             self.engine.set_batch_cap(msg.max_batch_size)
         elif isinstance(msg, Stop):
             self._stopped.set()
-        elif isinstance(msg, Drain):
-            self._draining = True
         else:
             raise TypeError(f"unexpected worker message {msg!r}")
 
@@ -176,6 +166,3 @@ class Worker:
 
     def stop(self) -> None:
         self.inbox.put(Stop())
-
-    def drain(self) -> None:
-        self.inbox.put(Drain())

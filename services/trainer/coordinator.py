@@ -177,8 +177,9 @@ class Coordinator:
             self._pending.appendleft((prompt_id, sorted(indices)))
             self.num_samples_redispatched += len(indices)
             self.metrics.samples_redispatched.inc(len(indices))
-        log.warning("generator %s left; %d unfinished samples go back to the queue",
-                    generator_id, sum(map(len, lost.values())))
+        (log.info if handle.draining and not lost else log.warning)(
+            "generator %s left; %d unfinished samples go back to the queue", generator_id,
+            sum(map(len, lost.values())))
         self._reseed(handle.pool)
         self.on_membership_change()
         self._change.set()
@@ -296,6 +297,13 @@ class Coordinator:
                  len(handle.outstanding))
         self.on_membership_change()
         self.dispatch()
+        self._release_if_drained(handle)
+
+    @staticmethod
+    def _release_if_drained(handle: GeneratorHandle) -> None:
+        """A draining replica whose every assigned sample arrived: end its stream (it exits)."""
+        if handle.draining and not handle.outstanding:
+            handle.outbox.put_nowait(None)
 
     def dispatch(self) -> None:
         """Hand pending samples to the generators with the most room, a whole prompt at a
@@ -334,6 +342,7 @@ class Coordinator:
         key = (sample.prompt_id, sample.sample_index)
         if handle is not None:
             handle.outstanding.discard(key)
+            self._release_if_drained(handle)
         task = self._inflight.get(sample.prompt_id)
         if task is None or sample.sample_index in task.received:
             self.num_samples_duplicate_dropped += 1

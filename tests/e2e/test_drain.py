@@ -49,7 +49,7 @@ def test_sigterm_drains_a_generator_without_losing_or_repeating_work(write_job, 
     assert summary["num_samples_redispatched"] == 0  # the drained replica finished what it held
     assert summary["num_samples_duplicate_dropped"] == 0
     log = (out / "logs" / "generator-default-1.log").read_text()
-    assert "draining (SIGTERM)" in log and "drained: every sample this replica held is finished" in log
+    assert "draining (SIGTERM)" in log and "drained: the trainer has every sample this replica held" in log
     trainer_log = (out / "logs" / "trainer.log").read_text()
     assert "generator default-1 is draining (SIGTERM)" in trainer_log
     assert "warning" not in stderr.lower()  # the runner saw a clean exit (0), not a crash
