@@ -108,21 +108,21 @@ def overview() -> Dashboard:
 
 
 def generation() -> Dashboard:
-    gen = JOB  # generator-only series: only generators export them (also in-process, colocated)
+    # Generator-only series need no role selector: only generators export them (in-process too).
     stage = f'{JOB}, stage="generator"'
     return (
         base("streamrl-generation", "StreamRL / Generation",
              "Per-replica occupancy, throughput and queues; the long tail and how well the ranker predicts it.")
         .with_row(Row("Replicas"))
-        .with_panel(series("Batch occupancy", "percentunit", q(f"streamrl_batch_occupancy{{{gen}}}", "{{replica}}"),
+        .with_panel(series("Batch occupancy", "percentunit", q(f"streamrl_batch_occupancy{{{JOB}}}", "{{replica}}"),
                            description="Running sequences / batch cap.", max_val=1))
         .with_panel(series("Tokens/s per replica", "short",
-                           q(f"rate(streamrl_generated_tokens_total{{{gen}}}[$__rate_interval])", "{{replica}}")))
+                           q(f"rate(streamrl_generated_tokens_total{{{JOB}}}[$__rate_interval])", "{{replica}}")))
         .with_panel(series("Queue depth", "none",
-                           q(f"streamrl_engine_waiting_sequences{{{gen}}}", "waiting {{replica}}"),
-                           q(f"streamrl_engine_running_sequences{{{gen}}}", "running {{replica}}")))
+                           q(f"streamrl_engine_waiting_sequences{{{JOB}}}", "waiting {{replica}}"),
+                           q(f"streamrl_engine_running_sequences{{{JOB}}}", "running {{replica}}")))
         .with_panel(series("Skewness bubble per replica", "percentunit",
-                           q(f"rate(streamrl_skewness_bubble_seconds_total{{{gen}}}[$__rate_interval])",
+                           q(f"rate(streamrl_skewness_bubble_seconds_total{{{JOB}}}[$__rate_interval])",
                              "{{replica}}"), max_val=1))
         .with_panel(series("Generator time by state", "percentunit",
                            q(f"sum by (reason) (rate(streamrl_stage_idle_seconds_total{{{stage}}}[$__rate_interval]))"

@@ -22,21 +22,13 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_GENERATORS, WAITING_SAMPLES, WAITING_WEIGHTS  # noqa: E402
 
-COLORS = {
-    ("busy", ""): "#2b8cbe",
-    ("busy", LOW_OCCUPANCY): "#fdae61",
-    ("idle", WAITING_SAMPLES): "#d7191c",
-    ("idle", WAITING_WEIGHTS): "#9e9ac8",
-    ("idle", NO_WORK): "#e0e0e0",
-    ("idle", WAITING_GENERATORS): "#bdbdbd",
-}
-LABELS = {
-    ("busy", ""): "working (training / generating)",
-    ("busy", LOW_OCCUPANCY): "generating at low occupancy (skewness bubble)",
-    ("idle", WAITING_SAMPLES): "trainer waiting for samples (pipeline bubble)",
-    ("idle", WAITING_WEIGHTS): "waiting for weights",
-    ("idle", NO_WORK): "idle: no work",
-    ("idle", WAITING_GENERATORS): "waiting for generators to join",
+STATES = {  # (state, reason) -> (colour, legend)
+    ("busy", ""): ("#2b8cbe", "working (training / generating)"),
+    ("busy", LOW_OCCUPANCY): ("#fdae61", "generating at low occupancy (skewness bubble)"),
+    ("idle", WAITING_SAMPLES): ("#d7191c", "trainer waiting for samples (pipeline bubble)"),
+    ("idle", WAITING_WEIGHTS): ("#9e9ac8", "waiting for weights"),
+    ("idle", NO_WORK): ("#e0e0e0", "idle: no work"),
+    ("idle", WAITING_GENERATORS): ("#bdbdbd", "waiting for generators to join"),
 }
 
 
@@ -132,7 +124,7 @@ def plot_timeline(run: Run) -> Figure:
         for s in run.timelines[name]:
             by_state.setdefault((s["state"], s["reason"]), []).append((s["start"] - t0, s["end"] - s["start"]))
         for state, bars in by_state.items():
-            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLORS.get(state, "#000000"), label=f"{name}|{state}")
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=STATES.get(state, ("#000000",))[0], label=f"{name}|{state}")
     # Iteration boundaries from the trainer's records.
     for r in run.records:
         if "time_unix" in r:
@@ -142,7 +134,7 @@ def plot_timeline(run: Run) -> Figure:
     ax.set_xlabel("seconds since the first process started (grey lines: iteration ends)")
     ax.set_title("Activity per process")
     seen = {tuple(s) for spans in run.timelines.values() for s in ((x["state"], x["reason"]) for x in spans)}
-    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in COLORS if k in seen],
+    ax.legend(handles=[Patch(color=color, label=label) for k, (color, label) in STATES.items() if k in seen],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig

@@ -33,7 +33,7 @@ class Child:
     endpoint_file: Path | None = None
     """Where it writes {admin_port, ...} once listening."""
     admin_port: int | None = None
-    """Its admin port when chosen for it in advance (scraped from the start)."""
+    """Its admin port, chosen for it in advance (so it is scraped from the start)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Its role (and pool and replica), as Prometheus labels."""
 
@@ -114,19 +114,14 @@ def plan_processes(job: RLJob) -> dict[str, dict[str, str]]:
     return out
 
 
-def _admin_args(name: str, admin_ports: dict[str, int]) -> list[str]:
-    return ["--admin-port", str(admin_ports[name])] if name in admin_ports else []
-
-
-def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path, admin_ports: dict[str, int]) -> tuple[Child, str]:
+def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path, admin_port: int) -> tuple[Child, str]:
     """The ranker (light: it shares cores), its state kept in the run directory."""
     endpoint_file = out_dir / "ranker.json"
     endpoint_file.unlink(missing_ok=True)
     ranker = _spawn("ranker", ["ranker", str(job_file), "--state", str(out_dir / "ranker.npz"),
-                               "--endpoint-file", str(endpoint_file), *_admin_args("ranker", admin_ports)],
+                               "--endpoint-file", str(endpoint_file), "--admin-port", str(admin_port)],
                     1, [], log_dir)
-    ranker.endpoint_file, ranker.labels = endpoint_file, {"role": "ranker"}
-    ranker.admin_port = admin_ports.get("ranker")
+    ranker.endpoint_file, ranker.admin_port = endpoint_file, admin_port
     try:
         return ranker, f"127.0.0.1:{_wait_endpoint(endpoint_file, ranker)['grpc_port']}"
     except BaseException:
@@ -135,19 +130,20 @@ def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path, admin_ports: dic
 
 
 def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
-                   admin_ports: dict[str, int] | None = None) -> tuple[Child, list[Child], dict]:
-    """Start the ranker when dispatch needs it, the trainer, then every generator replica
-    (admin ports chosen in advance where `admin_ports` names them, by process name);
-    returns (trainer, the others, the trainer's endpoint)."""
-    admin_ports = admin_ports or {}
+                   admin_ports: dict[str, int]) -> tuple[Child, list[Child], dict]:
+    """Start every process plan_processes(job) names, each on its admin port from
+    `admin_ports`: the ranker when dispatch needs it, the trainer, then every generator
+    replica; returns (trainer, the others, the trainer's endpoint)."""
     spec = job.spec
+    planned = plan_processes(job)
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     cores = CorePlanner()
     others: list[Child] = []  # ranker (when needed) and generators
     ranker_args: list[str] = []
-    if spec.generators.dispatch.policy == "skewness-aware":
-        ranker, address = _start_ranker(job_file, out_dir, log_dir, admin_ports)
+    if "ranker" in planned:
+        ranker, address = _start_ranker(job_file, out_dir, log_dir, admin_ports["ranker"])
+        ranker.labels = planned["ranker"]
         others.append(ranker)
         ranker_args = ["--ranker", address]
     colocated = spec.pipeline.mode == PipelineMode.colocated
@@ -157,31 +153,28 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
     endpoint_file.unlink(missing_ok=True)
     trainer = _spawn("trainer", ["trainer", str(job_file), "--model-dir", str(model_dir), "--out", str(out_dir),
                                  "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file),
-                                 *ranker_args, *_admin_args("trainer", admin_ports)],
+                                 *ranker_args, "--admin-port", str(admin_ports["trainer"])],
                      trainer_threads, cores.take(trainer_threads), log_dir)
-    trainer.endpoint_file, trainer.labels = endpoint_file, {"role": "trainer"}
-    trainer.admin_port = admin_ports.get("trainer")
+    trainer.endpoint_file, trainer.labels, trainer.admin_port = endpoint_file, planned["trainer"], admin_ports["trainer"]
+    pools = {p.name: p for p in spec.generators.pools}
     try:
         endpoint = _wait_endpoint(endpoint_file, trainer)
-        if not colocated:
-            for pool in spec.generators.pools:
-                for i in range(spec.generators.pool_replicas()[pool.name]):
-                    gid = f"{pool.name}-{i}"
-                    gen_endpoint = out_dir / "endpoints" / f"generator-{gid}.json"
-                    gen_endpoint.parent.mkdir(exist_ok=True)
-                    gen_endpoint.unlink(missing_ok=True)
-                    admin_port = admin_ports.get(f"generator-{gid}") or free_port()
-                    child = _spawn(
-                        f"generator-{gid}",
-                        ["generator", str(job_file), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
-                         "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir),
-                         "--admin-port", str(admin_port),
-                         "--endpoint-file", str(gen_endpoint),
-                         "--timeline", str(out_dir / "timeline" / f"generator-{gid}.jsonl")],
-                        pool.threads, cores.take(pool.threads), log_dir)
-                    child.endpoint_file, child.admin_port = gen_endpoint, admin_port
-                    child.labels = {"role": "generator", "pool": pool.name, "replica": gid}
-                    others.append(child)
+        for name, labels in planned.items():
+            if labels["role"] != "generator":
+                continue
+            pool, gid = pools[labels["pool"]], labels["replica"]
+            gen_endpoint = out_dir / "endpoints" / f"{name}.json"
+            gen_endpoint.parent.mkdir(exist_ok=True)
+            gen_endpoint.unlink(missing_ok=True)
+            child = _spawn(
+                name,
+                ["generator", str(job_file), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
+                 "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir),
+                 "--admin-port", str(admin_ports[name]), "--endpoint-file", str(gen_endpoint),
+                 "--timeline", str(out_dir / "timeline" / f"{name}.jsonl")],
+                pool.threads, cores.take(pool.threads), log_dir)
+            child.endpoint_file, child.admin_port, child.labels = gen_endpoint, admin_ports[name], labels
+            others.append(child)
     except BaseException:
         _stop([trainer, *others])
         raise
@@ -189,21 +182,9 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
 
 
 def scrape_targets(job: RLJob, children: list[Child]) -> list[Target]:
-    """The admin endpoints of the children that are listening, labelled for Prometheus."""
-    out = []
-    for c in children:
-        if c.proc.poll() is not None:
-            continue
-        port = c.admin_port
-        if port is None and c.endpoint_file is not None:
-            try:
-                port = json.loads(c.endpoint_file.read_text())["admin_port"]
-            except (OSError, ValueError, KeyError):
-                continue  # not listening yet
-        if port is None:
-            continue
-        out.append(Target(f"127.0.0.1:{port}", {"rljob": job.metadata.name, **c.labels}))
-    return out
+    """The admin endpoints of the children still running, labelled for Prometheus."""
+    return [Target(f"127.0.0.1:{c.admin_port}", {"rljob": job.metadata.name, **c.labels})
+            for c in children if c.proc.poll() is None and c.admin_port is not None]
 
 
 def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_dir: Path, quiet: bool,

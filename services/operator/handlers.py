@@ -201,17 +201,18 @@ async def reconcile_rljob(body, meta, namespace, status, patch, memo, logger, **
 async def refresh_rljob_status(body, meta, namespace, status, patch, memo, **_):
     runtime: Runtime = memo.runtime
     generation = int(meta.get("generation") or 1)
-    if (status or {}).get("phase") == "Invalid" or (status or {}).get("observedGeneration") != generation:
+    status = status or {}
+    if status.get("phase") == "Invalid" or status.get("observedGeneration") != generation:
         return  # the spec handler has not applied this generation yet (it writes the status then)
     try:
         job = _parse(body)
     except SpecError:
         return
-    problem = (status or {}).get("conditions") and next(
-        (c.get("message") for c in status["conditions"] if c["type"] == "ClustersReady" and c["status"] == "False"),
-        None)
-    patch.status.update(derive(await _observe(runtime, job, namespace, generation, problem or None),
-                               (status or {}).get("conditions"), _now()))
+    conditions = status.get("conditions") or []
+    # The cluster problem is the spec handler's finding (it retries until it clears); keep it.
+    problem = next((c.get("message") or None for c in conditions
+                    if c["type"] == "ClustersReady" and c["status"] == "False"), None)
+    patch.status.update(derive(await _observe(runtime, job, namespace, generation, problem), conditions, _now()))
 
 
 def _has_remote_pools(spec, **_) -> bool:

@@ -36,8 +36,7 @@ def local_client() -> KubeClient:
 
 
 def run(namespaces: list[str], health_port: int = 8080) -> int:
-    from streamrl.operator import handlers
-    from streamrl.operator.handlers import Runtime
+    from streamrl.operator.handlers import Runtime  # importing the module registers the kopf handlers
 
     async def main() -> None:
         runtime = Runtime(local_client(), settings_from_env(),
@@ -50,6 +49,5 @@ def run(namespaces: list[str], health_port: int = 8080) -> int:
         finally:
             await runtime.kube.close()
 
-    assert handlers.RLJOBS  # the handlers are registered on import
     asyncio.run(main())
     return 0
