@@ -195,3 +195,72 @@ def pools_from_spec(generators, replicas: dict[str, int], samples_per_s: dict[st
                  p.max_replicas if p.max_replicas is not None else max(p.replicas, replicas.get(p.name, 0)),
                  samples_per_s.get(p.name, 0.0), p.cost)
             for p in generators.pools]
+
+
+# ---- inputs, from Prometheus ------------------------------------------------------------
+# The same PromQL feeds `streamrl run` and the operator. Every query is over the window
+# since the last scaling change (so a new replica's effect is what is measured).
+
+def input_queries(rljob: str, window_s: float) -> dict[str, str]:
+    """{input name: PromQL} for one RLJob over the last `window_s` seconds."""
+    j = rljob.replace("\\", "\\\\").replace('"', '\\"')
+    w = f"[{max(2, int(round(window_s)))}s]"
+    gen = f'streamrl_stage_busy_seconds_total{{rljob="{j}", stage="generator"}}'
+    return {
+        "generation_s": f'max(avg_over_time(streamrl_iteration_generation_seconds{{rljob="{j}"}}{w}))',
+        "train_s": f'max(avg_over_time(streamrl_iteration_train_seconds{{rljob="{j}"}}{w}))',
+        "iterations": f'max(changes(streamrl_iteration{{rljob="{j}"}}{w}))',
+        "idle_no_work": f'sum(rate(streamrl_stage_idle_seconds_total{{rljob="{j}", stage="generator", '
+                        f'reason="no_work"}}{w})) / count({gen})',
+        "pool_samples_per_s": f'sum by (pool) (rate(streamrl_samples_streamed_total{{rljob="{j}"}}{w})) '
+                              f'/ count by (pool) (streamrl_samples_streamed_total{{rljob="{j}"}})',
+        "pool_connected": f'max by (pool) (streamrl_pool_replicas{{rljob="{j}"}})',
+    }
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What Prometheus said, parsed."""
+
+    observation: Observation | None
+    """None until an iteration finished within the window (nothing to judge yet)."""
+    samples_per_s: dict[str, float]
+    """Measured samples/s of one replica, by pool."""
+    connected: dict[str, int]
+    """Replicas connected to the trainer, by pool."""
+
+
+def _scalar(result: list[dict]) -> float | None:
+    for r in result:
+        v = float(r["value"][1])
+        if v == v and v not in (float("inf"), float("-inf")):  # NaN (0/0) and ±Inf mean "no data"
+            return v
+    return None
+
+
+def _by_pool(result: list[dict]) -> dict[str, float]:
+    return {r["metric"].get("pool", ""): float(r["value"][1]) for r in result
+            if float(r["value"][1]) == float(r["value"][1])}
+
+
+def parse_inputs(results: dict[str, list[dict]], min_iterations: int = 2) -> Inputs:
+    """Inputs from the instant-query result vectors of input_queries(); no observation until
+    `min_iterations` iterations finished within the window (the first may have begun
+    before the last change)."""
+    gen, train = _scalar(results["generation_s"]), _scalar(results["train_s"])
+    iterations = _scalar(results["iterations"]) or 0.0
+    obs = None
+    if gen is not None and train is not None and iterations >= min_iterations:
+        obs = Observation(gen, train, _scalar(results["idle_no_work"]) or 0.0)
+    return Inputs(obs, _by_pool(results["pool_samples_per_s"]),
+                  {p: int(v) for p, v in _by_pool(results["pool_connected"]).items()})
+
+
+def fill_unmeasured(pools: list[Pool]) -> list[Pool]:
+    """A pool with no replica running has no measured throughput: assume the mean of the
+    measured pools', so it can still be chosen (on cost) when it has room."""
+    measured = [p.samples_per_s for p in pools if p.samples_per_s > 0]
+    if not measured:
+        return pools
+    mean = sum(measured) / len(measured)
+    return [p if p.samples_per_s > 0 or p.replicas > 0 else replace(p, samples_per_s=mean) for p in pools]

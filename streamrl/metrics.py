@@ -54,6 +54,10 @@ ACTUAL_LENGTH_MEAN = "streamrl_actual_length_mean"
 ENGINE_RUNNING = "streamrl_engine_running_sequences"
 ENGINE_WAITING = "streamrl_engine_waiting_sequences"
 
+AUTOSCALER_DESIRED_REPLICAS = "streamrl_autoscaler_desired_replicas"
+AUTOSCALER_DECISIONS = "streamrl_autoscaler_decisions"
+AUTOSCALER_TRAINER_BOUND = "streamrl_autoscaler_trainer_bound"
+
 RANKER_RECALL = "streamrl_ranker_recall"
 RANKER_OBSERVATIONS = "streamrl_ranker_observations"
 RANKER_LOG_ERROR = "streamrl_ranker_abs_log_error"
@@ -181,6 +185,28 @@ class RankerMetrics:
             RANKER_LOG_ERROR, "|log(1 + predicted) - log(1 + actual)| of mean output length, before learning it",
             buckets=(0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
         )
+
+
+class AutoscalerMetrics:
+    """The autoscaler's collectors (the local runner's or the operator's), labelled by RLJob
+    since one operator scales many jobs."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.desired_replicas = Gauge(AUTOSCALER_DESIRED_REPLICAS, "Generator replicas the autoscaler wants, by pool",
+                                      ["rljob", "pool"], registry=r)
+        self.decisions = Counter(AUTOSCALER_DECISIONS, "Replicas added (direction=up) or removed (down), by pool",
+                                 ["rljob", "pool", "direction"], registry=r)
+        self.trainer_bound = Gauge(AUTOSCALER_TRAINER_BOUND,
+                                   "1 while training is the bottleneck and every pool is at its minimum",
+                                   ["rljob"], registry=r)
+
+    def record(self, rljob: str, desired: dict[str, int], step: int, pool: str | None, trainer_bound: bool) -> None:
+        for name, n in desired.items():
+            self.desired_replicas.labels(rljob, name).set(n)
+        if step and pool:
+            self.decisions.labels(rljob, pool, "up" if step > 0 else "down").inc()
+        self.trainer_bound.labels(rljob).set(1.0 if trainer_bound else 0.0)
 
 
 class Timeline:

@@ -437,13 +437,6 @@ class AutoscalingSpec(_Model):
     behavior: ScalingBehaviorSpec = Field(default_factory=ScalingBehaviorSpec)
     """Stabilization windows and rate limits, with HPA's field names."""
 
-    @model_validator(mode="after")
-    def _available(self) -> "AutoscalingSpec":
-        if self.mode != "Disabled":
-            raise ValueError(f"mode {self.mode!r}: the autoscalers that apply the scaling policy are not in this "
-                             "version yet; use 'Disabled' (or scale with `kubectl scale rljob/<name>`)")
-        return self
-
 
 class CheckpointSpec(_Model):
     """Checkpoints of the policy as Hugging Face directories."""

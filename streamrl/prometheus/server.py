@@ -17,6 +17,7 @@ import httpx
 import yaml
 
 from streamrl.prometheus import RULES_FILE
+from streamrl.prometheus.api import PrometheusAPI
 
 MISSING = ("no `prometheus` binary on PATH: install Debian's prometheus package (apt-get install prometheus) "
            "or put a release from prometheus.io on PATH")
@@ -98,12 +99,8 @@ class LocalPrometheus:
         raise RuntimeError(f"prometheus was not ready within {timeout_s:.0f}s; see {self.log_path}")
 
     def query(self, expr: str, at: float | None = None) -> list[dict]:
-        """An instant query's result vector (raises on a PromQL error)."""
-        params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
-        body = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=10.0).json()
-        if body.get("status") != "success":
-            raise ValueError(f"PromQL {expr!r}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]["result"]
+        """An instant query's result vector (raises PrometheusError on a PromQL error)."""
+        return PrometheusAPI(self.url).query(expr, at)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM (Prometheus flushes its data on the way out), then SIGKILL if it hangs."""

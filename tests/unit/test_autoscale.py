@@ -99,8 +99,41 @@ def test_policy_inputs_from_the_spec():
     assert pools == [Pool("l4", 3, 1, 6, 5.0, 0.8), Pool("a100", 1, 0, 1, 0.0, 3.0)]
 
 
-def test_modes_without_an_autoscaler_are_refused_not_ignored():
-    from streamrl.spec import SpecError, parse_job
+def _vec(value, **labels):
+    return [{"metric": labels, "value": [NOW, str(value)]}]
 
-    with pytest.raises(SpecError, match="autoscalers that apply the scaling policy are not in this version"):
-        parse_job({"spec": {"autoscaling": {"mode": "Internal"}}})
+
+def test_inputs_are_parsed_from_prometheus_result_vectors():
+    from streamrl.autoscale import parse_inputs
+
+    results = {"generation_s": _vec(6.0), "train_s": _vec(2.5), "iterations": _vec(3), "idle_no_work": _vec(0.1),
+               "pool_samples_per_s": _vec(40.0, pool="l4") + _vec("NaN", pool="a100"),
+               "pool_connected": _vec(2, pool="l4") + _vec(0, pool="a100")}
+    inputs = parse_inputs(results)
+    assert inputs.observation == Observation(6.0, 2.5, 0.1)
+    assert inputs.samples_per_s == {"l4": 40.0}  # 0/0 = no measurement, not zero
+    assert inputs.connected == {"l4": 2, "a100": 0}
+    # One iteration in the window may have begun before the last change: not enough.
+    assert parse_inputs({**results, "iterations": _vec(1)}).observation is None
+    # No idle series yet (a generator never idled) reads as 0, not as missing.
+    assert parse_inputs({**results, "idle_no_work": []}).observation.idle_no_work == 0.0
+    assert parse_inputs({**results, "generation_s": []}).observation is None
+
+
+def test_input_queries_select_the_job_and_the_window():
+    from streamrl.autoscale import input_queries
+
+    queries = input_queries('my"job', 37.4)
+    assert set(queries) == {"generation_s", "train_s", "iterations", "idle_no_work", "pool_samples_per_s",
+                            "pool_connected"}
+    assert all('rljob="my\\"job"' in q for q in queries.values())
+    assert "[37s]" in queries["generation_s"] and "[2s]" in input_queries("j", 0.5)["train_s"]
+
+
+def test_a_pool_with_no_replica_is_assumed_as_fast_as_the_measured_ones():
+    from streamrl.autoscale import fill_unmeasured
+
+    pools = fill_unmeasured([Pool("l4", 2, samples_per_s=4.0), Pool("a100", 0, max_replicas=2, cost=0.5),
+                             Pool("h100", 1)])
+    assert [p.samples_per_s for p in pools] == [4.0, 4.0, 0.0]  # a running, unmeasured pool stays unmeasured
+    assert recommend(Observation(20.0, 2.0), pools)[1].name == "a100"  # cheaper per sample

@@ -23,12 +23,13 @@ def test_every_metric_is_documented():
 def test_every_metric_is_registered_under_its_name():
     """The constants are the names the collectors really use (none is defined but unused)."""
     trainer, generator = metrics.ServiceMetrics("trainer"), metrics.ServiceMetrics("generator")
-    ranker = metrics.RankerMetrics()
+    ranker, autoscaler = metrics.RankerMetrics(), metrics.AutoscalerMetrics()
 
     def names(registry) -> set[str]:
         return {m.name.removesuffix("_total") for m in registry.collect()}
 
-    assert _metric_names() == names(trainer.registry) | names(generator.registry) | names(ranker.registry)
+    assert _metric_names() == (names(trainer.registry) | names(generator.registry) | names(ranker.registry)
+                               | names(autoscaler.registry))
     # Each process exports its own series only, so per-generator averages count generators.
     assert metrics.SKEWNESS_BUBBLE_SECONDS not in names(trainer.registry)
     assert metrics.SAMPLES_ACCEPTED not in names(generator.registry)
