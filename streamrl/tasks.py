@@ -90,11 +90,14 @@ def load_prompts(spec: TaskSpec) -> list[Prompt]:
 
 
 class PromptCursor:
-    """Walks the dataset in shuffled epochs (seeded), so runs are reproducible."""
+    """Walks the dataset in shuffled epochs (seeded), so runs are reproducible; with
+    `curriculum`, each epoch goes shortest reference answer first (ties shuffled), so
+    output lengths grow over the epoch."""
 
-    def __init__(self, prompts: list[Prompt], seed: int):
+    def __init__(self, prompts: list[Prompt], seed: int, curriculum: bool = False):
         self._prompts = prompts
         self._rng = random.Random(seed)
+        self._curriculum = curriculum
         self._order: list[int] = []
         self.epoch = -1
 
@@ -104,6 +107,8 @@ class PromptCursor:
             if not self._order:
                 self._order = list(range(len(self._prompts)))
                 self._rng.shuffle(self._order)
+                if self._curriculum:  # popped from the end: longest first in the list
+                    self._order.sort(key=lambda i: len(self._prompts[i].answer), reverse=True)
                 self.epoch += 1
             out.append(self._prompts[self._order.pop()])
         return out

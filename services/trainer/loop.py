@@ -34,7 +34,7 @@ class TrainLoop:
         self.learner = learner
         self.store = store
         self.encode = encode
-        self.cursor = PromptCursor(prompts, spec.task.seed)
+        self.cursor = PromptCursor(prompts, spec.task.seed, spec.task.curriculum)
         self.recorder = recorder
         self.metrics = metrics
         self.save_model = save_model

@@ -56,6 +56,20 @@ def test_cursor_walks_whole_epochs_reproducibly():
     assert a.epoch == 1
 
 
+def test_curriculum_walks_each_epoch_shortest_answer_first():
+    prompts = counting_prompts(200, 0)
+    cursor = PromptCursor(prompts, 1, curriculum=True)
+    lengths = [len(p.answer) for p in cursor.take(200)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+    assert sorted(p.index for p in prompts) == sorted(p.index for p in PromptCursor(prompts, 1, True).take(200))
+    assert len(cursor.take(1)[0].answer) == lengths[0]  # the next epoch starts short again
+    # Ties are shuffled by the seed, reproducibly.
+    assert [p.index for p in PromptCursor(prompts, 2, True).take(50)] == \
+        [p.index for p in PromptCursor(prompts, 2, True).take(50)]
+    assert [p.index for p in PromptCursor(prompts, 2, True).take(50)] != \
+        [p.index for p in PromptCursor(prompts, 3, True).take(50)]
+
+
 def test_registered_rewards():
     assert exact_match(" 1 2 3 ", "1 2 3") == 1.0
     assert exact_match("1 2", "1 2 3") == 0.0
