@@ -202,16 +202,28 @@ def pools_from_spec(generators, replicas: dict[str, int], samples_per_s: dict[st
 # since the last scaling change (so a new replica's effect is what is measured).
 
 def input_queries(rljob: str, window_s: float) -> dict[str, str]:
-    """{input name: PromQL} for one RLJob over the last `window_s` seconds."""
+    """{input name: PromQL} for one RLJob over the last `window_s` seconds.
+
+    The stage times come from the bubble metrics, the same way in every pipeline mode:
+    T_gen = iteration wall time x generator utilisation (busy fraction, averaged over
+    replicas) and T_train = iteration wall time x trainer utilisation. (The trainer's
+    per-iteration generation time cannot serve: in one-step asynchronous mode an
+    iteration's samples are mostly generated before it starts.)"""
     j = rljob.replace("\\", "\\\\").replace('"', '\\"')
     w = f"[{max(2, int(round(window_s)))}s]"
-    gen = f'streamrl_stage_busy_seconds_total{{rljob="{j}", stage="generator"}}'
+
+    def utilisation(stage: str) -> str:
+        busy = f'streamrl_stage_busy_seconds_total{{rljob="{j}", stage="{stage}"}}'
+        return f"sum(rate({busy}{w})) / count({busy})"
+
     return {
-        "generation_s": f'max(avg_over_time(streamrl_iteration_generation_seconds{{rljob="{j}"}}{w}))',
-        "train_s": f'max(avg_over_time(streamrl_iteration_train_seconds{{rljob="{j}"}}{w}))',
+        "iteration_s": f'max(avg_over_time(streamrl_iteration_wall_seconds{{rljob="{j}"}}{w}))',
+        "generator_utilisation": utilisation("generator"),
+        "trainer_utilisation": utilisation("trainer"),
         "iterations": f'max(changes(streamrl_iteration{{rljob="{j}"}}{w}))',
         "idle_no_work": f'sum(rate(streamrl_stage_idle_seconds_total{{rljob="{j}", stage="generator", '
-                        f'reason="no_work"}}{w})) / count({gen})',
+                        f'reason="no_work"}}{w})) / count(streamrl_stage_busy_seconds_total{{rljob="{j}", '
+                        f'stage="generator"}})',
         "pool_samples_per_s": f'sum by (pool) (rate(streamrl_samples_streamed_total{{rljob="{j}"}}{w})) '
                               f'/ count by (pool) (streamrl_samples_streamed_total{{rljob="{j}"}})',
         "pool_connected": f'max by (pool) (streamrl_pool_replicas{{rljob="{j}"}})',
@@ -247,11 +259,12 @@ def parse_inputs(results: dict[str, list[dict]], min_iterations: int = 2) -> Inp
     """Inputs from the instant-query result vectors of input_queries(); no observation until
     `min_iterations` iterations finished within the window (the first may have begun
     before the last change)."""
-    gen, train = _scalar(results["generation_s"]), _scalar(results["train_s"])
+    wall = _scalar(results["iteration_s"])
+    u_gen, u_train = _scalar(results["generator_utilisation"]), _scalar(results["trainer_utilisation"])
     iterations = _scalar(results["iterations"]) or 0.0
     obs = None
-    if gen is not None and train is not None and iterations >= min_iterations:
-        obs = Observation(gen, train, _scalar(results["idle_no_work"]) or 0.0)
+    if None not in (wall, u_gen, u_train) and iterations >= min_iterations:
+        obs = Observation(wall * min(1.0, u_gen), wall * min(1.0, u_train), _scalar(results["idle_no_work"]) or 0.0)
     return Inputs(obs, _by_pool(results["pool_samples_per_s"]),
                   {p: int(v) for p, v in _by_pool(results["pool_connected"]).items()})
 

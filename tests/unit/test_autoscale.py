@@ -106,7 +106,8 @@ def _vec(value, **labels):
 def test_inputs_are_parsed_from_prometheus_result_vectors():
     from streamrl.autoscale import parse_inputs
 
-    results = {"generation_s": _vec(6.0), "train_s": _vec(2.5), "iterations": _vec(3), "idle_no_work": _vec(0.1),
+    results = {"iteration_s": _vec(8.0), "generator_utilisation": _vec(0.75), "trainer_utilisation": _vec(0.3125),
+               "iterations": _vec(3), "idle_no_work": _vec(0.1),
                "pool_samples_per_s": _vec(40.0, pool="l4") + _vec("NaN", pool="a100"),
                "pool_connected": _vec(2, pool="l4") + _vec(0, pool="a100")}
     inputs = parse_inputs(results)
@@ -117,17 +118,19 @@ def test_inputs_are_parsed_from_prometheus_result_vectors():
     assert parse_inputs({**results, "iterations": _vec(1)}).observation is None
     # No idle series yet (a generator never idled) reads as 0, not as missing.
     assert parse_inputs({**results, "idle_no_work": []}).observation.idle_no_work == 0.0
-    assert parse_inputs({**results, "generation_s": []}).observation is None
+    assert parse_inputs({**results, "iteration_s": []}).observation is None
+    # Counters restarting can push a rate past 1 for a moment: a stage is at most always busy.
+    assert parse_inputs({**results, "generator_utilisation": _vec(1.2)}).observation.generation_s == 8.0
 
 
 def test_input_queries_select_the_job_and_the_window():
     from streamrl.autoscale import input_queries
 
     queries = input_queries('my"job', 37.4)
-    assert set(queries) == {"generation_s", "train_s", "iterations", "idle_no_work", "pool_samples_per_s",
-                            "pool_connected"}
+    assert set(queries) == {"iteration_s", "generator_utilisation", "trainer_utilisation", "iterations",
+                            "idle_no_work", "pool_samples_per_s", "pool_connected"}
     assert all('rljob="my\\"job"' in q for q in queries.values())
-    assert "[37s]" in queries["generation_s"] and "[2s]" in input_queries("j", 0.5)["train_s"]
+    assert "[37s]" in queries["iteration_s"] and "[2s]" in input_queries("j", 0.5)["trainer_utilisation"]
 
 
 def test_a_pool_with_no_replica_is_assumed_as_fast_as_the_measured_ones():
