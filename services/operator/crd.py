@@ -179,8 +179,38 @@ def status_schema() -> dict:
             "pipelineBubbleRatio": number, "samplesPerSecond": number,
         }),
         "ranker": _obj("The output-length ranker.", {"ready": {"type": "boolean"}, "recall": number}),
-        "autoscaling": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                        "description": "The autoscaler's last decision and its reason."},
+        "autoscaling": _obj("The autoscaler: its mode, what its last round saw and decided, and why.", {
+            "mode": {"type": "string", "enum": ["Internal", "External"],
+                     "description": "Internal: the operator scales the pools; External: whoever writes /scale does."},
+            "message": {"type": "string", "description": "What the last round did, or why it waited."},
+            "prometheusUrl": {"type": "string", "description": "The Prometheus HTTP API read."},
+            "desiredReplicas": {"type": "object", "additionalProperties": integer,
+                                "description": "Replicas per pool the last decision asked for."},
+            "lastDecision": _obj("The last decision (a round that waited makes none).", {
+                "time": {"type": "string", "format": "date-time"},
+                "step": {**integer, "description": "+1 (a replica added), 0 or -1 (one removed)."},
+                "pool": {"type": "string", "description": "The pool that changed (empty: none)."},
+                "reason": {"type": "string"},
+            }),
+            "lastScaleTime": {"type": "string", "format": "date-time",
+                              "description": "When replicas last changed (the inputs are read since then)."},
+            "trainerBound": {"type": "boolean",
+                             "description": "Training is the bottleneck and every pool is at its minReplicas."},
+            "limited": _obj("Why more generators cannot help (the ScalingLimited condition).", {
+                "reason": {"type": "string", "enum": ["TrainerBound", "AtMaxReplicas"]},
+                "message": {"type": "string"},
+            }),
+            "inputs": _obj("What the last round read from Prometheus.", {
+                "windowSeconds": {**number, "description": "Seconds of history read (since the last change)."},
+                "generationSeconds": {**number, "description": "Generation time per iteration, mean."},
+                "trainSeconds": {**number, "description": "Training time per iteration, mean."},
+                "idleNoWork": {**number, "description": "Fraction of generator time idle for lack of work."},
+                "connected": {"type": "object", "additionalProperties": integer,
+                              "description": "Replicas connected to the trainer, by pool."},
+                "samplesPerSecond": {"type": "object", "additionalProperties": number,
+                                     "description": "Samples/s of one replica, by pool."},
+            }),
+        }),
     })
 
 

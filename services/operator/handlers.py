@@ -5,7 +5,9 @@ handlers against an emulated API server.
 RLJob: create/resume/spec change -> apply every child (in the job's cluster with owner
 references; in a registered cluster with origin labels), prune what the spec no longer
 asks for, write the status. A timer refreshes the status from the children and the
-trainer's /status. Deletion: children in other clusters are removed through a finalizer
+trainer's /status. A daemon per RLJob runs the autoscaler (autoscaler.py) every
+spec.autoscaling.intervalSeconds: it reads Prometheus and patches the pools' replicas, which
+the spec handler then applies. Deletion: children in other clusters are removed through a finalizer
 (owner references cannot cross clusters). RLCluster: the kubeconfig Secret is checked and
 the cluster probed; the result is its status.
 """
@@ -16,6 +18,7 @@ import base64
 import datetime
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -24,10 +27,14 @@ import kopf
 import kubernetes_validate
 import yaml
 
+from streamrl import autoscale
+from streamrl.metrics import AutoscalerMetrics
+from streamrl.operator import autoscaler
 from streamrl.operator.builders import (ADMIN_PORT, TRAINER_GRPC_PORT, Settings, build_children, build_configmap,
                                         build_generators, generator_selector, name, owner_reference, uses_ranker)
 from streamrl.operator.kube import KubeClient, KubeError, kubeconfig_problems, path_of
 from streamrl.operator.status import Observed, derive
+from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 from streamrl.spec import RLJob, SpecError, parse_job
 
 log = logging.getLogger("streamrl.operator")
@@ -64,6 +71,12 @@ class Runtime:
     trainer_status: Callable[[str, str], Awaitable[dict | None]] = fetch_trainer_status
     retry_delay_s: float = 15.0
     """Before trying again what waits on another party (a cluster, a load balancer)."""
+    prometheus_url: str = ""
+    """The Prometheus HTTP API autoscaled jobs read unless they name their own."""
+    metrics: AutoscalerMetrics = field(default_factory=AutoscalerMetrics)
+    """The autoscaler's series, served on the operator's metrics port."""
+    scaling: dict[str, autoscaler.Memory] = field(default_factory=dict)
+    """The autoscaler's memory per RLJob ("namespace/name")."""
 
 
 def _now() -> str:
@@ -146,7 +159,16 @@ async def _prune(runtime: Runtime, job: RLJob, namespace: str) -> None:
         await runtime.kube.delete(path_of("v1", "Service", namespace, name(j, "ranker")))
 
 
-async def _observe(runtime: Runtime, job: RLJob, namespace: str, generation: int, cluster_problem: str | None):
+def _scaling_limited(job: RLJob, status) -> tuple[str, str] | None:
+    """What the autoscaler last said limits it (status.autoscaling.limited), when it runs."""
+    limited = ((status or {}).get("autoscaling") or {}).get("limited")
+    if job.spec.autoscaling.mode != "Internal" or not limited:
+        return None
+    return limited.get("reason", "Limited"), limited.get("message", "")
+
+
+async def _observe(runtime: Runtime, job: RLJob, namespace: str, generation: int, cluster_problem: str | None,
+                   status=None):
     j = job.metadata.name
     replicas = job.spec.generators.pool_replicas()
     pools = []
@@ -169,7 +191,8 @@ async def _observe(runtime: Runtime, job: RLJob, namespace: str, generation: int
         ranker = {"ready": bool(((d or {}).get("status") or {}).get("readyReplicas"))}
     return Observed(generation=generation, suspended=job.spec.suspend,
                     trainer_job=(trainer_job or {}).get("status"), trainer=trainer, pools=pools,
-                    cluster_problem=cluster_problem, ranker=ranker, label_selector=generator_selector(j))
+                    cluster_problem=cluster_problem, ranker=ranker, label_selector=generator_selector(j),
+                    scaling_limited=_scaling_limited(job, status))
 
 
 @kopf.on.resume(*RLJOBS)
@@ -192,7 +215,8 @@ async def reconcile_rljob(body, meta, namespace, status, patch, memo, logger, **
         logger.debug("%s %s/%s", action, obj["kind"], obj["metadata"]["name"])
     await _prune(runtime, job, namespace)
     problem = await _apply_remote(runtime, job, namespace)
-    patch.status.update(derive(await _observe(runtime, job, namespace, generation, problem), previous, _now()))
+    patch.status.update(derive(await _observe(runtime, job, namespace, generation, problem, status), previous,
+                               _now()))
     if problem:
         raise kopf.TemporaryError(problem, delay=runtime.retry_delay_s)
 
@@ -212,7 +236,86 @@ async def refresh_rljob_status(body, meta, namespace, status, patch, memo, **_):
     # The cluster problem is the spec handler's finding (it retries until it clears); keep it.
     problem = next((c.get("message") or None for c in conditions
                     if c["type"] == "ClustersReady" and c["status"] == "False"), None)
-    patch.status.update(derive(await _observe(runtime, job, namespace, generation, problem), conditions, _now()))
+    patch.status.update(derive(await _observe(runtime, job, namespace, generation, problem, status), conditions,
+                               _now()))
+
+
+async def _scaling_round(runtime: Runtime, job: RLJob, status: dict, memory: autoscaler.Memory) -> autoscaler.Round:
+    """Read the inputs from Prometheus and plan; what cannot be read is said, not raised."""
+    previous = status.get("autoscaling")
+    try:
+        url = autoscaler.prometheus_url(job, runtime.prometheus_url)
+    except ValueError as err:
+        return autoscaler.waiting(memory, None, str(err), previous, problem=True)
+    skip = autoscaler.skip_reason(job, status.get("phase"))
+    if skip:
+        return autoscaler.waiting(memory, url, skip, previous)
+    now = time.time()
+    interval = job.spec.autoscaling.interval_seconds
+    window = autoscaler.window_s(now, memory.last_change, interval)
+    try:
+        results = await PrometheusAPI(url).aquery_all(autoscale.input_queries(job.metadata.name, window))
+    except PrometheusError as err:
+        return autoscaler.waiting(memory, url, f"cannot read the scaling inputs (next try in {interval}s): {err}",
+                                  previous, problem=True)
+    return autoscaler.plan(job, autoscale.parse_inputs(results), memory, now, window, url, previous)
+
+
+async def _autoscale(runtime: Runtime, namespace: str, job_name: str, logger) -> float:
+    """One autoscaler round for one RLJob: patch the replicas, post Events, record metrics,
+    write status.autoscaling. Returns the seconds until the next round."""
+    path = path_of(f"{GROUP}/{VERSION}", "RLJob", namespace, job_name)
+    body = await runtime.kube.get(path)
+    try:
+        job = _parse(body) if body else None
+    except SpecError:
+        job = None  # the spec handler reports it
+    if job is None:
+        return STATUS_INTERVAL_S
+    key, status = f"{namespace}/{job_name}", body.get("status") or {}
+    previous, mode = status.get("autoscaling"), job.spec.autoscaling.mode
+    new = autoscaler.external_status() if mode == "External" else None  # Disabled: none
+    if mode != "Internal":
+        runtime.scaling.pop(key, None)
+    else:
+        memory = runtime.scaling.get(key) or autoscaler.Memory.from_status(previous)
+        result = await _scaling_round(runtime, job, status, memory)
+        if result.replicas is not None:
+            try:
+                await runtime.kube.patch(path, autoscaler.scale_patch(body, result.replicas))
+            except KubeError as err:  # e.g. 409: the spec changed since it was read; the next round decides again
+                logger.warning("autoscaler: replicas not written: %s", err)
+                return job.spec.autoscaling.interval_seconds
+        for kind, reason, message in result.events:
+            kopf.event(body, type=kind, reason=reason, message=message)
+        if result.decision is not None:
+            d = result.decision
+            runtime.metrics.record(job_name, d.replicas, d.step, d.pool, d.trainer_bound)
+        runtime.scaling[key] = result.memory
+        new = result.status
+        if new["message"] != (previous or {}).get("message"):
+            logger.log(logging.WARNING if result.problem else logging.INFO, "autoscaler: %s", new["message"])
+    patch = autoscaler.status_patch(previous, new)
+    if patch:
+        await runtime.kube.patch(f"{path}/status", patch)
+    return job.spec.autoscaling.interval_seconds
+
+
+@kopf.daemon(*RLJOBS, cancellation_timeout=5.0)
+async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
+    """Every spec.autoscaling.intervalSeconds, one autoscaler round (it does nothing unless
+    mode is Internal, and says so in status.autoscaling when External)."""
+    runtime: Runtime = memo.runtime
+    try:
+        while not stopped:
+            try:
+                delay = await _autoscale(runtime, namespace, name, logger)
+            except (KubeError, httpx.HTTPError) as err:
+                logger.warning("autoscaler: the API server failed: %s; next try in %.0fs", err, STATUS_INTERVAL_S)
+                delay = STATUS_INTERVAL_S
+            await stopped.wait(delay)
+    finally:
+        runtime.scaling.pop(f"{namespace}/{name}", None)
 
 
 def _has_remote_pools(spec, **_) -> bool:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import kopf
+import prometheus_client
 import yaml
 
 from streamrl.operator.builders import Settings
@@ -35,13 +36,21 @@ def local_client() -> KubeClient:
     return KubeClient.from_kubeconfig(yaml.safe_load(path.read_text()), "local")
 
 
-def run(namespaces: list[str], health_port: int = 8080) -> int:
+def run(namespaces: list[str], health_port: int = 8080, metrics_port: int = 8081, prometheus_url: str = "") -> int:
+    if prometheus_url and not prometheus_url.startswith(("http://", "https://")):
+        raise ValueError(f"--prometheus-url (STREAMRL_PROMETHEUS_URL) must be an http:// or https:// URL, "
+                         f"got {prometheus_url!r}")
     from streamrl.operator.handlers import Runtime  # importing the module registers the kopf handlers
 
     async def main() -> None:
         runtime = Runtime(local_client(), settings_from_env(),
-                          namespace=os.environ.get("STREAMRL_OPERATOR_NAMESPACE", "default"))
-        log.info("operator up: image %s, watching %s", runtime.settings.image, ", ".join(namespaces) or "every namespace")
+                          namespace=os.environ.get("STREAMRL_OPERATOR_NAMESPACE", "default"),
+                          prometheus_url=prometheus_url)
+        if metrics_port:
+            prometheus_client.start_http_server(metrics_port, registry=runtime.metrics.registry)
+        log.info("operator up: image %s, watching %s, autoscaler reads %s, metrics on :%s", runtime.settings.image,
+                 ", ".join(namespaces) or "every namespace", prometheus_url or "only what RLJobs name",
+                 metrics_port or "(off)")
         try:
             await kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces or None,
                                 memo=kopf.Memo(runtime=runtime),

@@ -25,6 +25,9 @@ class Observed:
     ranker: dict | None = None
     """{ready, recall} when the job has a ranker."""
     label_selector: str = ""
+    scaling_limited: tuple[str, str] | None = None
+    """(reason, message) when the autoscaler cannot help (trainer-bound, every pool at its
+    maximum while generation-bound); None = not limited or not autoscaled."""
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, generation: int, previous: dict, now: str) -> dict:
@@ -70,7 +73,9 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
         _condition("Complete", phase == "Succeeded", phase, "", g, previous, now),
         _condition("Failed", phase in ("Failed", "Invalid"), "InvalidSpec" if obs.invalid else phase,
                    message if phase in ("Failed", "Invalid") else "", g, previous, now),
-        _condition("ScalingLimited", False, "NotLimited", "", g, previous, now),
+        _condition("ScalingLimited", obs.scaling_limited is not None,
+                   obs.scaling_limited[0] if obs.scaling_limited else "NotLimited",
+                   obs.scaling_limited[1] if obs.scaling_limited else "", g, previous, now),
         _condition("ClustersReady", obs.cluster_problem is None,
                    "ClustersReachable" if obs.cluster_problem is None else "ClusterUnavailable",
                    obs.cluster_problem or "", g, previous, now),

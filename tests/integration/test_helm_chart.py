@@ -71,6 +71,8 @@ def test_crds_come_from_the_generated_files_and_are_kept():
     ("operator.replicas=2", "additional properties 'replicas' not allowed"),
     ("image.pullPolicy=Sometimes", "pullPolicy"),
     ("monitoring.podMonitor.interval=soon", "interval"),
+    ("operator.prometheusUrl=prometheus:9090", "prometheusUrl"),
+    ("operator.metricsPort=0", "metricsPort"),
 ])
 def test_values_schema_rejects_bad_values(bad, message):
     out = subprocess.run([tool("helm"), "template", "rel", str(CHART), "--set", bad], capture_output=True, text=True,
@@ -89,6 +91,18 @@ def test_operator_runs_one_replica_recreated_non_root():
     assert container["args"][:2] == ["--log-level=INFO", "operator"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["STREAMRL_JOB_IMAGE"] == "ghcr.io/streamrl/streamrl:0.1.0"
+    assert env["STREAMRL_PROMETHEUS_URL"] == "" and env["STREAMRL_OPERATOR_METRICS_PORT"] == "8081"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8080, "metrics": 8081}
+
+
+def test_autoscaler_settings_reach_the_operator():
+    [deployment] = by_kind(render("operator.prometheusUrl=http://prometheus.monitoring:9090",
+                                  "operator.metricsPort=9100"))["Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["STREAMRL_PROMETHEUS_URL"] == "http://prometheus.monitoring:9090"
+    assert env["STREAMRL_OPERATOR_METRICS_PORT"] == "9100"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == 9100
 
 
 def test_rbac_is_least_privilege():
@@ -115,9 +129,17 @@ def test_monitoring_and_dashboards_behind_values():
     objects = by_kind(render(*ALL_ON))
     [rule] = objects["PrometheusRule"]
     assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
-    [monitor] = objects["PodMonitor"]
-    relabel = {r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    monitors = {m["metadata"]["name"]: m for m in objects["PodMonitor"]}
+    assert sorted(monitors) == ["rel-streamrl-jobs", "rel-streamrl-operator"]
+    relabel = {r["targetLabel"] for r in monitors["rel-streamrl-jobs"]["spec"]["podMetricsEndpoints"][0]["relabelings"]}
     assert relabel == {"rljob", "role", "pool", "replica"}
+    # The operator's own /metrics (the autoscaler's series): its pod, its metrics port.
+    operator = monitors["rel-streamrl-operator"]["spec"]
+    [deployment] = objects["Deployment"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert operator["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert operator["namespaceSelector"] == {"matchNames": ["streamrl-system"]}
+    assert operator["podMetricsEndpoints"][0]["port"] == "metrics"
     dashboards = [c for c in objects["ConfigMap"] if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
     assert len(dashboards) == 3
     for cm in dashboards:

@@ -1,0 +1,202 @@
+"""The operator's side of elastic scaling, one round for one RLJob: the window to read, what
+to wait for, the policy's decision (streamrl.autoscale) and what follows from it (the spec
+patch, status.autoscaling, Events, the ScalingLimited reason). Pure: Prometheus's answers
+and the clock come in; the handlers do the I/O and know no policy."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field, replace
+
+from streamrl.autoscale import (Decision, Inputs, Pool, State, behavior_from_spec, decide, fill_unmeasured,
+                                pools_from_spec)
+from streamrl.spec import RLJob
+
+WINDOW_MIN_ROUNDS = 3
+"""The inputs are read over at least this many rounds (intervals)..."""
+WINDOW_MAX_S = 600.0
+"""...and at most ten minutes (also the window before any change)."""
+FINAL_PHASES = ("Succeeded", "Failed", "Invalid")
+NO_PROMETHEUS = ("no Prometheus to read the scaling inputs from: set spec.autoscaling.prometheusUrl or the "
+                 "operator's --prometheus-url (Helm value operator.prometheusUrl)")
+EXTERNAL = ("External: generator replicas are left to whoever writes the RLJob's /scale subresource "
+            "(spec.generators.replicas), e.g. a KEDA ScaledObject or an HPA")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the operator keeps of one RLJob's autoscaling between rounds (in memory only)."""
+
+    state: State = field(default_factory=State)
+    """The policy's own memory (recommendations, recent actions)."""
+    last_change: float | None = None
+    """Unix seconds of the last replica change; the inputs are read since then."""
+    trainer_bound: bool = False
+    """The last decision said trainer-bound (a TrainerBound Event is posted on the way in)."""
+
+    @classmethod
+    def from_status(cls, autoscaling: dict | None) -> "Memory":
+        """After an operator restart: the last change as status.autoscaling recorded it."""
+        stamp = (autoscaling or {}).get("lastScaleTime")
+        if not stamp:
+            return cls()
+        when = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+        return cls(last_change=when.timestamp(), trainer_bound=bool((autoscaling or {}).get("trainerBound")))
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's outcome."""
+
+    status: dict
+    """status.autoscaling as it should read now."""
+    memory: Memory
+    """To keep once the round's writes succeeded."""
+    replicas: dict[str, int] | None = None
+    """Replicas per pool to write into the spec; None = no change."""
+    events: tuple[tuple[str, str, str], ...] = ()
+    """(type Normal|Warning, reason, message) Events to post on the RLJob."""
+    decision: Decision | None = None
+    """The policy's decision; None when the round waited or could not read its inputs."""
+    problem: bool = False
+    """The round failed (no usable Prometheus, a query failed): a warning for the log."""
+
+
+def timestamp(now: float) -> str:
+    return datetime.datetime.fromtimestamp(now, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def window_s(now: float, last_change: float | None, interval_s: float) -> float:
+    """Seconds of history to read: since the last change, within [3 rounds, 10 minutes]."""
+    since = now - last_change if last_change is not None else WINDOW_MAX_S
+    return min(WINDOW_MAX_S, max(WINDOW_MIN_ROUNDS * interval_s, since))
+
+
+def prometheus_url(job: RLJob, default: str | None) -> str:
+    """The Prometheus HTTP API to read: the job's, else the operator's; ValueError naming
+    the field when neither is usable."""
+    url = job.spec.autoscaling.prometheus_url
+    if url is not None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"spec.autoscaling.prometheusUrl must be an http:// or https:// URL, got {url!r}")
+        return url
+    if not default:
+        raise ValueError(NO_PROMETHEUS)
+    return default
+
+
+def skip_reason(job: RLJob, phase: str | None) -> str | None:
+    """Why an Internal job is not scaled this round (None = it is)."""
+    if job.spec.suspend:
+        return "spec.suspend is true: nothing to scale"
+    if phase in FINAL_PHASES:
+        return f"the job is {phase}: nothing to scale"
+    return None
+
+
+def _base(memory: Memory, url: str | None, message: str, previous: dict | None) -> dict:
+    """The fields every Internal round writes; the last decision and scale time carry over."""
+    keep = {k: v for k, v in (previous or {}).items() if k in ("lastDecision", "lastScaleTime", "desiredReplicas")}
+    return {"mode": "Internal", **({"prometheusUrl": url} if url else {}), **keep, "message": message,
+            "trainerBound": memory.trainer_bound}
+
+
+def waiting(memory: Memory, url: str | None, message: str, previous: dict | None, problem: bool = False) -> Round:
+    """A round that decides nothing: skipped, or (problem) no usable Prometheus or a failed query."""
+    return Round(_base(memory, url, message, previous), memory, problem=problem)
+
+
+def _fmt(replicas: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in replicas.items())
+
+
+def _inputs_status(inputs: Inputs, window: float) -> dict:
+    obs = inputs.observation
+    return {"windowSeconds": round(window, 1),
+            **({"generationSeconds": round(obs.generation_s, 4), "trainSeconds": round(obs.train_s, 4),
+                "idleNoWork": round(obs.idle_no_work, 4)} if obs else {}),
+            "connected": dict(inputs.connected),
+            "samplesPerSecond": {k: round(v, 4) for k, v in inputs.samples_per_s.items()}}
+
+
+def limit(decision: Decision, pools: list[Pool], generation_s: float, train_s: float) -> tuple[str, str] | None:
+    """(reason, message) when more generators cannot help; None otherwise."""
+    if decision.trainer_bound:
+        return ("TrainerBound", f"training ({train_s:.2f}s per iteration) is the bottleneck and every pool is at its "
+                                f"minReplicas: generation takes {generation_s:.2f}s")
+    if generation_s > train_s and all(p.replicas >= p.max_replicas for p in pools):
+        return ("AtMaxReplicas", f"generation-bound ({generation_s:.2f}s vs training {train_s:.2f}s per iteration) "
+                                 f"and every pool is at its maxReplicas ({_fmt({p.name: p.max_replicas for p in pools})})")
+    return None
+
+
+def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, window: float, url: str,
+         previous: dict | None = None) -> Round:
+    """One Internal round over Prometheus's answers (parse_inputs of input_queries)."""
+    asked = job.spec.generators.pool_replicas()
+    connected = {p: inputs.connected.get(p, 0) for p in asked}
+    seen = {"inputs": _inputs_status(inputs, window)}
+    if connected != asked:
+        return Round({**_base(memory, url, f"waiting for the replicas asked for to connect: {_fmt(connected)} "
+                                                f"connected, {_fmt(asked)} asked for", previous), **seen}, memory)
+    obs = inputs.observation
+    if obs is None:
+        return Round({**_base(memory, url, f"waiting: fewer than two iterations finished in the last "
+                                                f"{window:.0f}s (nothing to judge yet)", previous), **seen}, memory)
+    auto = job.spec.autoscaling
+    pools = fill_unmeasured(pools_from_spec(job.spec.generators, asked, inputs.samples_per_s))
+    decision = decide(obs, pools, behavior_from_spec(auto), memory.state, now, auto.idle_threshold)
+    changed = decision.step != 0
+    new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
+                         last_change=now if changed else memory.last_change)
+    why = limit(decision, pools, obs.generation_s, obs.train_s)
+    status = {**_base(new_memory, url, decision.reason, previous), **seen,
+              "desiredReplicas": dict(decision.replicas),
+              "lastDecision": {"time": timestamp(now), "step": decision.step, "pool": decision.pool or "",
+                               "reason": decision.reason},
+              "limited": {"reason": why[0], "message": why[1]} if why else None}
+    events: list[tuple[str, str, str]] = []
+    if changed:
+        old, new = asked[decision.pool], decision.replicas[decision.pool]
+        status["lastScaleTime"] = timestamp(now)
+        status["message"] = f"scaled pool {decision.pool} from {old} to {new}: {decision.reason}"
+        events.append(("Normal", "ScaledUp" if decision.step > 0 else "ScaledDown", status["message"]))
+    if decision.trainer_bound and not memory.trainer_bound:
+        events.append(("Warning", "TrainerBound", why[1] if why else decision.reason))
+    return Round(status, new_memory, dict(decision.replicas) if changed else None, tuple(events), decision)
+
+
+def external_status() -> dict:
+    return {"mode": "External", "message": EXTERNAL}
+
+
+def scale_patch(body: dict, replicas: dict[str, int]) -> dict:
+    """The merge patch writing the pools' replicas and their total (the field /scale acts
+    on), guarded by the resourceVersion read: a concurrent edit makes it fail (409), not lost."""
+    pools = [dict(p, replicas=replicas.get(p.get("name", "default"), p.get("replicas", 1)))
+             for p in body["spec"]["generators"]["pools"]]
+    return {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+            "spec": {"generators": {"pools": pools, "replicas": sum(replicas.values())}}}
+
+
+def status_patch(old: dict | None, new: dict | None) -> dict | None:
+    """The merge patch of the RLJob's status turning status.autoscaling from `old` into
+    `new` (None = removed); None when nothing changes, so the write is skipped."""
+    if new is None:
+        return {"status": {"autoscaling": None}} if old is not None else None
+    diff = _merge_diff(old or {}, new)
+    return {"status": {"autoscaling": diff}} if diff else None
+
+
+def _merge_diff(old: dict, new: dict) -> dict:
+    """JSON merge patch from `old` to `new`: keys only in `old` become null."""
+    out: dict = {key: None for key in old.keys() - new.keys()}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            inner = _merge_diff(before, value)
+            if inner:
+                out[key] = inner
+        elif value != before:
+            out[key] = value
+    return out

@@ -1,0 +1,151 @@
+"""The operator's autoscaler round, pure: window, waits, decisions and what follows from
+them (spec patch, status.autoscaling, Events, the ScalingLimited reason)."""
+
+import pytest
+
+from streamrl.autoscale import Inputs, Observation
+from streamrl.operator import autoscaler
+from streamrl.operator.autoscaler import Memory, plan, scale_patch, status_patch, window_s
+from streamrl.operator.status import Observed, derive
+from streamrl.spec import parse_job
+
+NOW = 1_800_000_000.0
+URL = "http://prometheus:9090"
+GEN_BOUND = Observation(generation_s=10.0, train_s=2.0)
+TRAIN_BOUND = Observation(generation_s=1.0, train_s=10.0)
+
+
+def job(replicas=1, min_replicas=1, max_replicas=3, **autoscaling):
+    pool = {"name": "l4", "replicas": replicas, "minReplicas": min_replicas, "maxReplicas": max_replicas}
+    return parse_job({"metadata": {"name": "j"}, "spec": {
+        "generators": {"pools": [pool]},
+        "autoscaling": {"mode": "Internal", **autoscaling,
+                        "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0},
+                                     "scaleDown": {"stabilizationWindowSeconds": 0}}}}})
+
+
+def inputs(obs, connected=1, rate=20.0):
+    return Inputs(obs, {"l4": rate}, {"l4": connected})
+
+
+@pytest.mark.parametrize("last_change, interval, expected", [
+    (None, 15, 600.0),           # before any change: the ten-minute cap
+    (NOW - 10, 15, 45.0),        # just changed: at least three rounds
+    (NOW - 100, 15, 100.0),      # since the change
+    (NOW - 5000, 15, 600.0),     # capped
+    (NOW - 10, 300, 600.0),      # three long rounds exceed the cap: the cap wins
+])
+def test_window_is_since_the_last_change_within_three_rounds_and_ten_minutes(last_change, interval, expected):
+    assert window_s(NOW, last_change, interval) == expected
+
+
+def test_prometheus_url_from_the_job_then_the_operator_else_a_clear_error():
+    assert autoscaler.prometheus_url(job(prometheusUrl="http://mine:9090"), URL) == "http://mine:9090"
+    assert autoscaler.prometheus_url(job(), URL) == URL
+    with pytest.raises(ValueError, match=r"spec.autoscaling.prometheusUrl or the operator's --prometheus-url"):
+        autoscaler.prometheus_url(job(), "")
+    with pytest.raises(ValueError, match=r"spec.autoscaling.prometheusUrl must be an http:// or https:// URL"):
+        autoscaler.prometheus_url(job(prometheusUrl="prometheus:9090"), URL)
+
+
+def test_generation_bound_adds_a_replica_with_an_event_and_a_recorded_decision():
+    r = plan(job(), inputs(GEN_BOUND), Memory(), NOW, 600.0, URL)
+    assert r.replicas == {"l4": 2}
+    assert r.memory.last_change == NOW
+    [(kind, reason, message)] = r.events
+    assert (kind, reason) == ("Normal", "ScaledUp")
+    assert message.startswith("scaled pool l4 from 1 to 2: generation-bound")
+    s = r.status
+    assert s["mode"] == "Internal" and s["prometheusUrl"] == URL
+    assert s["desiredReplicas"] == {"l4": 2} and s["lastScaleTime"] == autoscaler.timestamp(NOW)
+    assert s["lastDecision"]["step"] == 1 and s["lastDecision"]["pool"] == "l4"
+    assert s["inputs"] == {"windowSeconds": 600.0, "generationSeconds": 10.0, "trainSeconds": 2.0, "idleNoWork": 0.0,
+                           "connected": {"l4": 1}, "samplesPerSecond": {"l4": 20.0}}
+    assert s["limited"] is None
+
+
+def test_idle_generators_lose_a_replica():
+    r = plan(job(replicas=2), inputs(Observation(1.0, 1.0, idle_no_work=0.6), connected=2), Memory(), NOW, 60, URL)
+    assert r.replicas == {"l4": 1}
+    assert [e[1] for e in r.events] == ["ScaledDown"]
+    assert "idle for lack of work" in r.status["lastDecision"]["reason"]
+
+
+@pytest.mark.parametrize("given, says", [
+    (inputs(GEN_BOUND, connected=0), "waiting for the replicas asked for to connect: l4=0 connected, l4=1 asked for"),
+    (inputs(None), "waiting: fewer than two iterations finished in the last 45s"),
+])
+def test_no_decision_until_the_last_change_took_effect_and_iterations_finished(given, says):
+    previous = {"lastScaleTime": "2027-01-15T08:00:00Z", "desiredReplicas": {"l4": 1}, "limited": {"reason": "x"}}
+    r = plan(job(), given, Memory(), NOW, 45.0, URL, previous)
+    assert r.replicas is None and r.decision is None and r.events == ()
+    assert r.status["message"].startswith(says)
+    assert r.status["lastScaleTime"] == "2027-01-15T08:00:00Z"  # carried over
+    assert "limited" not in r.status  # a waiting round says nothing about limits
+
+
+def test_trainer_bound_at_the_minimum_warns_once_and_is_a_limit():
+    first = plan(job(replicas=1, min_replicas=1), inputs(TRAIN_BOUND), Memory(), NOW, 60, URL)
+    assert first.replicas is None
+    assert first.status["trainerBound"] is True
+    assert [(e[0], e[1]) for e in first.events] == [("Warning", "TrainerBound")]
+    assert first.status["limited"]["reason"] == "TrainerBound"
+    again = plan(job(replicas=1, min_replicas=1), inputs(TRAIN_BOUND), first.memory, NOW + 15, 60, URL)
+    assert again.events == () and again.status["trainerBound"] is True
+
+
+def test_generation_bound_with_every_pool_at_its_maximum_is_a_limit():
+    r = plan(job(replicas=3, max_replicas=3), inputs(GEN_BOUND, connected=3), Memory(), NOW, 60, URL)
+    assert r.replicas is None
+    assert r.status["limited"]["reason"] == "AtMaxReplicas"
+    assert "maxReplicas (l4=3)" in r.status["limited"]["message"]
+
+
+def test_scale_patch_writes_every_pool_and_the_total_guarded_by_the_resource_version():
+    body = {"metadata": {"resourceVersion": "42"}, "spec": {"generators": {"pools": [
+        {"name": "l4", "replicas": 2, "engine": {"type": "torch"}}, {"replicas": 1}]}}}
+    patch = scale_patch(body, {"l4": 3, "default": 1})
+    assert patch == {"metadata": {"resourceVersion": "42"}, "spec": {"generators": {
+        "pools": [{"name": "l4", "replicas": 3, "engine": {"type": "torch"}}, {"replicas": 1}], "replicas": 4}}}
+    assert body["spec"]["generators"]["pools"][0]["replicas"] == 2  # the read object is not changed
+
+
+def test_status_patch_replaces_autoscaling_and_skips_no_ops():
+    old = {"mode": "Internal", "message": "a", "limited": {"reason": "TrainerBound", "message": "m"},
+           "inputs": {"connected": {"l4": 1, "gone": 2}}}
+    new = {"mode": "Internal", "message": "b", "inputs": {"connected": {"l4": 1}}, "limited": None}
+    assert status_patch(old, new) == {"status": {"autoscaling": {
+        "message": "b", "limited": None, "inputs": {"connected": {"gone": None}}}}}
+    assert status_patch(new, dict(new)) is None
+    assert status_patch(old, None) == {"status": {"autoscaling": None}}
+    assert status_patch(None, None) is None
+    assert status_patch(None, autoscaler.external_status()) == {"status": {"autoscaling": {
+        "mode": "External", "message": autoscaler.EXTERNAL}}}
+
+
+def test_memory_after_a_restart_starts_from_the_recorded_scale_time():
+    memory = Memory.from_status({"lastScaleTime": autoscaler.timestamp(NOW), "trainerBound": True})
+    assert memory.last_change == NOW and memory.trainer_bound is True
+    assert Memory.from_status(None) == Memory()
+
+
+def test_skip_suspended_and_finished_jobs():
+    assert autoscaler.skip_reason(job(), "Running") is None
+    assert "suspend" in autoscaler.skip_reason(parse_job({"spec": {"suspend": True}}), "Suspended")
+    assert autoscaler.skip_reason(job(), "Succeeded") == "the job is Succeeded: nothing to scale"
+
+
+def test_scaling_limited_condition_carries_the_reason():
+    def limited(status):
+        return {c["type"]: c for c in status["conditions"]}["ScalingLimited"]
+
+    c = limited(derive(Observed(1, scaling_limited=("AtMaxReplicas", "every pool at max")), None, "t"))
+    assert (c["status"], c["reason"], c["message"]) == ("True", "AtMaxReplicas", "every pool at max")
+    assert limited(derive(Observed(1), None, "t"))["status"] == "False"
+
+
+def test_operator_refuses_a_prometheus_url_that_is_not_http(capsys):
+    from streamrl.cli import main
+
+    assert main(["operator", "--prometheus-url", "prometheus:9090"]) == 2
+    assert "--prometheus-url (STREAMRL_PROMETHEUS_URL) must be an http:// or https:// URL" in capsys.readouterr().err
