@@ -102,8 +102,19 @@ def overview() -> Dashboard:
                            q(f"streamrl:stage_imbalance_seconds{{{JOB}}}", "imbalance {{rljob}}"),
                            description="Imbalance = generation - training: above zero the run is generation-bound.",
                            min_val=None))
-        .with_panel(series("Generator replicas per pool", "none",
-                           q(f"streamrl_pool_replicas{{{JOB}}}", "{{pool}} {{rljob}}")))
+        .with_row(Row("Scaling"))
+        .with_panel(series("Generator replicas per pool: desired vs connected", "none",
+                           q(f"streamrl:generator_replicas_desired{{{JOB}}}", "desired {{pool}} {{rljob}}"),
+                           q(f"streamrl:generator_replicas_connected{{{JOB}}}", "connected {{pool}} {{rljob}}"),
+                           description="Desired: what the autoscaler asks for (Internal mode). Connected: replicas "
+                                       "the trainer is streaming from. A lasting gap means replicas cannot start."))
+        .with_panel(series("Scaling decisions (replicas added or removed per 5 minutes)", "none",
+                           q(f"sum by (rljob, pool, direction) "
+                             f"(increase(streamrl_autoscaler_decisions_total{{{JOB}}}[5m]))",
+                             "{{direction}} {{pool}} {{rljob}}"),
+                           q(f"max by (rljob) (streamrl_autoscaler_trainer_bound{{{JOB}}})", "trainer-bound {{rljob}}"),
+                           description="Each decision's reason is in the RLJob's status.autoscaling and its Events "
+                                       "(locally: autoscaling.jsonl)."))
     )
 
 

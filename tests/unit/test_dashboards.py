@@ -77,7 +77,8 @@ def test_the_promised_panels_are_there():
     titles = {path.name: {p["title"] for p in json.loads(path.read_text())["panels"]}
               for path in DASHBOARD_DIR.glob("*.json")}
     assert {"Phase", "Samples/s and tokens/s", "Reward (mean of the last iteration)", "Bubble ratios",
-            "Generation vs training time per iteration", "Generator replicas per pool"} <= titles["overview.json"]
+            "Generation vs training time per iteration", "Generator replicas per pool: desired vs connected",
+            "Scaling decisions (replicas added or removed per 5 minutes)"} <= titles["overview.json"]
     assert {"Batch occupancy", "Tokens/s per replica", "Queue depth", "Output length quantiles",
             "Ranker recall of the true top-x% longest", "Predicted vs actual mean length"} <= titles["generation.json"]
     assert {"Weight sync seconds (p90)", "Weight bytes/s", "Sample staleness (versions)"} <= titles["weights.json"]
