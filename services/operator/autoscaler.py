@@ -30,18 +30,18 @@ class Memory:
     state: State = field(default_factory=State)
     """The policy's own memory (recommendations, recent actions)."""
     last_change: float | None = None
-    """Unix seconds of the last replica change; the inputs are read since then."""
+    """Unix seconds of the last replica change (at first: the job's creation); the inputs
+    are read since then, so a counter that began mid-window does not read low."""
     trainer_bound: bool = False
     """The last decision said trainer-bound (a TrainerBound Event is posted on the way in)."""
 
     @classmethod
-    def from_status(cls, autoscaling: dict | None) -> "Memory":
-        """After an operator restart: the last change as status.autoscaling recorded it."""
-        stamp = (autoscaling or {}).get("lastScaleTime")
-        if not stamp:
-            return cls()
-        when = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
-        return cls(last_change=when.timestamp(), trainer_bound=bool((autoscaling or {}).get("trainerBound")))
+    def from_status(cls, autoscaling: dict | None, created: str | None = None) -> "Memory":
+        """A job's first round (or the first after an operator restart): the last change as
+        status.autoscaling recorded it, else the job's creation (metadata.creationTimestamp)."""
+        stamp = (autoscaling or {}).get("lastScaleTime") or created
+        return cls(last_change=_seconds(stamp) if stamp else None,
+                   trainer_bound=bool((autoscaling or {}).get("trainerBound")))
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,18 @@ class Round:
     """The round failed (no usable Prometheus, a query failed): a warning for the log."""
 
 
+def _seconds(stamp: str) -> float:
+    """Unix seconds of a Kubernetes timestamp (RFC 3339)."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 def timestamp(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def window_s(now: float, last_change: float | None, interval_s: float) -> float:
-    """Seconds of history to read: since the last change, within [3 rounds, 10 minutes]."""
+    """Seconds of history to read: since the last change, within [3 rounds, 10 minutes]
+    (10 minutes when nothing is known)."""
     since = now - last_change if last_change is not None else WINDOW_MAX_S
     return min(WINDOW_MAX_S, max(WINDOW_MIN_ROUNDS * interval_s, since))
 

@@ -278,7 +278,8 @@ async def _autoscale(runtime: Runtime, namespace: str, job_name: str, logger) ->
     if mode != "Internal":
         runtime.scaling.pop(key, None)
     else:
-        memory = runtime.scaling.get(key) or autoscaler.Memory.from_status(previous)
+        memory = runtime.scaling.get(key) or autoscaler.Memory.from_status(
+            previous, body["metadata"].get("creationTimestamp"))
         result = await _scaling_round(runtime, job, status, memory)
         if result.replicas is not None:
             try:
@@ -301,7 +302,7 @@ async def _autoscale(runtime: Runtime, namespace: str, job_name: str, logger) ->
     return job.spec.autoscaling.interval_seconds
 
 
-@kopf.daemon(*RLJOBS, cancellation_timeout=5.0)
+@kopf.daemon(*RLJOBS, cancellation_backoff=2.0, cancellation_timeout=5.0)
 async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
     """Every spec.autoscaling.intervalSeconds, one autoscaler round (it does nothing unless
     mode is Internal, and says so in status.autoscaling when External)."""

@@ -51,7 +51,13 @@ def _settings() -> kopf.OperatorSettings:
 
 
 @pytest.fixture
-async def operator(k8s, monkeypatch):
+def kopf_settings() -> kopf.OperatorSettings:
+    """The operator's settings (a test module may override this fixture, e.g. to post Events)."""
+    return _settings()
+
+
+@pytest.fixture
+async def operator(k8s, monkeypatch, kopf_settings):
     """Start the operator's handlers (a fresh registry) with a Runtime talking to kmock;
     yields the Runtime so tests can register remote clusters or a trainer status source."""
     monkeypatch.setenv("STREAMRL_OPERATOR_STATUS_INTERVAL_S", "0.5")
@@ -75,7 +81,7 @@ async def operator(k8s, monkeypatch):
                                trainer_status=no_trainer, retry_delay_s=0.3)
     stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
     ignored = set(asyncio.all_tasks())
-    root_tasks = await kopf.spawn_tasks(registry=registry, settings=_settings(), clusterwide=True, standalone=True,
+    root_tasks = await kopf.spawn_tasks(registry=registry, settings=kopf_settings, clusterwide=True, standalone=True,
                                         stop_flag=stop_flag, ready_flag=ready_flag, memo=kopf.Memo(runtime=runtime))
     task = asyncio.create_task(kopf.run_tasks(root_tasks, ignored=ignored))
     await asyncio.wait_for(ready_flag.wait(), timeout=10)

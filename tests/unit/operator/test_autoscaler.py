@@ -127,6 +127,9 @@ def test_memory_after_a_restart_starts_from_the_recorded_scale_time():
     memory = Memory.from_status({"lastScaleTime": autoscaler.timestamp(NOW), "trainerBound": True})
     assert memory.last_change == NOW and memory.trainer_bound is True
     assert Memory.from_status(None) == Memory()
+    created = Memory.from_status(None, "2027-01-15T08:00:00+00:00")  # no change yet: since the job began
+    assert created.last_change == NOW == Memory.from_status({"lastScaleTime": "2027-01-15T08:00:00Z"},
+                                                           "2020-01-01T00:00:00Z").last_change
 
 
 def test_skip_suspended_and_finished_jobs():
