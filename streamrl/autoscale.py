@@ -5,11 +5,14 @@ Inputs are what the bubble metrics say: recent per-iteration generation and trai
 times, how long generators sat idle for lack of work, replicas per pool and each pool's
 measured throughput and configured cost. Rules:
 
-- scale up by one when generation is the bottleneck by more than one more replica would
-  save: Δ = T_gen − T_train > Δ′, with Δ′ estimated from measured per-replica throughput
-  (a replica of pool q turns total throughput R into R + r_q, so T_gen shrinks by
-  T_gen · r_q / (R + r_q)); the pool is the one with the best throughput per cost that
-  still has room;
+- scale up by one when generation is the bottleneck (Δ = T_gen − T_train > 0) and the
+  generators would still be busy at least `min_utilisation` of the time with one more:
+  T_gen − Δ′ ≥ min_utilisation · T_train, where Δ′ is the generation time one more
+  replica saves, estimated from measured per-replica throughput (a replica of pool q
+  turns total throughput R into R + r_q, so T_gen shrinks by T_gen · r_q / (R + r_q)).
+  With min_utilisation = 1 this is the published rule, Δ > Δ′: never add a replica that
+  would sit partly idle; lower values trade replica-seconds for a smaller pipeline
+  bubble. The pool is the one with the best throughput per cost that still has room;
 - scale down by one when generators sit idle for lack of work beyond a threshold, or when
   one replica fewer would still keep generation no slower than training; the pool is the
   one with the worst throughput per cost above its minimum;
@@ -116,7 +119,8 @@ def _after_removal(obs: Observation, pools: list[Pool], pool: Pool) -> float:
     return obs.generation_s * total / rest if rest > 0 else float("inf")
 
 
-def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2) -> tuple[int, Pool | None, str, bool]:
+def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2,
+              min_utilisation: float = 1.0) -> tuple[int, Pool | None, str, bool]:
     """The rule's raw answer: (step, pool, reason, trainer_bound), before windows and policies."""
     delta = obs.generation_s - obs.train_s
     growable = sorted((p for p in pools if p.replicas < p.max_replicas and p.samples_per_s > 0),
@@ -126,11 +130,13 @@ def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2) 
     if delta > 0 and growable:
         best = growable[0]
         saving = _saving(obs, pools, best)
-        if delta > saving:
+        after = obs.generation_s - saving
+        if after >= min_utilisation * obs.train_s:
             return (1, best, f"generation-bound: generation {obs.generation_s:.2f}s - training {obs.train_s:.2f}s "
-                             f"= {delta:.2f}s per iteration > {saving:.2f}s one more {best.name} replica would save",
-                    False)
-        return 0, None, f"balanced: {delta:.2f}s of imbalance is less than one more replica saves ({saving:.2f}s)", False
+                             f"= {delta:.2f}s per iteration; one more {best.name} replica saves {saving:.2f}s and "
+                             f"generation ({after:.2f}s) stays >= {min_utilisation:.0%} of training", False)
+        return (0, None, f"balanced: one more replica would save {saving:.2f}s, leaving generation ({after:.2f}s) "
+                         f"under {min_utilisation:.0%} of training ({obs.train_s:.2f}s)", False)
     if delta > 0:
         return 0, None, "generation-bound, but every pool is at its maximum", False
     if shrinkable:
@@ -149,10 +155,10 @@ def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2) 
 
 
 def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State, now: float,
-           idle_threshold: float = 0.2) -> Decision:
+           idle_threshold: float = 0.2, min_utilisation: float = 1.0) -> Decision:
     """Apply the rule, then the stabilization windows and rate policies."""
     current = {p.name: p.replicas for p in pools}
-    step, pool, reason, bound = recommend(obs, pools, idle_threshold)
+    step, pool, reason, bound = recommend(obs, pools, idle_threshold, min_utilisation)
     horizon = max([behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds]
                   + [p.period_seconds for r in (behavior.scale_up, behavior.scale_down) for p in r.policies])
     # Twice the horizon: a window is covered once some recommendation predates its start.

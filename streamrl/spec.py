@@ -58,6 +58,7 @@ class ModelSpec(_Model):
 
 class TaskName(str, Enum):
     counting = "counting"
+    counting_ramp = "counting-ramp"
     addition = "addition"
     jsonl = "jsonl"
 
@@ -66,7 +67,9 @@ class TaskSpec(_Model):
     """Where prompts and their reference answers come from."""
 
     name: TaskName = TaskName.counting
-    """Built-in synthetic task (`counting`, `addition`) or `jsonl` (prompts from a file)."""
+    """Built-in synthetic task (`counting`, `addition`; `counting-ramp`: counting with spans
+    spread evenly, whose lengths ramp up steadily under `curriculum`) or `jsonl` (prompts
+    from a file)."""
     path: str | None = None
     """JSONL file with one {"prompt": str, "answer": str} object per line, for `jsonl`."""
     num_prompts: int = Field(1024, ge=1)
@@ -437,6 +440,11 @@ class AutoscalingSpec(_Model):
     """How often the policy runs."""
     idle_threshold: float = Field(0.2, ge=0, le=1)
     """Remove a replica when generators idle for lack of work more than this fraction of the time."""
+    min_utilisation: float = Field(1.0, gt=0, le=1)
+    """Add a replica while generation is the bottleneck only if the generators would still
+    be busy at least this fraction of the time with it. 1.0 is the published rule (the
+    imbalance exceeds what one more replica saves: none sits partly idle); lower values
+    spend replica-seconds to shrink the trainer's pipeline bubble sooner."""
     behavior: ScalingBehaviorSpec = Field(default_factory=ScalingBehaviorSpec)
     """Stabilization windows and rate limits, with HPA's field names."""
 

@@ -12,9 +12,19 @@ def test_generation_bound_adds_one_replica_when_the_gap_exceeds_what_it_saves():
     # R = 2 x 5 = 10 samples/s; one more saves 10 s x 5 / 15 = 3.33 s < gap 6 s.
     step, pool, reason, _ = recommend(Observation(10.0, 4.0), [Pool("a", 2, samples_per_s=5.0)])
     assert (step, pool.name) == (1, "a")
-    assert "6.00s per iteration > 3.33s" in reason
-    # Gap 1 s < 5 s x 5 / 15 = 1.67 s: balanced.
-    assert recommend(Observation(5.0, 4.0), [Pool("a", 2, samples_per_s=5.0)])[0] == 0
+    assert "6.00s per iteration; one more a replica saves 3.33s and generation (6.67s)" in reason
+    # Gap 1 s < 5 s x 5 / 15 = 1.67 s: a third replica would idle part of the time.
+    step, _, reason, _ = recommend(Observation(5.0, 4.0), [Pool("a", 2, samples_per_s=5.0)])
+    assert step == 0 and "leaving generation (3.33s) under 100% of training" in reason
+
+
+def test_a_lower_utilisation_floor_adds_a_replica_that_would_idle_part_of_the_time():
+    pools = [Pool("a", 2, samples_per_s=5.0)]
+    # With one more, generation takes 3.33 s against training's 4 s: 83% busy.
+    assert recommend(Observation(5.0, 4.0), pools, min_utilisation=0.8)[0] == 1
+    assert recommend(Observation(5.0, 4.0), pools, min_utilisation=0.9)[0] == 0
+    # Never while training is the bottleneck, whatever the floor.
+    assert recommend(Observation(3.9, 4.0), pools, min_utilisation=0.1)[0] != 1
 
 
 def test_the_pool_with_the_best_throughput_per_cost_that_has_room_grows():
