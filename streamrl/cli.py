@@ -27,7 +27,8 @@ def _threads(n: int) -> None:
 def cmd_run(args) -> int:
     from streamrl.runner import run
 
-    return run(Path(args.job), Path(args.out) if args.out else None, quiet=args.quiet, prometheus=args.prometheus)
+    return run(Path(args.job), Path(args.out) if args.out else None, quiet=args.quiet, prometheus=args.prometheus,
+               cores=args.cores)
 
 
 def cmd_trainer(args) -> int:
@@ -95,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--prometheus", action="store_true",
                    help="start a Prometheus server (the `prometheus` binary on PATH) on loopback scraping every "
-                        "process of the run, with StreamRL's rules; its data stays in <out>/prometheus")
+                        "process of the run, with StreamRL's rules; its data stays in <out>/prometheus "
+                        "(autoscaling.mode Internal starts it anyway: the autoscaler reads it)")
+    p.add_argument("--cores", type=int,
+                   help="cores the run may use (default: those this process may run on); local autoscaling keeps "
+                        "the generators' threads within it")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("report", help="plots and a Markdown summary of a run directory")

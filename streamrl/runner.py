@@ -17,7 +17,11 @@ from typing import Callable
 
 import httpx
 
+from streamrl.admin import AdminServer
+from streamrl.local_autoscaler import Fleet, LocalAutoscaler
+from streamrl.metrics import AutoscalerMetrics
 from streamrl.models import model_spec_summary, resolve_model_dir
+from streamrl.prometheus.api import PrometheusAPI
 from streamrl.prometheus.server import LocalPrometheus, Target, free_port
 from streamrl.spec import PipelineMode, RLJob, dump_job, load_job
 
@@ -36,6 +40,24 @@ class Child:
     """Its admin port, chosen for it in advance (so it is scraped from the start)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Its role (and pool and replica), as Prometheus labels."""
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    """When it was seen to have exited (replica-seconds count start to end)."""
+
+    @property
+    def pool(self) -> str:
+        return self.labels.get("pool", "")
+
+    def running(self) -> bool:
+        if self.proc.poll() is None:
+            return True
+        if self.ended is None:
+            self.ended = time.monotonic()
+        return False
+
+    def seconds(self) -> float:
+        self.running()
+        return (self.ended or time.monotonic()) - self.started
 
 
 class CorePlanner:
@@ -130,10 +152,10 @@ def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path, admin_port: int)
 
 
 def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
-                   admin_ports: dict[str, int]) -> tuple[Child, list[Child], dict]:
+                   admin_ports: dict[str, int]) -> tuple[Child, list[Child], dict, "GeneratorLauncher"]:
     """Start every process plan_processes(job) names, each on its admin port from
     `admin_ports`: the ranker when dispatch needs it, the trainer, then every generator
-    replica; returns (trainer, the others, the trainer's endpoint)."""
+    replica; returns (trainer, the others, the trainer's endpoint, the generator launcher)."""
     spec = job.spec
     planned = plan_processes(job)
     log_dir = out_dir / "logs"
@@ -156,29 +178,50 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
                                  *ranker_args, "--admin-port", str(admin_ports["trainer"])],
                      trainer_threads, cores.take(trainer_threads), log_dir)
     trainer.endpoint_file, trainer.labels, trainer.admin_port = endpoint_file, planned["trainer"], admin_ports["trainer"]
-    pools = {p.name: p for p in spec.generators.pools}
     try:
         endpoint = _wait_endpoint(endpoint_file, trainer)
+        launcher = GeneratorLauncher(job, job_file, model_dir, out_dir, f"127.0.0.1:{endpoint['grpc_port']}", cores)
         for name, labels in planned.items():
-            if labels["role"] != "generator":
-                continue
-            pool, gid = pools[labels["pool"]], labels["replica"]
-            gen_endpoint = out_dir / "endpoints" / f"{name}.json"
-            gen_endpoint.parent.mkdir(exist_ok=True)
-            gen_endpoint.unlink(missing_ok=True)
-            child = _spawn(
-                name,
-                ["generator", str(job_file), "--trainer", f"127.0.0.1:{endpoint['grpc_port']}",
-                 "--pool", pool.name, "--id", gid, "--model-dir", str(model_dir),
-                 "--admin-port", str(admin_ports[name]), "--endpoint-file", str(gen_endpoint),
-                 "--timeline", str(out_dir / "timeline" / f"{name}.jsonl")],
-                pool.threads, cores.take(pool.threads), log_dir)
-            child.endpoint_file, child.admin_port, child.labels = gen_endpoint, admin_ports[name], labels
-            others.append(child)
+            if labels["role"] == "generator":
+                others.append(launcher.start(labels["pool"], admin_ports[name]))
     except BaseException:
         _stop([trainer, *others])
         raise
-    return trainer, others, endpoint
+    return trainer, others, endpoint, launcher
+
+
+class GeneratorLauncher:
+    """Starts generator replicas of a running job: at start-up and when the autoscaler adds
+    one. Replica ids are <pool>-<n>, never reused within a run."""
+
+    def __init__(self, job: RLJob, job_file: Path, model_dir: Path, out_dir: Path, trainer: str, cores: CorePlanner):
+        self.job, self.job_file, self.model_dir, self.out_dir = job, job_file, model_dir, out_dir
+        self.trainer = trainer
+        self.cores = cores
+        self.pools = {p.name: p for p in job.spec.generators.pools}
+        self.started: dict[str, int] = {}
+        self.children: list[Child] = []
+        """Every replica started in this run (also those that left)."""
+
+    def start(self, pool_name: str, admin_port: int | None = None) -> Child:
+        pool = self.pools[pool_name]
+        n = self.started[pool_name] = self.started.get(pool_name, 0) + 1
+        gid = f"{pool_name}-{n - 1}"
+        name = f"generator-{gid}"
+        admin_port = admin_port or free_port()
+        endpoint = self.out_dir / "endpoints" / f"{name}.json"
+        endpoint.parent.mkdir(exist_ok=True)
+        endpoint.unlink(missing_ok=True)
+        child = _spawn(
+            name,
+            ["generator", str(self.job_file), "--trainer", self.trainer, "--pool", pool.name, "--id", gid,
+             "--model-dir", str(self.model_dir), "--admin-port", str(admin_port), "--endpoint-file", str(endpoint),
+             "--timeline", str(self.out_dir / "timeline" / f"{name}.jsonl")],
+            pool.threads, self.cores.take(pool.threads), self.out_dir / "logs")
+        child.endpoint_file, child.admin_port = endpoint, admin_port
+        child.labels = {"role": "generator", "pool": pool.name, "replica": gid}
+        self.children.append(child)
+        return child
 
 
 def scrape_targets(job: RLJob, children: list[Child]) -> list[Target]:
@@ -188,12 +231,15 @@ def scrape_targets(job: RLJob, children: list[Child]) -> list[Target]:
 
 
 def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_dir: Path, quiet: bool,
-              on_tick: Callable[[], None] = lambda: None) -> None:
+              on_tick: Callable[[Callable[[str], None]], None] = lambda say: None) -> None:
+    """Show progress until the trainer exits; `on_tick(say)` runs every half second."""
     from tqdm import tqdm
 
     total = job.spec.algorithm.num_iterations
     bar = tqdm(total=total, unit="it", desc=job.metadata.name, disable=quiet, dynamic_ncols=True)
+    say = (lambda msg: None) if quiet else bar.write
     shown = 0
+    failed: set[str] = set()
     with httpx.Client(timeout=2.0) as http:
         while trainer.proc.poll() is None:
             try:
@@ -212,11 +258,11 @@ def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_d
                     reward=f"{last.get('reward_mean', float('nan')):.3f}",
                     bubble=f"{last.get('pipeline_bubble_ratio', float('nan')):.2f}",
                 )
-            for g in list(others):
-                if g.proc.poll() not in (None, 0):
+            for g in others:
+                if g.name not in failed and g.proc.poll() not in (None, 0):
+                    failed.add(g.name)
                     bar.write(f"warning: {g.name} exited with {g.proc.returncode}; see {g.log_path}")
-                    others.remove(g)
-            on_tick()
+            on_tick(say)
             time.sleep(0.5)
     metrics = out_dir / "metrics.jsonl"
     if metrics.exists():  # iterations finished between the last poll and the exit
@@ -224,43 +270,88 @@ def _progress(job: RLJob, trainer: Child, others: list[Child], admin: str, out_d
     bar.close()
 
 
-def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, prometheus: bool = False) -> int:
+def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, prometheus: bool = False,
+        cores: int | None = None) -> int:
     job = load_job(job_file)
     out_dir = out_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    spec = job.spec
+    planner = CorePlanner()
+    available = len(planner.cores) or os.cpu_count() or 1
+    if cores is not None and cores < 1:
+        raise ValueError(f"--cores must be at least 1, got {cores}")
+    cores = cores or available
+    elastic = spec.autoscaling.mode == "Internal" and spec.pipeline.mode != PipelineMode.colocated
+    if spec.autoscaling.mode == "Internal" and not elastic:
+        say("autoscaling.mode Internal: colocated mode has no generator replicas to scale; replicas stay as written")
+    if spec.autoscaling.mode == "External":
+        say("autoscaling.mode External: nothing drives /scale in a local run; replicas stay as written")
+    if cores > available:
+        say(f"warning: --cores {cores} is more than the {available} this process may run on: processes share cores")
     server = None
-    if prometheus:
+    if prometheus or elastic:
         try:
             server = LocalPrometheus(out_dir / "prometheus")  # fails before anything starts
         except FileNotFoundError as err:
-            raise ValueError(f"--prometheus: {err}") from None
+            flag = "--prometheus" if prometheus else \
+                "spec.autoscaling.mode Internal (local autoscaling reads its inputs from Prometheus)"
+            raise ValueError(f"{flag}: {err}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = out_dir / "job.yaml"
     resolved.write_text(dump_job(job))
-    say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    spec = job.spec
+    (out_dir / "autoscaling.jsonl").unlink(missing_ok=True)
     say(f"streamrl run {job.metadata.name}: mode {spec.pipeline.mode.value}, model {model_spec_summary(spec.model)}, "
-        f"{sum(spec.generators.pool_replicas().values())} generator replica(s), out {out_dir}")
+        f"{sum(spec.generators.pool_replicas().values())} generator replica(s)"
+        f"{f' (elastic, up to {cores} cores)' if elastic else ''}, out {out_dir}")
     model_dir = resolve_model_dir(spec, log=say)
     # Every process's admin port is chosen up front, so Prometheus scrapes each one from
     # the moment it listens (a counter first seen mid-run loses its start to rate()).
     planned = plan_processes(job)
     admin_ports = {name: free_port() for name in planned}
+    scaler_admin = None
+    scaler_metrics = AutoscalerMetrics()
+    if elastic:
+        scaler_admin = AdminServer(scaler_metrics.registry, lambda: scaler.summary() if scaler else {},
+                                   lambda: True, "127.0.0.1", 0)
+        scaler_admin.start()
+    extra_targets = [Target(f"127.0.0.1:{scaler_admin.port}", {"role": "autoscaler"})] if scaler_admin else []
     if server is not None:
         server.set_targets([Target(f"127.0.0.1:{admin_ports[name]}", {"rljob": job.metadata.name, **labels})
-                            for name, labels in planned.items()])
+                            for name, labels in planned.items()] + extra_targets)
         say(f"prometheus: {server.start()} (data in {server.directory})")
-    trainer, others, endpoint = start_services(job, resolved, model_dir, out_dir, admin_ports)
+    scaler: LocalAutoscaler | None = None
+    try:
+        trainer, others, endpoint, launcher = start_services(job, resolved, model_dir, out_dir, admin_ports)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        if scaler_admin is not None:
+            scaler_admin.stop()
+        raise
+    if elastic:
+        def drain(child: Child) -> None:
+            child.proc.send_signal(signal.SIGTERM)
+
+        def start(pool: str) -> Child:
+            child = launcher.start(pool)
+            others.append(child)
+            return child
+
+        fleet = Fleet(start, drain, [c for c in others if c.labels.get("role") == "generator"])
+        scaler = LocalAutoscaler(job, PrometheusAPI(server.url), fleet, cores, out_dir, say, scaler_metrics)
     scraped: list[Target] = []
 
-    def refresh_targets() -> None:
+    def tick(bar_say: Callable[[str], None]) -> None:
         nonlocal scraped
-        if server is not None and (now := scrape_targets(job, [trainer, *others])) != scraped:
+        if scaler is not None:
+            scaler.say = bar_say
+            scaler.tick()
+        if server is not None and (now := scrape_targets(job, [trainer, *others]) + extra_targets) != scraped:
             server.set_targets(now)
             scraped = now
 
     try:
-        _progress(job, trainer, list(others), f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet,
-                  refresh_targets)
+        _progress(job, trainer, others, f"http://127.0.0.1:{endpoint['admin_port']}", out_dir, quiet, tick)
     except KeyboardInterrupt:
         say("interrupted: stopping services (the trainer writes its summary and model first)")
     finally:
@@ -268,10 +359,18 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
         _stop(others)
         if server is not None:
             server.stop()
+        if scaler_admin is not None:
+            scaler_admin.stop()
     code = trainer.proc.returncode
     summary_path = out_dir / "summary.json"
     if summary_path.exists():
         s = json.loads(summary_path.read_text())
+        # What only the runner knows: how many replica-seconds generation used, and scaling.
+        s["generator_replica_seconds"] = round(sum(c.seconds() for c in launcher.children), 2)
+        s["generator_replicas_started"] = len(launcher.children)
+        if scaler is not None:
+            s["autoscaling"] = scaler.summary()
+        summary_path.write_text(json.dumps(s, indent=2) + "\n")
         say(f"done: {s['num_iterations']} iterations, {s['num_samples']} samples, {s['samples_per_s']:.1f} samples/s, "
             f"reward {s.get('reward_first') or 0:.3f} -> {s.get('reward_last') or 0:.3f}, "
             f"pipeline bubble {s['pipeline_bubble_ratio']:.2f}; results in {out_dir}")

@@ -46,6 +46,18 @@ def counting_prompts(num: int, seed: int) -> list[Prompt]:
     return out
 
 
+def counting_ramp_prompts(num: int, seed: int, max_span: int = 30) -> list[Prompt]:
+    """Counting with spans spread evenly over [1, max_span] (no long tail): walked as a
+    curriculum, output lengths ramp up steadily over the epoch (an elastic-scaling workload)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(num):
+        span = 1 + (i * max_span) // num
+        a = rng.randint(0, 99 - span)
+        out.append(Prompt(i, f"{a}..{a + span}:", " ".join(str(x) for x in range(a, a + span + 1))))
+    return out
+
+
 def addition_prompts(num: int, seed: int) -> list[Prompt]:
     """'x+y=' -> the sum; the number of digits is long-tailed in [1, 18]."""
     rng = random.Random(seed)
@@ -84,6 +96,8 @@ def jsonl_prompts(path: str | Path) -> list[Prompt]:
 def load_prompts(spec: TaskSpec) -> list[Prompt]:
     if spec.name == TaskName.counting:
         return counting_prompts(spec.num_prompts, spec.seed)
+    if spec.name == TaskName.counting_ramp:
+        return counting_ramp_prompts(spec.num_prompts, spec.seed)
     if spec.name == TaskName.addition:
         return addition_prompts(spec.num_prompts, spec.seed)
     return jsonl_prompts(spec.path)

@@ -88,3 +88,15 @@ def test_user_reward_by_module_function_and_clear_errors():
         get_reward("no_such_module_xyz:f")
     with pytest.raises(ValueError, match="has no callable"):
         get_reward("streamrl.rewards:nope")
+
+
+def test_counting_ramp_spreads_spans_evenly():
+    from streamrl.tasks import counting_ramp_prompts
+
+    prompts = counting_ramp_prompts(300, 0)
+    spans = [len(p.answer.split()) - 1 for p in prompts]
+    assert min(spans) == 1 and max(spans) == 30
+    assert all(abs(spans.count(s) - 10) <= 1 for s in range(1, 31))  # no long tail: ~10 of each
+    for p in prompts:
+        a, b = p.text.rstrip(":").split("..")
+        assert p.answer == " ".join(str(x) for x in range(int(a), int(b) + 1)) and int(b) <= 99

@@ -1,0 +1,154 @@
+"""Elastic generators for `streamrl run` (`spec.autoscaling.mode: Internal`): every
+`intervalSeconds` the scaling policy (streamrl/autoscale.py) reads its inputs from the
+run's own Prometheus, and a replica is started, or drained and stopped, one at a time.
+
+Local bounds: a pool's `maxReplicas`, and the cores the run may use (generator threads,
+the trainer sharing them). A replica being removed gets SIGTERM and drains: the trainer
+assigns it nothing more, it finishes what it holds and exits 0, so nothing is lost or
+counted twice. Every round is appended to `<out>/autoscaling.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Protocol
+
+from streamrl.autoscale import (Decision, Pool, State, behavior_from_spec, decide, fill_unmeasured, input_queries,
+                                parse_inputs, pools_from_spec)
+from streamrl.metrics import AutoscalerMetrics
+from streamrl.prometheus.api import PrometheusAPI, PrometheusError
+from streamrl.spec import RLJob
+
+MIN_WINDOW_S = 2.0
+"""The inputs cover at least this long since the last change (Prometheus scrapes every second locally)."""
+
+
+def lookback_s(interval_seconds: float) -> float:
+    """How far back the inputs look at most: recent enough to follow a changing workload,
+    long enough to span iterations (a minute with the default 15 s interval)."""
+    return max(4.0 * interval_seconds, 10.0)
+
+
+class Replica(Protocol):
+    name: str
+    pool: str
+
+    def running(self) -> bool: ...
+
+
+@dataclass
+class Fleet:
+    """What the scaler may do to the run's generators (the runner implements it)."""
+
+    start: Callable[[str], Replica]
+    """Start one replica of the pool; returns it."""
+    drain: Callable[[Replica], None]
+    """Ask a replica to leave (SIGTERM): it drains and exits."""
+    replicas: list[Replica] = field(default_factory=list)
+    """Replicas running and not asked to leave."""
+
+
+class LocalAutoscaler:
+    def __init__(self, job: RLJob, prometheus: PrometheusAPI, fleet: Fleet, cores: int, out_dir: Path,
+                 say: Callable[[str], None], metrics: AutoscalerMetrics | None = None):
+        self.job = job
+        self.spec = job.spec.autoscaling
+        self.prometheus = prometheus
+        self.fleet = fleet
+        self.cores = cores
+        self.say = say
+        self.metrics = metrics or AutoscalerMetrics()
+        self.behavior = behavior_from_spec(self.spec)
+        self.state = State()
+        self.log_path = out_dir / "autoscaling.jsonl"
+        self._next_round = 0.0
+        self._settled_at: float | None = None
+        """When the replicas connected last matched the replicas asked for (None: not yet)."""
+        self._last_reason = ""
+        self.scale_ups = self.scale_downs = 0
+        self.last: dict = {}
+
+    def replicas(self) -> dict[str, int]:
+        out = {p.name: 0 for p in self.job.spec.generators.pools}
+        for r in self.fleet.replicas:
+            out[r.pool] += 1
+        return out
+
+    def _pools(self, samples_per_s: dict[str, float]) -> list[Pool]:
+        """The policy's pools, each pool's maximum also bounded by the cores left."""
+        current = self.replicas()
+        threads = {p.name: p.threads for p in self.job.spec.generators.pools}
+        free = self.cores - sum(threads[p] * n for p, n in current.items())
+        pools = pools_from_spec(self.job.spec.generators, current, samples_per_s)
+        return fill_unmeasured([replace(p, max_replicas=min(p.max_replicas, p.replicas + max(0, free) // threads[p.name]))
+                                for p in pools])
+
+    def tick(self, now: float | None = None) -> Decision | None:
+        """Run one round when it is due; returns the decision (None: not due, or waiting)."""
+        now = time.time() if now is None else now
+        if now < self._next_round:
+            return None
+        self._next_round = now + self.spec.interval_seconds
+        self.fleet.replicas[:] = [r for r in self.fleet.replicas if r.running()]
+        asked = self.replicas()
+        window = min(lookback_s(self.spec.interval_seconds), now - self._settled_at) \
+            if self._settled_at is not None else 0.0
+        try:
+            inputs = parse_inputs(self.prometheus.query_all(input_queries(self.job.metadata.name, max(window, 2.0))))
+        except PrometheusError as err:
+            self._note(now, f"cannot read the inputs: {err}")
+            return None
+        connected = {p: inputs.connected.get(p, 0) for p in asked}
+        if connected != asked:
+            self._note(now, "waiting for replicas to join or leave: " + ", ".join(
+                f"{p} {connected[p]}/{n}" for p, n in asked.items()))
+            return None
+        if self._settled_at is None:
+            self._settled_at = now
+        if window < MIN_WINDOW_S:  # what the inputs cover would predate the change
+            self._note(now, "measuring since the last change")
+            return None
+        if inputs.observation is None:
+            self._note(now, "waiting for two iterations since the last change")
+            return None
+        decision = decide(inputs.observation, self._pools(inputs.samples_per_s), self.behavior, self.state, now,
+                          self.spec.idle_threshold, self.spec.min_utilisation)
+        self.state = decision.state
+        self.metrics.record(self.job.metadata.name, decision.replicas, decision.step, decision.pool,
+                            decision.trainer_bound)
+        obs = inputs.observation
+        self.last = {"time_unix": round(now, 3), "step": decision.step, "pool": decision.pool,
+                     "replicas": decision.replicas, "reason": decision.reason, "trainer_bound": decision.trainer_bound,
+                     "generation_s": round(obs.generation_s, 4), "train_s": round(obs.train_s, 4),
+                     "idle_no_work": round(obs.idle_no_work, 4), "window_s": round(window, 1)}
+        with self.log_path.open("a") as f:
+            f.write(json.dumps(self.last) + "\n")
+        if decision.step > 0:
+            replica = self.fleet.start(decision.pool)
+            self.fleet.replicas.append(replica)
+            self.scale_ups += 1
+            self.say(f"autoscaler: +1 {decision.pool} ({replica.name}): {decision.reason}")
+        elif decision.step < 0:
+            victim = [r for r in self.fleet.replicas if r.pool == decision.pool][-1]  # the newest
+            self.fleet.replicas.remove(victim)
+            self.fleet.drain(victim)
+            self.scale_downs += 1
+            self.say(f"autoscaler: -1 {decision.pool} ({victim.name} drains): {decision.reason}")
+        elif decision.reason != self._last_reason and decision.trainer_bound:
+            self.say(f"autoscaler: {decision.reason}")
+        self._last_reason = decision.reason
+        if decision.step:
+            self._settled_at = None
+        return decision
+
+    def _note(self, now: float, why: str) -> None:
+        self.last = {"time_unix": round(now, 3), "step": 0, "replicas": self.replicas(), "reason": why}
+        with self.log_path.open("a") as f:
+            f.write(json.dumps(self.last) + "\n")
+
+    def summary(self) -> dict:
+        return {"mode": self.spec.mode, "scale_ups": self.scale_ups, "scale_downs": self.scale_downs,
+                "replicas_final": self.replicas(), "last": self.last}
