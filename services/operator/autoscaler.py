@@ -131,8 +131,9 @@ def limit(decision: Decision, pools: list[Pool], generation_s: float, train_s: f
         return ("TrainerBound", f"training ({train_s:.2f}s per iteration) is the bottleneck and every pool is at its "
                                 f"minReplicas: generation takes {generation_s:.2f}s")
     if generation_s > train_s and all(p.replicas >= p.max_replicas for p in pools):
+        maxima = _fmt({p.name: p.max_replicas for p in pools})
         return ("AtMaxReplicas", f"generation-bound ({generation_s:.2f}s vs training {train_s:.2f}s per iteration) "
-                                 f"and every pool is at its maxReplicas ({_fmt({p.name: p.max_replicas for p in pools})})")
+                                 f"and every pool is at its maxReplicas ({maxima})")
     return None
 
 
@@ -143,12 +144,12 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, window: float, 
     connected = {p: inputs.connected.get(p, 0) for p in asked}
     seen = {"inputs": _inputs_status(inputs, window)}
     if connected != asked:
-        return Round({**_base(memory, url, f"waiting for the replicas asked for to connect: {_fmt(connected)} "
-                                                f"connected, {_fmt(asked)} asked for", previous), **seen}, memory)
+        why = f"waiting for the replicas asked for to connect: {_fmt(connected)} connected, {_fmt(asked)} asked for"
+        return Round({**_base(memory, url, why, previous), **seen}, memory)
     obs = inputs.observation
     if obs is None:
-        return Round({**_base(memory, url, f"waiting: fewer than two iterations finished in the last "
-                                                f"{window:.0f}s (nothing to judge yet)", previous), **seen}, memory)
+        why = f"waiting: fewer than two iterations finished in the last {window:.0f}s (nothing to judge yet)"
+        return Round({**_base(memory, url, why, previous), **seen}, memory)
     auto = job.spec.autoscaling
     pools = fill_unmeasured(pools_from_spec(job.spec.generators, asked, inputs.samples_per_s))
     decision = decide(obs, pools, behavior_from_spec(auto), memory.state, now, auto.idle_threshold)

@@ -131,7 +131,8 @@ def test_monitoring_and_dashboards_behind_values():
     assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
     monitors = {m["metadata"]["name"]: m for m in objects["PodMonitor"]}
     assert sorted(monitors) == ["rel-streamrl-jobs", "rel-streamrl-operator"]
-    relabel = {r["targetLabel"] for r in monitors["rel-streamrl-jobs"]["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    [endpoint] = monitors["rel-streamrl-jobs"]["spec"]["podMetricsEndpoints"]
+    relabel = {r["targetLabel"] for r in endpoint["relabelings"]}
     assert relabel == {"rljob", "role", "pool", "replica"}
     # The operator's own /metrics (the autoscaler's series): its pod, its metrics port.
     operator = monitors["rel-streamrl-operator"]["spec"]

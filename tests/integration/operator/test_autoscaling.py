@@ -18,7 +18,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.operator.autoscaler import NO_PROMETHEUS
 from streamrl.prometheus.server import MISSING, LocalPrometheus, Target, free_port
 from tests.integration.operator.conftest import wait_for
-from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS, NS, RLJOB, create, example, get, plain
+from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS, RLJOB, create, example, get, plain
 
 pytestmark = pytest.mark.skipif(not shutil.which("prometheus"), reason=MISSING)
 JOB_NAMES = ("elastic", "ext", "off", "ctl", "down", "nourl")
@@ -188,6 +188,13 @@ async def test_generation_bound_job_gains_a_replica_then_loses_it_when_generator
     await wait_for(lambda: condition(k8s, "elastic", "ScalingLimited") == ("True", "TrainerBound"),
                    what="ScalingLimited trainer-bound")
     assert autoscaling(k8s, "elastic")["trainerBound"] is True
+    # The operator's own series (served on its metrics port) say the same.
+    sample = operator.metrics.registry.get_sample_value
+    assert sample("streamrl_autoscaler_desired_replicas", {"rljob": "elastic", "pool": "default"}) == 1
+    for direction in ("up", "down"):
+        assert sample("streamrl_autoscaler_decisions_total",
+                      {"rljob": "elastic", "pool": "default", "direction": direction}) == 1
+    assert sample("streamrl_autoscaler_trainer_bound", {"rljob": "elastic"}) == 1
     assert time.monotonic() - started < 60
 
 

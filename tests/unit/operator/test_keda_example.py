@@ -34,7 +34,8 @@ def test_scale_target_is_an_example_rljob_that_leaves_scale_to_keda():
     assert (obj["apiVersion"], obj["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
     target = obj["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"]) == (f"{GROUP}/{VERSION}", KIND)
-    jobs = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in (ROOT / "deploy" / "examples").glob("rljob-*.yaml")}
+    jobs = {yaml.safe_load(p.read_text())["metadata"]["name"]
+            for p in (ROOT / "deploy" / "examples").glob("rljob-*.yaml")}
     assert target["name"] in jobs
     assert 1 <= obj["spec"]["minReplicaCount"] <= obj["spec"]["maxReplicaCount"]
     assert "mode: External" in EXAMPLE.read_text()  # the header tells the RLJob to leave /scale to KEDA
