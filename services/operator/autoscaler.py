@@ -152,7 +152,8 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, window: float, 
         return Round({**_base(memory, url, why, previous), **seen}, memory)
     auto = job.spec.autoscaling
     pools = fill_unmeasured(pools_from_spec(job.spec.generators, asked, inputs.samples_per_s))
-    decision = decide(obs, pools, behavior_from_spec(auto), memory.state, now, auto.idle_threshold)
+    decision = decide(obs, pools, behavior_from_spec(auto), memory.state, now, auto.idle_threshold,
+                      auto.min_utilisation)
     changed = decision.step != 0
     new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
                          last_change=now if changed else memory.last_change)

@@ -64,6 +64,14 @@ def test_generation_bound_adds_a_replica_with_an_event_and_a_recorded_decision()
     assert s["limited"] is None
 
 
+def test_min_utilisation_from_the_spec_is_honoured():
+    # One more replica would halve generation to 1.5s: under training's 2s, so the published rule waits...
+    close = inputs(Observation(generation_s=3.0, train_s=2.0))
+    assert plan(job(), close, Memory(), NOW, 60, URL).replicas is None
+    # ...unless generators may be busy only half the time.
+    assert plan(job(minUtilisation=0.5), close, Memory(), NOW, 60, URL).replicas == {"l4": 2}
+
+
 def test_idle_generators_lose_a_replica():
     r = plan(job(replicas=2), inputs(Observation(1.0, 1.0, idle_no_work=0.6), connected=2), Memory(), NOW, 60, URL)
     assert r.replicas == {"l4": 1}
