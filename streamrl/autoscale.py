@@ -19,7 +19,8 @@ measured throughput and configured cost. Rules:
 - in the spirit of Kubernetes HPA `behavior` (same field names): a recommendation must
   hold for `stabilizationWindowSeconds` before it is acted on, and `policies` cap the step
   (`type: Pods`, `value` replicas per `periodSeconds`; every policy must allow a step, as
-  with `selectPolicy: Min`);
+  with `selectPolicy: Min`); after a change, the opposite direction waits
+  `cooldown_seconds`;
 - when training is the bottleneck and generators cannot shrink further, say so
   (`trainer_bound`): resizing the trainer comes later.
 """
@@ -50,6 +51,9 @@ class ScalingRules:
 class Behavior:
     scale_up: ScalingRules = ScalingRules(stabilization_window_seconds=0.0)
     scale_down: ScalingRules = ScalingRules(stabilization_window_seconds=300.0)
+    cooldown_seconds: float = 60.0
+    """After a change, none in the opposite direction for this long (no flapping on one
+    noisy reading at a phase change)."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,8 @@ def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State
     """Apply the rule, then the stabilization windows and rate policies."""
     current = {p.name: p.replicas for p in pools}
     step, pool, reason, bound = recommend(obs, pools, idle_threshold, min_utilisation)
-    horizon = max([behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds]
+    horizon = max([behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds,
+                   behavior.cooldown_seconds]
                   + [p.period_seconds for r in (behavior.scale_up, behavior.scale_down) for p in r.policies])
     # Twice the horizon: a window is covered once some recommendation predates its start.
     recs = tuple((t, s) for t, s in state.recommendations if t > now - 2 * horizon) + ((now, step),)
@@ -174,6 +179,11 @@ def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State
     if any(s != step for s in window) or not covered:
         return Decision(current, f"{reason}; waiting: not yet stable for "
                                  f"{rules.stabilization_window_seconds:.0f}s", state=new_state)
+    opposite = [t for t, d in actions if (d > 0) != (step > 0) and t > now - behavior.cooldown_seconds]
+    if opposite:
+        return Decision(current, f"{reason}; cooling down: a replica was {'removed' if step > 0 else 'added'} "
+                                 f"{now - max(opposite):.0f}s ago (cooldown {behavior.cooldown_seconds:.0f}s)",
+                        state=new_state)
     for policy in rules.policies:
         moved = sum(abs(d) for t, d in actions if t > now - policy.period_seconds and (d > 0) == (step > 0))
         if moved + 1 > policy.value:
@@ -191,7 +201,7 @@ def behavior_from_spec(spec) -> Behavior:
         return ScalingRules(float(r.stabilization_window_seconds),
                             tuple(ScalingPolicy(p.value, float(p.period_seconds)) for p in r.policies))
 
-    return Behavior(rules(spec.behavior.scale_up), rules(spec.behavior.scale_down))
+    return Behavior(rules(spec.behavior.scale_up), rules(spec.behavior.scale_down), float(spec.cooldown_seconds))
 
 
 def pools_from_spec(generators, replicas: dict[str, int], samples_per_s: dict[str, float]) -> list[Pool]:
@@ -204,18 +214,35 @@ def pools_from_spec(generators, replicas: dict[str, int], samples_per_s: dict[st
 
 
 # ---- inputs, from Prometheus ------------------------------------------------------------
-# The same PromQL feeds `streamrl run` and the operator. Every query is over the window
-# since the last scaling change (so a new replica's effect is what is measured).
+# The same PromQL and the same window feed `streamrl run` and the operator.
 
-def input_queries(rljob: str, window_s: float) -> dict[str, str]:
-    """{input name: PromQL} for one RLJob over the last `window_s` seconds.
+MIN_WINDOW_ROUNDS, MAX_WINDOW_ROUNDS = 2, 4
+
+
+def input_window_s(now: float, settled_at: float | None, interval_s: float) -> float | None:
+    """Seconds of history to read the inputs over: since the replicas last settled (every
+    replica asked for connected), at most four rounds back (a minute at the default 15 s),
+    so the policy follows a changing workload. None until two rounds have passed since:
+    older data would predate the change, and over a window longer than its life a young
+    replica's counters read low (rate() divides by the whole window)."""
+    if settled_at is None or now - settled_at < MIN_WINDOW_ROUNDS * interval_s:
+        return None
+    return min(now - settled_at, MAX_WINDOW_ROUNDS * interval_s)
+
+
+def input_queries(rljob: str, window_s: float, namespace: str | None = None) -> dict[str, str]:
+    """{input name: PromQL} for one RLJob (in `namespace`, when its series carry one) over
+    the last `window_s` seconds.
 
     The stage times come from the bubble metrics, the same way in every pipeline mode:
     T_gen = iteration wall time x generator utilisation (busy fraction, averaged over
     replicas) and T_train = iteration wall time x trainer utilisation. (The trainer's
     per-iteration generation time cannot serve: in one-step asynchronous mode an
     iteration's samples are mostly generated before it starts.)"""
-    j = rljob.replace("\\", "\\\\").replace('"', '\\"')
+    def quoted(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"')
+
+    j = quoted(rljob) + (f'", namespace="{quoted(namespace)}' if namespace else "")
     w = f"[{max(2, int(round(window_s)))}s]"
 
     def utilisation(stage: str) -> str:

@@ -16,21 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
-from streamrl.autoscale import (Decision, Pool, State, behavior_from_spec, decide, fill_unmeasured, input_queries,
-                                parse_inputs, pools_from_spec)
+from streamrl.autoscale import (MIN_WINDOW_ROUNDS, Decision, Pool, State, behavior_from_spec, decide,
+                                fill_unmeasured, input_queries, input_window_s, parse_inputs, pools_from_spec)
 from streamrl.metrics import AutoscalerMetrics
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 from streamrl.spec import RLJob
-
-MIN_WINDOW_S = 2.0
-"""The inputs cover at least this long since the last change (Prometheus scrapes every second locally)."""
-
-
-def lookback_s(interval_seconds: float) -> float:
-    """How far back the inputs look at most: recent enough to follow a changing workload,
-    long enough to span iterations (a minute with the default 15 s interval)."""
-    return max(4.0 * interval_seconds, 10.0)
-
 
 class Replica(Protocol):
     name: str
@@ -70,6 +60,8 @@ class LocalAutoscaler:
         self._last_reason = ""
         self.scale_ups = self.scale_downs = 0
         self.last: dict = {}
+        self.decided = self.replicas()
+        """Replicas per pool as of the last decision (processes exit once the run ends)."""
 
     def replicas(self) -> dict[str, int]:
         out = {p.name: 0 for p in self.job.spec.generators.pools}
@@ -94,21 +86,22 @@ class LocalAutoscaler:
         self._next_round = now + self.spec.interval_seconds
         self.fleet.replicas[:] = [r for r in self.fleet.replicas if r.running()]
         asked = self.replicas()
-        window = min(lookback_s(self.spec.interval_seconds), now - self._settled_at) \
-            if self._settled_at is not None else 0.0
+        window = input_window_s(now, self._settled_at, self.spec.interval_seconds)
         try:
-            inputs = parse_inputs(self.prometheus.query_all(input_queries(self.job.metadata.name, max(window, 2.0))))
+            inputs = parse_inputs(self.prometheus.query_all(input_queries(
+                self.job.metadata.name, window or MIN_WINDOW_ROUNDS * self.spec.interval_seconds)))
         except PrometheusError as err:
             self._note(now, f"cannot read the inputs: {err}")
             return None
         connected = {p: inputs.connected.get(p, 0) for p in asked}
         if connected != asked:
+            self._settled_at = None  # a replica is starting, leaving or gone: measure afresh once settled
             self._note(now, "waiting for replicas to join or leave: " + ", ".join(
                 f"{p} {connected[p]}/{n}" for p, n in asked.items()))
             return None
         if self._settled_at is None:
             self._settled_at = now
-        if window < MIN_WINDOW_S:  # what the inputs cover would predate the change
+        if window is None:  # what the inputs cover would predate the change
             self._note(now, "measuring since the last change")
             return None
         if inputs.observation is None:
@@ -117,6 +110,7 @@ class LocalAutoscaler:
         decision = decide(inputs.observation, self._pools(inputs.samples_per_s), self.behavior, self.state, now,
                           self.spec.idle_threshold, self.spec.min_utilisation)
         self.state = decision.state
+        self.decided = decision.replicas
         self.metrics.record(self.job.metadata.name, decision.replicas, decision.step, decision.pool,
                             decision.trainer_bound)
         obs = inputs.observation
@@ -151,4 +145,4 @@ class LocalAutoscaler:
 
     def summary(self) -> dict:
         return {"mode": self.spec.mode, "scale_ups": self.scale_ups, "scale_downs": self.scale_downs,
-                "replicas_final": self.replicas(), "last": self.last}
+                "replicas_final": self.decided, "last": self.last}

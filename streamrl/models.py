@@ -106,6 +106,18 @@ def check_model_dir(path: str | Path) -> Path:
     return path
 
 
+def _task_identity(spec: RLJobSpec) -> dict:
+    """What the warm start learns from: the task's prompts (a JSONL file by its content, not
+    its path), not the order RL walks them in."""
+    task = spec.task.model_dump(mode="json", exclude={"curriculum"})
+    if spec.task.path:
+        try:
+            task["path"] = hashlib.sha256(Path(spec.task.path).read_bytes()).hexdigest()
+        except OSError:
+            pass  # load_prompts names the problem
+    return task
+
+
 def _builtin_key(spec: RLJobSpec) -> str:
     blob = json.dumps(
         {
@@ -114,7 +126,7 @@ def _builtin_key(spec: RLJobSpec) -> str:
             "chars": CHARS,
             "seed": spec.model.seed,
             "warm_start_steps": spec.model.warm_start_steps,
-            "task": spec.task.model_dump(mode="json"),
+            "task": _task_identity(spec),
         },
         sort_keys=True,
     )

@@ -434,7 +434,7 @@ class AutoscalingSpec(_Model):
     mode: Literal["Disabled", "Internal", "External"] = "Disabled"
     """`Internal`: StreamRL scales each pool itself; `External`: something else writes the
     RLJob's `/scale` (KEDA, an HPA); `Disabled`: replicas stay as written."""
-    prometheus_url: str | None = Field(None, max_length=2048)
+    prometheus_url: str | None = Field(None, max_length=2048, pattern=r"^https?://")
     """Kubernetes: the Prometheus HTTP API the policy reads (default: the operator's)."""
     interval_seconds: int = Field(15, ge=1, le=3600)
     """How often the policy runs."""
@@ -445,6 +445,9 @@ class AutoscalingSpec(_Model):
     be busy at least this fraction of the time with it. 1.0 is the published rule (the
     imbalance exceeds what one more replica saves: none sits partly idle); lower values
     spend replica-seconds to shrink the trainer's pipeline bubble sooner."""
+    cooldown_seconds: int = Field(60, ge=0, le=3600)
+    """After a change, no change in the opposite direction for this long: a replica just
+    added is not removed (nor one just removed re-added) on one noisy reading."""
     behavior: ScalingBehaviorSpec = Field(default_factory=ScalingBehaviorSpec)
     """Stabilization windows and rate limits, with HPA's field names."""
 

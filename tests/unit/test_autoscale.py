@@ -150,3 +150,26 @@ def test_a_pool_with_no_replica_is_assumed_as_fast_as_the_measured_ones():
                              Pool("h100", 1)])
     assert [p.samples_per_s for p in pools] == [4.0, 4.0, 0.0]  # a running, unmeasured pool stays unmeasured
     assert recommend(Observation(20.0, 2.0), pools)[1].name == "a100"  # cheaper per sample
+
+
+def test_a_change_in_the_opposite_direction_waits_for_the_cooldown():
+    behavior = Behavior(FAST.scale_up, FAST.scale_down, cooldown_seconds=30.0)
+    up = decide(Observation(10.0, 4.0), [Pool("a", 2, samples_per_s=5.0)], behavior, State(), NOW)
+    assert up.step == 1
+    idle = Observation(2.0, 4.0, idle_no_work=0.5)
+    held = decide(idle, [Pool("a", 3, samples_per_s=5.0)], behavior, up.state, NOW + 20)
+    assert held.step == 0 and "cooling down: a replica was added 20s ago (cooldown 30s)" in held.reason
+    down = decide(idle, [Pool("a", 3, samples_per_s=5.0)], behavior, held.state, NOW + 31)
+    assert down.step == -1
+    # The same direction is only rate-limited by its policies, not by the cooldown.
+    again = decide(Observation(10.0, 4.0), [Pool("a", 3, samples_per_s=5.0)], behavior, up.state, NOW + 61)
+    assert again.step == 1
+
+
+def test_the_input_window_starts_when_the_replicas_settled_and_looks_back_four_rounds_at_most():
+    from streamrl.autoscale import input_window_s
+
+    assert input_window_s(100.0, None, 15.0) is None  # replicas not settled (a change is joining)
+    assert input_window_s(100.0, 80.0, 15.0) is None  # 20 s < two rounds: would predate the change
+    assert input_window_s(100.0, 70.0, 15.0) == 30.0
+    assert input_window_s(1000.0, 70.0, 15.0) == 60.0  # recent enough to follow the workload
