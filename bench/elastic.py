@@ -1,0 +1,117 @@
+"""Elastic generators side by side: the same growing-length workload (a length curriculum
+on `counting-ramp`: output lengths ramp up steadily over the run), same seed, with the
+generators fixed at the minimum, fixed at the maximum, and elastic (autoscaling.mode
+Internal between the two). Reports samples/s, generator replica-seconds and the trainer's
+pipeline-bubble ratio over the last third of the run; the last line is a JSON object.
+
+Targets: elastic keeps that bubble <= 10% and reaches >= 0.9x the samples/s of
+fixed-at-maximum with fewer replica-seconds.
+
+    python bench/elastic.py [--iterations 40] [--max-replicas 2] [--rounds 1]
+
+Each replica is one single-threaded process; `--cores` (default: --max-replicas) is passed
+to `streamrl run`, so on a machine with fewer cores than replicas + trainer the processes
+share cores and the maximum cannot be as fast as its replica count says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CONFIGS = ("fixed-min", "fixed-max", "elastic")
+
+
+def job(config: str, args) -> dict:
+    doc = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
+    doc["metadata"]["name"] = f"elastic-{config}"
+    spec = doc["spec"]
+    spec["task"] = {"name": "counting-ramp", "numPrompts": args.iterations * args.prompts_per_step,
+                    "curriculum": True, "seed": args.seed}
+    spec["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step, groupSize=8,
+                             learningRate=1e-5, seed=args.seed)
+    spec["pipeline"] = {"mode": "stream-async"}
+    replicas = args.max_replicas if config == "fixed-max" else 1
+    spec["generators"]["pools"] = [{"name": "default", "replicas": replicas, "minReplicas": 1,
+                                    "maxReplicas": args.max_replicas,
+                                    "engine": {"type": "torch", "maxBatchSize": args.batch}}]
+    if config == "elastic":
+        spec["autoscaling"] = {"mode": "Internal", "intervalSeconds": 1, "minUtilisation": args.min_utilisation,
+                               "cooldownSeconds": 10, "behavior": {
+                                   "scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 2}]},
+                                   "scaleDown": {"stabilizationWindowSeconds": 5,
+                                                 "policies": [{"type": "Pods", "value": 1, "periodSeconds": 5}]}}}
+    return doc
+
+
+def measure(run_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = records[len(records) - len(records) // 3:]
+    wall = sum(r["wall_s"] for r in last)
+    out = {
+        "samples_per_s": summary["samples_per_s"],
+        "replica_seconds": summary["generator_replica_seconds"],
+        "bubble_last_third": sum(r["pipeline_bubble_ratio"] * r["wall_s"] for r in last) / wall,
+        "bubble": summary["pipeline_bubble_ratio"],
+        "accepted": summary["num_samples_accepted"],
+    }
+    if "autoscaling" in summary:
+        out["scale_ups"] = summary["autoscaling"]["scale_ups"]
+        out["scale_downs"] = summary["autoscaling"]["scale_downs"]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iterations", type=int, default=40)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--max-replicas", type=int, default=2)
+    p.add_argument("--batch", type=int, default=2, help="engine batch cap per replica")
+    p.add_argument("--min-utilisation", type=float, default=0.5, help="elastic: autoscaling.minUtilisation")
+    p.add_argument("--cores", type=int, help="passed to streamrl run (default: --max-replicas)")
+    p.add_argument("--rounds", type=int, default=1, help="each config runs once per round, in a rotated order")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench-elastic")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict]] = {c: [] for c in CONFIGS}
+    for r in range(args.rounds):
+        for config in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
+            job_file = out / f"{config}.yaml"
+            job_file.write_text(yaml.safe_dump(job(config, args)))
+            run_dir = out / f"{config}-r{r}"
+            print(f"round {r + 1}/{args.rounds}: {config}", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir),
+                            "--quiet", "--cores", str(args.cores or args.max_replicas)], check=True)
+            results[config].append(measure(run_dir))
+    mean = {c: {k: sum(m[k] for m in ms) / len(ms) for k in ms[0]} for c, ms in results.items()}
+    expected = args.iterations * args.prompts_per_step * 8
+    print(f"{'config':<10} {'samples/s':>10} {'replica-s':>10} {'bubble':>8} {'last third':>11}")
+    for c, m in mean.items():
+        print(f"{c:<10} {m['samples_per_s']:>10.1f} {m['replica_seconds']:>10.1f} {m['bubble']:>8.3f} "
+              f"{m['bubble_last_third']:>11.3f}")
+    e, top = mean["elastic"], mean["fixed-max"]
+    print(json.dumps({
+        "samples_per_s": {c: round(m["samples_per_s"], 2) for c, m in mean.items()},
+        "replica_seconds": {c: round(m["replica_seconds"], 1) for c, m in mean.items()},
+        "bubble_last_third": {c: round(m["bubble_last_third"], 4) for c, m in mean.items()},
+        "elastic_over_fixed_max_samples_per_s": round(e["samples_per_s"] / top["samples_per_s"], 3),
+        "elastic_over_fixed_max_replica_seconds": round(e["replica_seconds"] / top["replica_seconds"], 3),
+        "elastic_scale_ups": e.get("scale_ups"), "elastic_scale_downs": e.get("scale_downs"),
+        "every_sample_once": all(m["accepted"] == expected for ms in results.values() for m in ms),
+        "iterations": args.iterations, "max_replicas": args.max_replicas, "rounds": args.rounds,
+        "cores": args.cores or args.max_replicas,
+    }))
+
+
+if __name__ == "__main__":
+    main()
