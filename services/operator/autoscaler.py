@@ -1,21 +1,18 @@
-"""The operator's side of elastic scaling, one round for one RLJob: the window to read, what
-to wait for, the policy's decision (streamrl.autoscale) and what follows from it (the spec
-patch, status.autoscaling, Events, the ScalingLimited reason). Pure: Prometheus's answers
-and the clock come in; the handlers do the I/O and know no policy."""
+"""The operator's side of elastic scaling, one round for one RLJob: the window to read (the
+same as `streamrl run`'s: since the replicas settled), what to wait for, the policy's
+decision (streamrl.autoscale) and what follows from it (the spec patch, status.autoscaling,
+Events, the ScalingLimited reason). Pure: Prometheus's answers and the clock come in; the
+handlers do the I/O and know no policy."""
 
 from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field, replace
 
-from streamrl.autoscale import (Decision, Inputs, Pool, State, behavior_from_spec, decide, fill_unmeasured,
-                                pools_from_spec)
+from streamrl.autoscale import (MIN_WINDOW_ROUNDS, Decision, Inputs, Pool, State, behavior_from_spec, decide,
+                                fill_unmeasured, input_window_s, pools_from_spec)
 from streamrl.spec import RLJob
 
-WINDOW_MIN_ROUNDS = 3
-"""The inputs are read over at least this many rounds (intervals)..."""
-WINDOW_MAX_S = 600.0
-"""...and at most ten minutes (also the window before any change)."""
 FINAL_PHASES = ("Succeeded", "Failed", "Invalid")
 NO_PROMETHEUS = ("no Prometheus to read the scaling inputs from: set spec.autoscaling.prometheusUrl or the "
                  "operator's --prometheus-url (Helm value operator.prometheusUrl)")
@@ -29,19 +26,17 @@ class Memory:
 
     state: State = field(default_factory=State)
     """The policy's own memory (recommendations, recent actions)."""
-    last_change: float | None = None
-    """Unix seconds of the last replica change (at first: the job's creation); the inputs
-    are read since then, so a counter that began mid-window does not read low."""
+    settled_at: float | None = None
+    """Unix seconds of the first round that found every replica asked for connected since
+    the last change (None: not settled yet). The inputs are read since then (input_window_s)."""
     trainer_bound: bool = False
     """The last decision said trainer-bound (a TrainerBound Event is posted on the way in)."""
 
     @classmethod
-    def from_status(cls, autoscaling: dict | None, created: str | None = None) -> "Memory":
-        """A job's first round (or the first after an operator restart): the last change as
-        status.autoscaling recorded it, else the job's creation (metadata.creationTimestamp)."""
-        stamp = (autoscaling or {}).get("lastScaleTime") or created
-        return cls(last_change=_seconds(stamp) if stamp else None,
-                   trainer_bound=bool((autoscaling or {}).get("trainerBound")))
+    def from_status(cls, autoscaling: dict | None) -> "Memory":
+        """A job's first round (or the first after an operator restart): unsettled, so the
+        inputs are measured afresh; whether the job was trainer-bound, as status recorded it."""
+        return cls(trainer_bound=bool((autoscaling or {}).get("trainerBound")))
 
 
 @dataclass(frozen=True)
@@ -62,29 +57,23 @@ class Round:
     """The round failed (no usable Prometheus, a query failed): a warning for the log."""
 
 
-def _seconds(stamp: str) -> float:
-    """Unix seconds of a Kubernetes timestamp (RFC 3339)."""
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def timestamp(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def window_s(now: float, last_change: float | None, interval_s: float) -> float:
-    """Seconds of history to read: since the last change, within [3 rounds, 10 minutes]
-    (10 minutes when nothing is known)."""
-    since = now - last_change if last_change is not None else WINDOW_MAX_S
-    return min(WINDOW_MAX_S, max(WINDOW_MIN_ROUNDS * interval_s, since))
+def query_window_s(job: RLJob, memory: Memory, now: float) -> float:
+    """Seconds of history to query this round: the policy's window (input_window_s) once the
+    replicas have run settled for two rounds; until then two rounds, read only for who is
+    connected."""
+    interval = job.spec.autoscaling.interval_seconds
+    return input_window_s(now, memory.settled_at, interval) or MIN_WINDOW_ROUNDS * interval
 
 
 def prometheus_url(job: RLJob, default: str | None) -> str:
     """The Prometheus HTTP API to read: the job's, else the operator's; ValueError naming
     the field when neither is usable."""
-    url = job.spec.autoscaling.prometheus_url
+    url = job.spec.autoscaling.prometheus_url  # http(s) by the spec's own pattern
     if url is not None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"spec.autoscaling.prometheusUrl must be an http:// or https:// URL, got {url!r}")
         return url
     if not default:
         raise ValueError(NO_PROMETHEUS)
@@ -137,18 +126,27 @@ def limit(decision: Decision, pools: list[Pool], generation_s: float, train_s: f
     return None
 
 
-def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, window: float, url: str,
-         previous: dict | None = None) -> Round:
-    """One Internal round over Prometheus's answers (parse_inputs of input_queries)."""
+def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previous: dict | None = None) -> Round:
+    """One Internal round over Prometheus's answers (parse_inputs of input_queries over
+    query_window_s(job, memory, now)). Decides only once every replica asked for has been
+    connected for two rounds: the inputs then cover the replicas as they are."""
     asked = job.spec.generators.pool_replicas()
     connected = {p: inputs.connected.get(p, 0) for p in asked}
-    seen = {"inputs": _inputs_status(inputs, window)}
-    if connected != asked:
+    interval = job.spec.autoscaling.interval_seconds
+    window = input_window_s(now, memory.settled_at, interval)
+    seen = {"inputs": _inputs_status(inputs, query_window_s(job, memory, now))}
+    if connected != asked:  # a replica is starting, leaving or gone: measure afresh once settled
+        memory = replace(memory, settled_at=None)
         why = f"waiting for the replicas asked for to connect: {_fmt(connected)} connected, {_fmt(asked)} asked for"
+        return Round({**_base(memory, url, why, previous), **seen}, memory)
+    if window is None:  # what the inputs cover would predate the change
+        memory = replace(memory, settled_at=now) if memory.settled_at is None else memory
+        why = (f"waiting for {MIN_WINDOW_ROUNDS} rounds ({MIN_WINDOW_ROUNDS * interval}s) of measurements since "
+               f"every replica asked for connected ({_fmt(asked)}): older data predates the last change")
         return Round({**_base(memory, url, why, previous), **seen}, memory)
     obs = inputs.observation
     if obs is None:
-        why = f"waiting: fewer than two iterations finished in the last {window:.0f}s (nothing to judge yet)"
+        why = f"waiting for two iterations to finish within the last {window:.0f}s (nothing to judge yet)"
         return Round({**_base(memory, url, why, previous), **seen}, memory)
     auto = job.spec.autoscaling
     pools = fill_unmeasured(pools_from_spec(job.spec.generators, asked, inputs.samples_per_s))
@@ -156,7 +154,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, window: float, 
                       auto.min_utilisation)
     changed = decision.step != 0
     new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
-                         last_change=now if changed else memory.last_change)
+                         settled_at=None if changed else memory.settled_at)
     why = limit(decision, pools, obs.generation_s, obs.train_s)
     status = {**_base(new_memory, url, decision.reason, previous), **seen,
               "desiredReplicas": dict(decision.replicas),

@@ -240,8 +240,10 @@ async def refresh_rljob_status(body, meta, namespace, status, patch, memo, **_):
                                _now()))
 
 
-async def _scaling_round(runtime: Runtime, job: RLJob, status: dict, memory: autoscaler.Memory) -> autoscaler.Round:
-    """Read the inputs from Prometheus and plan; what cannot be read is said, not raised."""
+async def _scaling_round(runtime: Runtime, job: RLJob, namespace: str, status: dict,
+                         memory: autoscaler.Memory) -> autoscaler.Round:
+    """Read the inputs from Prometheus (the job's series: scraped through the chart's
+    PodMonitor they carry its namespace) and plan; what cannot be read is said, not raised."""
     previous = status.get("autoscaling")
     try:
         url = autoscaler.prometheus_url(job, runtime.prometheus_url)
@@ -251,14 +253,14 @@ async def _scaling_round(runtime: Runtime, job: RLJob, status: dict, memory: aut
     if skip:
         return autoscaler.waiting(memory, url, skip, previous)
     now = time.time()
-    interval = job.spec.autoscaling.interval_seconds
-    window = autoscaler.window_s(now, memory.last_change, interval)
+    queries = autoscale.input_queries(job.metadata.name, autoscaler.query_window_s(job, memory, now), namespace)
     try:
-        results = await PrometheusAPI(url).aquery_all(autoscale.input_queries(job.metadata.name, window))
+        results = await PrometheusAPI(url).aquery_all(queries)
     except PrometheusError as err:
+        interval = job.spec.autoscaling.interval_seconds
         return autoscaler.waiting(memory, url, f"cannot read the scaling inputs (next try in {interval}s): {err}",
                                   previous, problem=True)
-    return autoscaler.plan(job, autoscale.parse_inputs(results), memory, now, window, url, previous)
+    return autoscaler.plan(job, autoscale.parse_inputs(results), memory, now, url, previous)
 
 
 async def _autoscale(runtime: Runtime, namespace: str, job_name: str, logger) -> float:
@@ -278,9 +280,8 @@ async def _autoscale(runtime: Runtime, namespace: str, job_name: str, logger) ->
     if mode != "Internal":
         runtime.scaling.pop(key, None)
     else:
-        memory = runtime.scaling.get(key) or autoscaler.Memory.from_status(
-            previous, body["metadata"].get("creationTimestamp"))
-        result = await _scaling_round(runtime, job, status, memory)
+        memory = runtime.scaling.get(key) or autoscaler.Memory.from_status(previous)
+        result = await _scaling_round(runtime, job, namespace, status, memory)
         if result.replicas is not None:
             try:
                 await runtime.kube.patch(path, autoscaler.scale_patch(body, result.replicas))

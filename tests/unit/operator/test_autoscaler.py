@@ -1,15 +1,17 @@
-"""The operator's autoscaler round, pure: window, waits, decisions and what follows from
-them (spec patch, status.autoscaling, Events, the ScalingLimited reason)."""
+"""The operator's autoscaler round, pure: window, waits (for the replicas to settle), decisions
+and what follows from them (spec patch, status.autoscaling, Events, the ScalingLimited reason)."""
 
 import pytest
 
 from streamrl.autoscale import Inputs, Observation
 from streamrl.operator import autoscaler
-from streamrl.operator.autoscaler import Memory, plan, scale_patch, status_patch, window_s
+from streamrl.operator.autoscaler import Memory, plan, query_window_s, scale_patch, status_patch
 from streamrl.operator.status import Observed, derive
-from streamrl.spec import parse_job
+from streamrl.spec import SpecError, parse_job
 
 NOW = 1_800_000_000.0
+SETTLED = Memory(settled_at=NOW - 60)
+"""Every replica asked for connected a minute ago: four rounds of 15 s, the full window."""
 URL = "http://prometheus:9090"
 GEN_BOUND = Observation(generation_s=10.0, train_s=2.0)
 TRAIN_BOUND = Observation(generation_s=1.0, train_s=10.0)
@@ -28,15 +30,15 @@ def inputs(obs, connected=1, rate=20.0):
     return Inputs(obs, {"l4": rate}, {"l4": connected})
 
 
-@pytest.mark.parametrize("last_change, interval, expected", [
-    (None, 15, 600.0),           # before any change: the ten-minute cap
-    (NOW - 10, 15, 45.0),        # just changed: at least three rounds
-    (NOW - 100, 15, 100.0),      # since the change
-    (NOW - 5000, 15, 600.0),     # capped
-    (NOW - 10, 300, 600.0),      # three long rounds exceed the cap: the cap wins
+@pytest.mark.parametrize("settled_at, interval, expected", [
+    (None, 15, 30.0),            # not settled: two rounds, read only for who is connected
+    (NOW - 20, 15, 30.0),        # settled, but for less than two rounds: likewise
+    (NOW - 40, 15, 40.0),        # since the replicas settled...
+    (NOW - 5000, 15, 60.0),      # ...at most four rounds back
+    (NOW - 5000, 2, 8.0),
 ])
-def test_window_is_since_the_last_change_within_three_rounds_and_ten_minutes(last_change, interval, expected):
-    assert window_s(NOW, last_change, interval) == expected
+def test_query_window_is_since_the_replicas_settled_within_two_to_four_rounds(settled_at, interval, expected):
+    assert query_window_s(job(intervalSeconds=interval), Memory(settled_at=settled_at), NOW) == expected
 
 
 def test_prometheus_url_from_the_job_then_the_operator_else_a_clear_error():
@@ -44,14 +46,14 @@ def test_prometheus_url_from_the_job_then_the_operator_else_a_clear_error():
     assert autoscaler.prometheus_url(job(), URL) == URL
     with pytest.raises(ValueError, match=r"spec.autoscaling.prometheusUrl or the operator's --prometheus-url"):
         autoscaler.prometheus_url(job(), "")
-    with pytest.raises(ValueError, match=r"spec.autoscaling.prometheusUrl must be an http:// or https:// URL"):
-        autoscaler.prometheus_url(job(prometheusUrl="prometheus:9090"), URL)
+    with pytest.raises(SpecError, match=r"spec.autoscaling.prometheusUrl: String should match pattern '\^https\?://'"):
+        job(prometheusUrl="prometheus:9090")  # refused with the spec (and so by the CRD, at admission)
 
 
 def test_generation_bound_adds_a_replica_with_an_event_and_a_recorded_decision():
-    r = plan(job(), inputs(GEN_BOUND), Memory(), NOW, 600.0, URL)
+    r = plan(job(), inputs(GEN_BOUND), SETTLED, NOW, URL)
     assert r.replicas == {"l4": 2}
-    assert r.memory.last_change == NOW
+    assert r.memory.settled_at is None  # the change is yet to join: the next window starts once it has
     [(kind, reason, message)] = r.events
     assert (kind, reason) == ("Normal", "ScaledUp")
     assert message.startswith("scaled pool l4 from 1 to 2: generation-bound")
@@ -59,7 +61,7 @@ def test_generation_bound_adds_a_replica_with_an_event_and_a_recorded_decision()
     assert s["mode"] == "Internal" and s["prometheusUrl"] == URL
     assert s["desiredReplicas"] == {"l4": 2} and s["lastScaleTime"] == autoscaler.timestamp(NOW)
     assert s["lastDecision"]["step"] == 1 and s["lastDecision"]["pool"] == "l4"
-    assert s["inputs"] == {"windowSeconds": 600.0, "generationSeconds": 10.0, "trainSeconds": 2.0, "idleNoWork": 0.0,
+    assert s["inputs"] == {"windowSeconds": 60.0, "generationSeconds": 10.0, "trainSeconds": 2.0, "idleNoWork": 0.0,
                            "connected": {"l4": 1}, "samplesPerSecond": {"l4": 20.0}}
     assert s["limited"] is None
 
@@ -67,43 +69,61 @@ def test_generation_bound_adds_a_replica_with_an_event_and_a_recorded_decision()
 def test_min_utilisation_from_the_spec_is_honoured():
     # One more replica would halve generation to 1.5s: under training's 2s, so the published rule waits...
     close = inputs(Observation(generation_s=3.0, train_s=2.0))
-    assert plan(job(), close, Memory(), NOW, 60, URL).replicas is None
+    assert plan(job(), close, SETTLED, NOW, URL).replicas is None
     # ...unless generators may be busy only half the time.
-    assert plan(job(minUtilisation=0.5), close, Memory(), NOW, 60, URL).replicas == {"l4": 2}
+    assert plan(job(minUtilisation=0.5), close, SETTLED, NOW, URL).replicas == {"l4": 2}
 
 
 def test_idle_generators_lose_a_replica():
-    r = plan(job(replicas=2), inputs(Observation(1.0, 1.0, idle_no_work=0.6), connected=2), Memory(), NOW, 60, URL)
+    r = plan(job(replicas=2), inputs(Observation(1.0, 1.0, idle_no_work=0.6), connected=2), SETTLED, NOW, URL)
     assert r.replicas == {"l4": 1}
     assert [e[1] for e in r.events] == ["ScaledDown"]
     assert "idle for lack of work" in r.status["lastDecision"]["reason"]
 
 
-@pytest.mark.parametrize("given, says", [
-    (inputs(GEN_BOUND, connected=0), "waiting for the replicas asked for to connect: l4=0 connected, l4=1 asked for"),
-    (inputs(None), "waiting: fewer than two iterations finished in the last 45s"),
+@pytest.mark.parametrize("given, memory, says, settled_at", [
+    (inputs(GEN_BOUND, connected=0), SETTLED,
+     "waiting for the replicas asked for to connect: l4=0 connected, l4=1 asked for", None),
+    (inputs(GEN_BOUND), Memory(), "waiting for 2 rounds (30s) of measurements since every replica asked for "
+                                  "connected (l4=1): older data predates the last change", NOW),
+    (inputs(GEN_BOUND), Memory(settled_at=NOW - 20), "waiting for 2 rounds (30s)", NOW - 20),
+    (inputs(None), SETTLED, "waiting for two iterations to finish within the last 60s", SETTLED.settled_at),
 ])
-def test_no_decision_until_the_last_change_took_effect_and_iterations_finished(given, says):
+def test_no_decision_until_the_replicas_settled_for_two_rounds_and_iterations_finished(given, memory, says, settled_at):
     previous = {"lastScaleTime": "2027-01-15T08:00:00Z", "desiredReplicas": {"l4": 1}, "limited": {"reason": "x"}}
-    r = plan(job(), given, Memory(), NOW, 45.0, URL, previous)
+    r = plan(job(), given, memory, NOW, URL, previous)
     assert r.replicas is None and r.decision is None and r.events == ()
     assert r.status["message"].startswith(says)
+    assert r.memory.settled_at == settled_at  # a replica missing unsettles; the first complete round settles
     assert r.status["lastScaleTime"] == "2027-01-15T08:00:00Z"  # carried over
     assert "limited" not in r.status  # a waiting round says nothing about limits
 
 
+def test_rounds_after_a_change_settle_then_measure_two_rounds_then_decide():
+    j = job(replicas=2)
+    joining = plan(j, inputs(GEN_BOUND, connected=1), Memory(), NOW, URL)  # the replica added is starting
+    assert joining.memory.settled_at is None
+    r = plan(j, inputs(GEN_BOUND, connected=2), joining.memory, NOW + 15, URL)
+    assert r.memory.settled_at == NOW + 15 and r.decision is None
+    r = plan(j, inputs(GEN_BOUND, connected=2), r.memory, NOW + 30, URL)
+    assert r.decision is None and r.status["inputs"]["windowSeconds"] == 30.0  # one round: still too short
+    r = plan(j, inputs(GEN_BOUND, connected=2), r.memory, NOW + 45, URL)
+    assert r.replicas == {"l4": 3} and r.status["inputs"]["windowSeconds"] == 30.0
+    assert r.memory.settled_at is None  # measured afresh once the next replica joined
+
+
 def test_trainer_bound_at_the_minimum_warns_once_and_is_a_limit():
-    first = plan(job(replicas=1, min_replicas=1), inputs(TRAIN_BOUND), Memory(), NOW, 60, URL)
+    first = plan(job(replicas=1, min_replicas=1), inputs(TRAIN_BOUND), SETTLED, NOW, URL)
     assert first.replicas is None
     assert first.status["trainerBound"] is True
     assert [(e[0], e[1]) for e in first.events] == [("Warning", "TrainerBound")]
     assert first.status["limited"]["reason"] == "TrainerBound"
-    again = plan(job(replicas=1, min_replicas=1), inputs(TRAIN_BOUND), first.memory, NOW + 15, 60, URL)
+    again = plan(job(replicas=1, min_replicas=1), inputs(TRAIN_BOUND), first.memory, NOW + 15, URL)
     assert again.events == () and again.status["trainerBound"] is True
 
 
 def test_generation_bound_with_every_pool_at_its_maximum_is_a_limit():
-    r = plan(job(replicas=3, max_replicas=3), inputs(GEN_BOUND, connected=3), Memory(), NOW, 60, URL)
+    r = plan(job(replicas=3, max_replicas=3), inputs(GEN_BOUND, connected=3), SETTLED, NOW, URL)
     assert r.replicas is None
     assert r.status["limited"]["reason"] == "AtMaxReplicas"
     assert "maxReplicas (l4=3)" in r.status["limited"]["message"]
@@ -131,13 +151,10 @@ def test_status_patch_replaces_autoscaling_and_skips_no_ops():
         "mode": "External", "message": autoscaler.EXTERNAL}}}
 
 
-def test_memory_after_a_restart_starts_from_the_recorded_scale_time():
-    memory = Memory.from_status({"lastScaleTime": autoscaler.timestamp(NOW), "trainerBound": True})
-    assert memory.last_change == NOW and memory.trainer_bound is True
+def test_memory_after_a_restart_is_unsettled_and_remembers_trainer_bound():
+    memory = Memory.from_status({"lastScaleTime": autoscaler.timestamp(NOW - 5000), "trainerBound": True})
+    assert memory == Memory(settled_at=None, trainer_bound=True)  # re-settles in two rounds
     assert Memory.from_status(None) == Memory()
-    created = Memory.from_status(None, "2027-01-15T08:00:00+00:00")  # no change yet: since the job began
-    assert created.last_change == NOW == Memory.from_status({"lastScaleTime": "2027-01-15T08:00:00Z"},
-                                                           "2020-01-01T00:00:00Z").last_change
 
 
 def test_skip_suspended_and_finished_jobs():
