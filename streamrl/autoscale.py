@@ -129,7 +129,9 @@ def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2,
     delta = obs.generation_s - obs.train_s
     growable = sorted((p for p in pools if p.replicas < p.max_replicas and p.samples_per_s > 0),
                       key=lambda p: (-p.value, p.name))
-    shrinkable = sorted((p for p in pools if p.replicas > p.min_replicas and p.samples_per_s > 0),
+    # Never the last replica of the job, whatever the minimums say: nothing would generate.
+    last = sum(p.replicas for p in pools) <= 1
+    shrinkable = sorted((p for p in pools if p.replicas > p.min_replicas and p.samples_per_s > 0 and not last),
                         key=lambda p: (p.value, p.name))
     if delta > 0 and growable:
         best = growable[0]

@@ -173,3 +173,9 @@ def test_the_input_window_starts_when_the_replicas_settled_and_looks_back_four_r
     assert input_window_s(100.0, 80.0, 15.0) is None  # 20 s < two rounds: would predate the change
     assert input_window_s(100.0, 70.0, 15.0) == 30.0
     assert input_window_s(1000.0, 70.0, 15.0) == 60.0  # recent enough to follow the workload
+
+
+def test_the_last_replica_is_never_removed_even_with_a_minimum_of_zero():
+    step, _, reason, bound = recommend(Observation(1.0, 4.0, idle_no_work=0.9), [Pool("a", 1, min_replicas=0,
+                                                                                       samples_per_s=5.0)])
+    assert step == 0 and bound and "trainer is the bottleneck" in reason
