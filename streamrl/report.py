@@ -41,6 +41,8 @@ class Run:
     summary: dict
     timelines: dict[str, list[dict]] = field(default_factory=dict)
     """{process name: spans}, trainer first."""
+    scaling: list[dict] = field(default_factory=list)
+    """The autoscaler's changes (autoscaling.jsonl lines with a step), in order."""
 
 
 def load_run(directory: str | Path) -> Run:
@@ -65,6 +67,9 @@ def load_run(directory: str | Path) -> Run:
         pass
     summary_path = directory / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    scaling_path = directory / "autoscaling.jsonl"
+    scaling = [r for r in map(json.loads, scaling_path.read_text().splitlines()) if r.get("step")] \
+        if scaling_path.is_file() else []
     timelines = {}
     files = sorted((directory / "timeline").glob("*.jsonl"), key=lambda p: (p.stem != "trainer", p.stem))
     for path in files:
@@ -76,7 +81,7 @@ def load_run(directory: str | Path) -> Run:
                 continue  # a process killed mid-write leaves a partial last line
         if spans:
             timelines[path.stem] = spans
-    return Run(directory, name, records, summary, timelines)
+    return Run(directory, name, records, summary, timelines, scaling)
 
 
 def plot_progress(run: Run) -> Figure:
@@ -166,8 +171,17 @@ def summary_markdown(run: Run, images: list[str]) -> str:
         f"({'generation' if gen > train else 'training'}-bound) |",
         f"| staleness, max | {max(r.get('staleness_max', 0) for r in rs)} |",
         f"| stale samples dropped | {s.get('num_samples_stale_dropped', 0)} |",
-        "",
     ]
+    if "generator_replica_seconds" in s:
+        lines.append(f"| generator replica-seconds | {s['generator_replica_seconds']:.1f} "
+                     f"({s.get('generator_replicas_started', '?')} replicas started) |")
+    lines.append("")
+    if run.scaling:
+        start = rs[0]["time_unix"] - rs[0].get("elapsed_s", 0.0)
+        lines += ["## Autoscaling", "", "| t (s) | change | replicas | why |", "| --- | --- | --- | --- |"]
+        lines += [f"| {r['time_unix'] - start:.1f} | {r['step']:+d} {r.get('pool') or ''} | "
+                  f"{', '.join(f'{k}={v}' for k, v in r['replicas'].items())} | {r['reason']} |" for r in run.scaling]
+        lines.append("")
     lines += [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
 

@@ -44,6 +44,23 @@ def test_report_files_and_summary(tmp_path):
     assert "| reward, first → last iteration | 0.000 → 0.500 |" in md
 
 
+def test_the_autoscalers_changes_are_listed(tmp_path):
+    d = _run_dir(tmp_path)
+    rounds = [{"time_unix": 1003.5, "step": 0, "replicas": {"a": 1}, "reason": "measuring since the last change"},
+              {"time_unix": 1004.25, "step": 1, "pool": "a", "replicas": {"a": 2}, "reason": "generation-bound: x"},
+              {"time_unix": 1009.0, "step": -1, "pool": "a", "replicas": {"a": 1}, "reason": "generators idle"}]
+    (d / "autoscaling.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "generator_replica_seconds": 17.25,
+                                                "generator_replicas_started": 2}))
+    write_report(d)
+    md = (d / "report" / "report.md").read_text()
+    assert "| generator replica-seconds | 17.2 (2 replicas started) |" in md
+    # Times count from the run's start: the first record's time_unix minus its elapsed_s (absent here: 1002 s).
+    assert "| 2.2 | +1 a | a=2 | generation-bound: x |" in md and "| 7.0 | -1 a | a=1 | generators idle |" in md
+    assert "measuring" not in md
+
+
 def test_timeline_rows_and_bars(tmp_path):
     run = load_run(_run_dir(tmp_path))  # the torn last line of trainer.jsonl is skipped
     assert list(run.timelines) == ["trainer", "generator-a-0"]
