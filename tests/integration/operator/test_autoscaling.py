@@ -1,9 +1,10 @@
 """The operator's autoscaler end to end: the real kopf operator against kmock, reading a real
 Prometheus that scrapes each job's trainer and generator series (the services' own
-collectors) played back by a thread: generation-bound -> a replica added, Event, status;
-at the pool's maximum -> ScalingLimited; generators idle -> the replica removed, then
-trainer-bound; External and Disabled jobs left alone; Prometheus unreachable or unnamed ->
-said in status, and the next round recovers."""
+collectors) played back by a thread, labelled as the chart's PodMonitor labels them (with
+their namespace; a job of the same name elsewhere must not count): generation-bound -> a
+replica added, Event, status; at the pool's maximum -> ScalingLimited; generators idle ->
+the replica removed, then trainer-bound; External and Disabled jobs left alone; Prometheus
+unreachable or unnamed -> said in status, and the next round recovers."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.operator.autoscaler import NO_PROMETHEUS
 from streamrl.prometheus.server import MISSING, LocalPrometheus, Target, free_port
 from tests.integration.operator.conftest import wait_for
-from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS, RLJOB, create, example, get, plain
+from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS, NS, RLJOB, create, example, get, plain
 
 pytestmark = pytest.mark.skipif(not shutil.which("prometheus"), reason=MISSING)
 JOB_NAMES = ("elastic", "ext", "off", "ctl", "down", "nourl")
@@ -32,8 +33,8 @@ class Playback:
     collectors on their own ports, advanced every tick as if the job ran one iteration per
     ITERATION_S with each stage busy the given fraction of the time."""
 
-    def __init__(self, job: str):
-        self.job = job
+    def __init__(self, job: str, namespace: str = NS):
+        self.job, self.namespace = job, namespace
         self.trainer, self.generator = ServiceMetrics("trainer"), ServiceMetrics("generator")
         self.servers = [start_http_server(0, "127.0.0.1", m.registry)[0] for m in (self.trainer, self.generator)]
         self.play(generating=0.95, training=0.2, idle=0.0, connected=1)  # generation-bound, one replica
@@ -47,9 +48,9 @@ class Playback:
 
     def targets(self) -> list[Target]:
         trainer, generator = (f"127.0.0.1:{s.server_port}" for s in self.servers)
-        return [Target(trainer, {"rljob": self.job, "role": "trainer"}),
-                Target(generator, {"rljob": self.job, "role": "generator", "pool": "default",
-                                   "replica": "default-0"})]
+        labels = {"rljob": self.job, "namespace": self.namespace}
+        return [Target(trainer, {**labels, "role": "trainer"}),
+                Target(generator, {**labels, "role": "generator", "pool": "default", "replica": "default-0"})]
 
     def tick(self, dt: float) -> None:
         t, g = self.trainer, self.generator
@@ -78,13 +79,18 @@ class Playback:
 def recorded(tmp_path_factory):
     """(a real Prometheus scraping every job's playback, {job: Playback})."""
     runs = {job: Playback(job) for job in JOB_NAMES}
+    # "elastic" in another namespace, never what the one in NS asks for: read together, the
+    # replicas connected would never match and the stage times would mix.
+    elsewhere = Playback("elastic", namespace="elsewhere")
+    elsewhere.play(generating=0.2, training=0.95, idle=0.8, connected=3)
+    playbacks = [*runs.values(), elsewhere]
     prometheus = LocalPrometheus(tmp_path_factory.mktemp("prometheus"), scrape_interval_s=0.5, rules=None)
-    prometheus.set_targets([t for run in runs.values() for t in run.targets()])
+    prometheus.set_targets([t for run in playbacks for t in run.targets()])
     stop = threading.Event()
 
     def advance():
         while not stop.wait(TICK_S):
-            for run in runs.values():
+            for run in playbacks:
                 run.tick(TICK_S)
 
     ticker = threading.Thread(target=advance, daemon=True)
@@ -93,7 +99,7 @@ def recorded(tmp_path_factory):
     # Rates over a window read low while the series cover only part of it: start with a few seconds of data.
     deadline = time.monotonic() + 30
     while not prometheus.query(f"count(count_over_time(streamrl_iteration[{WARM_S}s]) >= {WARM_S * 2}) "
-                               f"== {len(JOB_NAMES)}"):
+                               f"== {len(playbacks)}"):
         assert time.monotonic() < deadline, "Prometheus did not scrape every playback"
         time.sleep(0.25)
     try:
@@ -102,7 +108,7 @@ def recorded(tmp_path_factory):
         stop.set()
         ticker.join()
         prometheus.stop()
-        closers = [threading.Thread(target=run.close) for run in runs.values()]
+        closers = [threading.Thread(target=run.close) for run in playbacks]
         for t in closers:
             t.start()
         for t in closers:
@@ -119,7 +125,8 @@ def autoscaled(name: str, mode: str = "Internal", url: str | None = None) -> dic
     body = example(name)
     body["spec"]["generators"]["pools"][0].update({"replicas": 1, "minReplicas": 1, "maxReplicas": 2})
     fast = {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 1}]}
-    body["spec"]["autoscaling"] = {"mode": mode, "intervalSeconds": 1, "idleThreshold": 0.2,
+    # cooldownSeconds: 1, so the replica added can go again within the test.
+    body["spec"]["autoscaling"] = {"mode": mode, "intervalSeconds": 1, "idleThreshold": 0.2, "cooldownSeconds": 1,
                                    "behavior": {"scaleUp": fast, "scaleDown": fast},
                                    **({"prometheusUrl": url} if url else {})}
     return body
@@ -168,6 +175,9 @@ async def test_generation_bound_job_gains_a_replica_then_loses_it_when_generator
     await wait_for(lambda: autoscaling(k8s, "elastic")["message"].startswith("waiting for the replicas asked for"),
                    what="waiting for the new replica")
     run.play(connected=2)
+    # Once it has, two rounds are measured before the next decision (older data predates the change).
+    await wait_for(lambda: autoscaling(k8s, "elastic")["message"].startswith("waiting for 2 rounds (2s) of measure"),
+                   what="measuring since the replica joined")
     await wait_for(lambda: condition(k8s, "elastic", "ScalingLimited") == ("True", "AtMaxReplicas"), timeout=15,
                    what="ScalingLimited at the maximum")
     assert pool_replicas(k8s, "elastic") == [2]
