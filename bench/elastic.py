@@ -7,11 +7,12 @@ pipeline-bubble ratio over the last third of the run; the last line is a JSON ob
 Targets: elastic keeps that bubble <= 10% and reaches >= 0.9x the samples/s of
 fixed-at-maximum with fewer replica-seconds.
 
-    python bench/elastic.py [--iterations 40] [--max-replicas 2] [--rounds 1]
+    python bench/elastic.py [--iterations 40] [--max-replicas 2] [--rounds 2]
 
 Each replica is one single-threaded process; `--cores` (default: --max-replicas) is passed
 to `streamrl run`, so on a machine with fewer cores than replicas + trainer the processes
-share cores and the maximum cannot be as fast as its replica count says.
+share cores and the maximum cannot be as fast as its replica count says. Every config runs
+with its own Prometheus (`--prometheus`), so all carry the same monitoring load.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def job(config: str, args) -> dict:
     doc = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
     doc["metadata"]["name"] = f"elastic-{config}"
     spec = doc["spec"]
+    # A longer warm start: the model then stops where the answer does (a 600-step model runs
+    # on past short answers), so output lengths really ramp with the curriculum.
+    spec["model"]["warmStartSteps"] = args.warm_start_steps
     spec["task"] = {"name": "counting-ramp", "numPrompts": args.iterations * args.prompts_per_step,
                     "curriculum": True, "seed": args.seed}
     spec["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step, groupSize=8,
@@ -74,10 +78,11 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--max-replicas", type=int, default=2)
-    p.add_argument("--batch", type=int, default=2, help="engine batch cap per replica")
+    p.add_argument("--batch", type=int, default=4, help="engine batch cap per replica")
     p.add_argument("--min-utilisation", type=float, default=0.5, help="elastic: autoscaling.minUtilisation")
     p.add_argument("--cores", type=int, help="passed to streamrl run (default: --max-replicas)")
-    p.add_argument("--rounds", type=int, default=1, help="each config runs once per round, in a rotated order")
+    p.add_argument("--rounds", type=int, default=2, help="each config runs once per round, in a rotated order")
+    p.add_argument("--warm-start-steps", type=int, default=1500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench-elastic")
     args = p.parse_args()
@@ -90,8 +95,9 @@ def main() -> None:
             job_file.write_text(yaml.safe_dump(job(config, args)))
             run_dir = out / f"{config}-r{r}"
             print(f"round {r + 1}/{args.rounds}: {config}", file=sys.stderr, flush=True)
+            # Every config runs with its Prometheus (elastic needs it; the others get the same load).
             subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir),
-                            "--quiet", "--cores", str(args.cores or args.max_replicas)], check=True)
+                            "--quiet", "--prometheus", "--cores", str(args.cores or args.max_replicas)], check=True)
             results[config].append(measure(run_dir))
     mean = {c: {k: sum(m[k] for m in ms) / len(ms) for k in ms[0]} for c, ms in results.items()}
     expected = args.iterations * args.prompts_per_step * 8

@@ -338,7 +338,8 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
             return child
 
         fleet = Fleet(start, drain, [c for c in others if c.labels.get("role") == "generator"])
-        scaler = LocalAutoscaler(job, PrometheusAPI(server.url), fleet, cores, out_dir, say, scaler_metrics)
+        prometheus_api = PrometheusAPI(server.url)
+        scaler = LocalAutoscaler(job, prometheus_api, fleet, cores, out_dir, say, scaler_metrics)
     scraped: list[Target] = []
 
     def tick(bar_say: Callable[[str], None]) -> None:
@@ -361,6 +362,8 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
             server.stop()
         if scaler_admin is not None:
             scaler_admin.stop()
+        if scaler is not None:
+            prometheus_api.close()
     code = trainer.proc.returncode
     summary_path = out_dir / "summary.json"
     if summary_path.exists():

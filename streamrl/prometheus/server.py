@@ -100,7 +100,11 @@ class LocalPrometheus:
 
     def query(self, expr: str, at: float | None = None) -> list[dict]:
         """An instant query's result vector (raises PrometheusError on a PromQL error)."""
-        return PrometheusAPI(self.url).query(expr, at)
+        api = PrometheusAPI(self.url)
+        try:
+            return api.query(expr, at)
+        finally:
+            api.close()
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM (Prometheus flushes its data on the way out), then SIGKILL if it hangs."""
