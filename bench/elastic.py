@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--max-replicas", type=int, default=2)
-    p.add_argument("--batch", type=int, default=4, help="engine batch cap per replica")
+    p.add_argument("--batch", type=int, default=8, help="engine batch cap per replica")
     p.add_argument("--min-utilisation", type=float, default=0.5, help="elastic: autoscaling.minUtilisation")
     p.add_argument("--cores", type=int, help="passed to streamrl run (default: --max-replicas)")
     p.add_argument("--rounds", type=int, default=2, help="each config runs once per round, in a rotated order")
