@@ -22,6 +22,7 @@ from streamrl.metrics import AutoscalerMetrics
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 from streamrl.spec import RLJob
 
+
 class Replica(Protocol):
     name: str
     pool: str
@@ -75,8 +76,8 @@ class LocalAutoscaler:
         threads = {p.name: p.threads for p in self.job.spec.generators.pools}
         free = self.cores - sum(threads[p] * n for p, n in current.items())
         pools = pools_from_spec(self.job.spec.generators, current, samples_per_s)
-        return fill_unmeasured([replace(p, max_replicas=min(p.max_replicas, p.replicas + max(0, free) // threads[p.name]))
-                                for p in pools])
+        room = {name: max(0, free) // n for name, n in threads.items()}
+        return fill_unmeasured([replace(p, max_replicas=min(p.max_replicas, p.replicas + room[p.name])) for p in pools])
 
     def tick(self, now: float | None = None) -> Decision | None:
         """Run one round when it is due; returns the decision (None: not due, or waiting)."""
