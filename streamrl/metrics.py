@@ -204,6 +204,9 @@ class AutoscalerMetrics:
     def record(self, rljob: str, desired: dict[str, int], step: int, pool: str | None, trainer_bound: bool) -> None:
         for name, n in desired.items():
             self.desired_replicas.labels(rljob, name).set(n)
+            # Exported at 0 from the first round, so increase() reads 0 rather than nothing.
+            for direction in ("up", "down"):
+                self.decisions.labels(rljob, name, direction)
         if step and pool:
             self.decisions.labels(rljob, pool, "up" if step > 0 else "down").inc()
         self.trainer_bound.labels(rljob).set(1.0 if trainer_bound else 0.0)

@@ -25,7 +25,10 @@ JOB = {
     "spec": {
         "algorithm": {"numIterations": ITERATIONS, "promptsPerStep": 8, "groupSize": 8},
         "pipeline": {"mode": "stream-sync"},
-        "generators": {"pools": [{"name": "default", "replicas": 2}], "dispatch": {"policy": "skewness-aware"}},
+        "generators": {"pools": [{"name": "default", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}],
+                       "dispatch": {"policy": "skewness-aware"}},
+        # The autoscaler runs (so the Scaling panels have data) with nothing it may change.
+        "autoscaling": {"mode": "Internal", "intervalSeconds": 2},
     },
 }
 RULES = {"streamrl:pipeline_bubble_ratio:rate1m": "pipeline_bubble_ratio",

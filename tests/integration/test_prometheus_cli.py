@@ -43,7 +43,7 @@ def test_local_prometheus_scrapes_a_target_and_stops(tmp_path):
             time.sleep(0.5)
         assert float(got[0]["value"][1]) == 42.0
         rules = __import__("httpx").get(f"{url}/api/v1/rules").json()["data"]["groups"]
-        assert {g["name"] for g in rules} == {"streamrl.bubbles", "streamrl.alerts"}
+        assert {g["name"] for g in rules} == {"streamrl.bubbles", "streamrl.scaling", "streamrl.alerts"}
     finally:
         prom.stop()
         server.shutdown()
