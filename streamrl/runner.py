@@ -309,6 +309,7 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
     planned = plan_processes(job)
     admin_ports = {name: free_port() for name in planned}
     scaler_admin = None
+    scaler: LocalAutoscaler | None = None  # its /status may be asked before it exists
     scaler_metrics = AutoscalerMetrics()
     if elastic:
         scaler_admin = AdminServer(scaler_metrics.registry, lambda: scaler.summary() if scaler else {},
@@ -319,7 +320,6 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
         server.set_targets([Target(f"127.0.0.1:{admin_ports[name]}", {"rljob": job.metadata.name, **labels})
                             for name, labels in planned.items()] + extra_targets)
         say(f"prometheus: {server.start()} (data in {server.directory})")
-    scaler: LocalAutoscaler | None = None
     try:
         trainer, others, endpoint, launcher = start_services(job, resolved, model_dir, out_dir, admin_ports)
     except BaseException:
