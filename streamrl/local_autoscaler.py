@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from streamrl.autoscale import (MIN_WINDOW_ROUNDS, Decision, Pool, State, behavior_from_spec, decide,
-                                fill_unmeasured, input_queries, input_window_s, parse_inputs, pools_from_spec)
+from streamrl.autoscale import Decision, State, input_queries, parse_inputs, query_window_s, scaling_round
 from streamrl.metrics import AutoscalerMetrics
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 from streamrl.spec import RLJob
@@ -52,7 +51,6 @@ class LocalAutoscaler:
         self.cores = cores
         self.say = say
         self.metrics = metrics or AutoscalerMetrics()
-        self.behavior = behavior_from_spec(self.spec)
         self.state = State()
         self.log_path = out_dir / "autoscaling.jsonl"
         self._next_round = 0.0
@@ -70,14 +68,11 @@ class LocalAutoscaler:
             out[r.pool] += 1
         return out
 
-    def _pools(self, samples_per_s: dict[str, float]) -> list[Pool]:
-        """The policy's pools, each pool's maximum also bounded by the cores left."""
-        current = self.replicas()
+    def _room(self) -> dict[str, int]:
+        """How many more replicas of each pool the cores left would take."""
         threads = {p.name: p.threads for p in self.job.spec.generators.pools}
-        free = self.cores - sum(threads[p] * n for p, n in current.items())
-        pools = pools_from_spec(self.job.spec.generators, current, samples_per_s)
-        room = {name: max(0, free) // n for name, n in threads.items()}
-        return fill_unmeasured([replace(p, max_replicas=min(p.max_replicas, p.replicas + room[p.name])) for p in pools])
+        free = self.cores - sum(threads[p] * n for p, n in self.replicas().items())
+        return {name: max(0, free) // n for name, n in threads.items()}
 
     def tick(self, now: float | None = None) -> Decision | None:
         """Run one round when it is due; returns the decision (None: not due, or waiting)."""
@@ -87,30 +82,24 @@ class LocalAutoscaler:
         self._next_round = now + self.spec.interval_seconds
         self.fleet.replicas[:] = [r for r in self.fleet.replicas if r.running()]
         asked = self.replicas()
-        window = input_window_s(now, self._settled_at, self.spec.interval_seconds)
         try:
             inputs = parse_inputs(self.prometheus.query_all(input_queries(
-                self.job.metadata.name, window or MIN_WINDOW_ROUNDS * self.spec.interval_seconds)))
+                self.job.metadata.name, query_window_s(now, self._settled_at, self.spec.interval_seconds))))
         except PrometheusError as err:
             self._note(now, f"cannot read the inputs: {err}")
             return None
-        connected = {p: inputs.connected.get(p, 0) for p in asked}
-        if connected != asked:
-            self._settled_at = None  # a replica is starting, leaving or gone: measure afresh once settled
-            self._note(now, "waiting for replicas to join or leave: " + ", ".join(
-                f"{p} {connected[p]}/{n}" for p, n in asked.items()))
+        rnd = scaling_round(self.spec, self.job.spec.generators, asked, inputs, self.state, self._settled_at, now,
+                            self._room())
+        self._settled_at, self.state = rnd.settled_at, rnd.state
+        if rnd.waiting:
+            self._note(now, {
+                "connecting": "waiting for replicas to join or leave: " + ", ".join(
+                    f"{p} {rnd.connected[p]}/{n}" for p, n in asked.items()),
+                "measuring": "measuring since the last change",
+                "iterations": "waiting for two iterations since the last change",
+            }[rnd.waiting])
             return None
-        if self._settled_at is None:
-            self._settled_at = now
-        if window is None:  # what the inputs cover would predate the change
-            self._note(now, "measuring since the last change")
-            return None
-        if inputs.observation is None:
-            self._note(now, "waiting for two iterations since the last change")
-            return None
-        decision = decide(inputs.observation, self._pools(inputs.samples_per_s), self.behavior, self.state, now,
-                          self.spec.idle_threshold, self.spec.min_utilisation)
-        self.state = decision.state
+        decision, window = rnd.decision, rnd.window_s
         self.decided = decision.replicas
         self.metrics.record(self.job.metadata.name, decision.replicas, decision.step, decision.pool,
                             decision.trainer_bound)
@@ -135,8 +124,6 @@ class LocalAutoscaler:
         elif decision.reason != self._last_reason and decision.trainer_bound:
             self.say(f"autoscaler: {decision.reason}")
         self._last_reason = decision.reason
-        if decision.step:
-            self._settled_at = None
         return decision
 
     def _note(self, now: float, why: str) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field, replace
 
-from streamrl.autoscale import (MIN_WINDOW_ROUNDS, Decision, Inputs, Pool, State, behavior_from_spec, decide,
-                                fill_unmeasured, input_window_s, pools_from_spec)
+from streamrl import autoscale
+from streamrl.autoscale import MIN_WINDOW_ROUNDS, Decision, Inputs, Pool, State
 from streamrl.spec import RLJob
 
 FINAL_PHASES = ("Succeeded", "Failed", "Invalid")
@@ -62,11 +62,8 @@ def timestamp(now: float) -> str:
 
 
 def query_window_s(job: RLJob, memory: Memory, now: float) -> float:
-    """Seconds of history to query this round: the policy's window (input_window_s) once the
-    replicas have run settled for two rounds; until then two rounds, read only for who is
-    connected."""
-    interval = job.spec.autoscaling.interval_seconds
-    return input_window_s(now, memory.settled_at, interval) or MIN_WINDOW_ROUNDS * interval
+    """Seconds of history to query this round (streamrl.autoscale.query_window_s)."""
+    return autoscale.query_window_s(now, memory.settled_at, job.spec.autoscaling.interval_seconds)
 
 
 def prometheus_url(job: RLJob, default: str | None) -> str:
@@ -131,30 +128,25 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previ
     query_window_s(job, memory, now)). Decides only once every replica asked for has been
     connected for two rounds: the inputs then cover the replicas as they are."""
     asked = job.spec.generators.pool_replicas()
-    connected = {p: inputs.connected.get(p, 0) for p in asked}
-    interval = job.spec.autoscaling.interval_seconds
-    window = input_window_s(now, memory.settled_at, interval)
-    seen = {"inputs": _inputs_status(inputs, query_window_s(job, memory, now))}
-    if connected != asked:  # a replica is starting, leaving or gone: measure afresh once settled
-        memory = replace(memory, settled_at=None)
-        why = f"waiting for the replicas asked for to connect: {_fmt(connected)} connected, {_fmt(asked)} asked for"
-        return Round({**_base(memory, url, why, previous), **seen}, memory)
-    if window is None:  # what the inputs cover would predate the change
-        memory = replace(memory, settled_at=now) if memory.settled_at is None else memory
-        why = (f"waiting for {MIN_WINDOW_ROUNDS} rounds ({MIN_WINDOW_ROUNDS * interval}s) of measurements since "
-               f"every replica asked for connected ({_fmt(asked)}): older data predates the last change")
-        return Round({**_base(memory, url, why, previous), **seen}, memory)
-    obs = inputs.observation
-    if obs is None:
-        why = f"waiting for two iterations to finish within the last {window:.0f}s (nothing to judge yet)"
-        return Round({**_base(memory, url, why, previous), **seen}, memory)
     auto = job.spec.autoscaling
-    pools = fill_unmeasured(pools_from_spec(job.spec.generators, asked, inputs.samples_per_s))
-    decision = decide(obs, pools, behavior_from_spec(auto), memory.state, now, auto.idle_threshold,
-                      auto.min_utilisation)
+    interval = auto.interval_seconds
+    seen = {"inputs": _inputs_status(inputs, query_window_s(job, memory, now))}
+    rnd = autoscale.scaling_round(auto, job.spec.generators, asked, inputs, memory.state, memory.settled_at, now)
+    if rnd.waiting:
+        memory = replace(memory, settled_at=rnd.settled_at)
+        if rnd.waiting == "connecting":
+            why = (f"waiting for the replicas asked for to connect: {_fmt(rnd.connected)} connected, "
+                   f"{_fmt(asked)} asked for")
+        elif rnd.waiting == "measuring":
+            why = (f"waiting for {MIN_WINDOW_ROUNDS} rounds ({MIN_WINDOW_ROUNDS * interval}s) of measurements since "
+                   f"every replica asked for connected ({_fmt(asked)}): older data predates the last change")
+        else:
+            why = f"waiting for two iterations to finish within the last {rnd.window_s:.0f}s (nothing to judge yet)"
+        return Round({**_base(memory, url, why, previous), **seen}, memory)
+    decision, obs, pools = rnd.decision, inputs.observation, list(rnd.pools)
     changed = decision.step != 0
     new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
-                         settled_at=None if changed else memory.settled_at)
+                         settled_at=rnd.settled_at)
     why = limit(decision, pools, obs.generation_s, obs.train_s)
     status = {**_base(new_memory, url, decision.reason, previous), **seen,
               "desiredReplicas": dict(decision.replicas),
