@@ -130,10 +130,14 @@ def plan_processes(job: RLJob) -> dict[str, dict[str, str]]:
     out["trainer"] = {"role": "trainer"}
     if spec.pipeline.mode != PipelineMode.colocated:
         for pool in spec.generators.pools:
-            for i in range(spec.generators.pool_replicas()[pool.name]):
-                gid = f"{pool.name}-{i}"
-                out[f"generator-{gid}"] = {"role": "generator", "pool": pool.name, "replica": gid}
+            out.update(generator_process(pool.name, i) for i in range(spec.generators.pool_replicas()[pool.name]))
     return out
+
+
+def generator_process(pool: str, index: int) -> tuple[str, dict[str, str]]:
+    """(process name, Prometheus labels) of a pool's index-th replica (ids are never reused)."""
+    gid = f"{pool}-{index}"
+    return f"generator-{gid}", {"role": "generator", "pool": pool, "replica": gid}
 
 
 def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path, admin_port: int) -> tuple[Child, str]:
@@ -206,8 +210,8 @@ class GeneratorLauncher:
     def start(self, pool_name: str, admin_port: int | None = None) -> Child:
         pool = self.pools[pool_name]
         n = self.started[pool_name] = self.started.get(pool_name, 0) + 1
-        gid = f"{pool_name}-{n - 1}"
-        name = f"generator-{gid}"
+        name, labels = generator_process(pool_name, n - 1)
+        gid = labels["replica"]
         admin_port = admin_port or free_port()
         endpoint = self.out_dir / "endpoints" / f"{name}.json"
         endpoint.parent.mkdir(exist_ok=True)
@@ -219,7 +223,7 @@ class GeneratorLauncher:
              "--timeline", str(self.out_dir / "timeline" / f"{name}.jsonl")],
             pool.threads, self.cores.take(pool.threads), self.out_dir / "logs")
         child.endpoint_file, child.admin_port = endpoint, admin_port
-        child.labels = {"role": "generator", "pool": pool.name, "replica": gid}
+        child.labels = labels
         self.children.append(child)
         return child
 
