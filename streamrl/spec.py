@@ -264,6 +264,18 @@ class DispatchSpec(_Model):
     """lengths.jsonl of a previous run of the same prompts (for `oracle`)."""
     low_occupancy: float = Field(0.5, gt=0, le=1)
     """Skewness bubble: a generator decoding fewer than this fraction of its batch cap."""
+    queue_factor: float | None = Field(None, ge=1, le=64)
+    """How much work a replica holds at once, in multiples of its batch capacity. Unset:
+    4 for `random-fifo` (work binds early: each replica gets its share up front) and 1.25
+    for the ranked policies (work binds late: whichever replica frees slots first takes
+    the longest prompt still waiting, so longest-first holds across replicas too, and a
+    slower replica simply takes less)."""
+
+    @property
+    def effective_queue_factor(self) -> float:
+        if self.queue_factor is not None:
+            return self.queue_factor
+        return 4.0 if self.policy == "random-fifo" else 1.25
 
     @model_validator(mode="after")
     def _oracle_needs_lengths(self) -> "DispatchSpec":

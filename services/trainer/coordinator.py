@@ -89,7 +89,7 @@ Scorer = Callable[[Sample, str], float]
 
 class Coordinator:
     def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
-                 scale_advantages: bool = True, queue_factor: int = 4, relay_pools: frozenset[str] = frozenset()):
+                 scale_advantages: bool = True, queue_factor: float = 4.0, relay_pools: frozenset[str] = frozenset()):
         self.sampling = sampling
         self.scorer = scorer
         self.metrics = metrics
@@ -283,8 +283,12 @@ class Coordinator:
                 return i
         return None
 
+    def _allowance(self, h: GeneratorHandle) -> int:
+        """Samples a replica may hold at once: queue_factor batches of its capacity."""
+        return max(1, round(h.capacity * self.queue_factor))
+
     def _room(self, h: GeneratorHandle) -> int:
-        return 0 if h.draining else h.capacity * self.queue_factor - len(h.outstanding)
+        return 0 if h.draining else self._allowance(h) - len(h.outstanding)
 
     def drain(self, generator_id: str, reason: str = "") -> None:
         """A replica is leaving gracefully: nothing more for it; the rest of the pool (and
@@ -320,7 +324,7 @@ class Coordinator:
                 prompt_id, indices = self._pending[index]
                 task = self._inflight.get(prompt_id)
                 indices = [i for i in indices if task and i not in task.received]
-                if len(indices) > room and room < handle.capacity * self.queue_factor:
+                if len(indices) > room and room < self._allowance(handle):
                     continue  # keep a group on one replica: wait until it fits whole
                 del self._pending[index]
                 take, rest = indices[:room], indices[room:]

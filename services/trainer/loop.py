@@ -189,7 +189,7 @@ class TrainLoop:
             self._length_pairs.append((length, sum(lengths) / len(lengths), long_tail))
         if self.lengths:
             self.lengths.observe(group.dataset_index, text, self.learner.policy_version, lengths)
-        self.recorder.lengths(group.prompt_id, group.dataset_index, sum(lengths) / len(lengths))
+        self.recorder.lengths(group.prompt_id, group.dataset_index, lengths)
 
     def _length_prediction_record(self) -> dict:
         """Predicted vs actual mean output length of this iteration's prompts (dispatch with predictions)."""

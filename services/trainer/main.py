@@ -60,6 +60,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     algo = spec.algorithm
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed),
                               score, metrics, algo.scale_advantages,
+                              queue_factor=spec.generators.dispatch.effective_queue_factor,
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay))
     learner = Learner(load_model(model_dir, spec.model.dtype, spec.trainer.device), algo, spec.trainer.device)
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)

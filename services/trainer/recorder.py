@@ -22,10 +22,11 @@ class Recorder:
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
 
-    def lengths(self, prompt_id: str, dataset_index: int, mean_length: float) -> None:
-        """One line per consumed prompt: what an oracle dispatcher of a rerun needs."""
+    def lengths(self, prompt_id: str, dataset_index: int, lengths: list[int]) -> None:
+        """One line per consumed prompt: its samples' output lengths and their mean (what an
+        oracle dispatcher of a rerun needs)."""
         self._lengths.write(json.dumps({"prompt_id": prompt_id, "dataset_index": dataset_index,
-                                        "mean_length": mean_length}) + "\n")
+                                        "mean_length": sum(lengths) / len(lengths), "lengths": lengths}) + "\n")
 
     def summary(self, extra: dict) -> dict:
         rs = self.records

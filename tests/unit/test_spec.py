@@ -37,6 +37,8 @@ def test_dump_then_parse_round_trips():
         ({"generators": {"pools": [{"name": "a"}, {"name": "a"}]}},
          "spec.generators: pool names must be unique; repeated: a"),
         ({"generators": {"pools": [{"name": "Bad_Name"}]}}, "spec.generators.pools.0.name: String should match pattern"),
+        ({"generators": {"dispatch": {"queueFactor": 0.5}}},
+         "spec.generators.dispatch.queueFactor: Input should be greater than or equal to 1"),
         ({"generators": {"pools": [{"engine": {"type": "tpu"}}]}}, "spec.generators.pools.0.engine: Input tag 'tpu'"),
         ({"generators": {"pools": [{"replicas": 0}]}}, "spec.generators: at least one generator replica is needed"),
         ({"pipeline": {"maxStaleness": 0}}, "spec.pipeline.maxStaleness: Input should be greater than or equal to 1"),
@@ -103,3 +105,15 @@ def test_total_replicas_spread_over_pools_in_proportion():
     assert GeneratorsSpec.model_validate({"pools": pools, "replicas": 1}).pool_replicas() == {"l4": 1, "a10": 0}
     even = [{"name": "a", "replicas": 1}, {"name": "b", "replicas": 1}]
     assert GeneratorsSpec.model_validate({"pools": even, "replicas": 3}).pool_replicas() == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize("dispatch, factor", [
+    ({}, 4.0),
+    ({"policy": "skewness-aware"}, 1.25),
+    ({"policy": "oracle", "oracleLengths": "x.jsonl"}, 1.25),
+    ({"policy": "random-fifo", "queueFactor": 1.5}, 1.5),
+    ({"policy": "skewness-aware", "queueFactor": 8}, 8.0),
+])
+def test_ranked_policies_bind_work_late_unless_told(dispatch, factor):
+    job = parse_job(_job(generators={"dispatch": dispatch}))
+    assert job.spec.generators.dispatch.effective_queue_factor == factor

@@ -235,3 +235,36 @@ def test_long_tail_prompts_go_to_long_tail_replicas_longest_first():
         assert _drain(a) == [BatchCap(0)]
 
     run(go())
+
+
+def test_late_binding_gives_the_longest_waiting_prompt_to_the_replica_that_frees_first():
+    async def go():
+        c = _coordinator(group_size=4)  # queue_factor 1: a replica holds one batch
+        a = c.connect("a", "p", 4, "torch", 0)
+        b = c.connect("b", "p", 4, "torch", 0)
+        lengths = {"p0": 10.0, "p1": 80.0, "p2": 5.0, "p3": 60.0, "p4": 40.0}
+        prompts = [(pid, i, "7", (1,)) for i, pid in enumerate(lengths)]
+        c.add_prompts(0, prompts, group_size=4, min_policy_version=0,
+                      predicted={pid: (n, False) for pid, n in lengths.items()})
+        assert [w.prompt_id for w in _drain(a)] == ["p1"] and [w.prompt_id for w in _drain(b)] == ["p3"]
+        for i in range(4):  # b finishes first: it takes the longest still waiting
+            c.on_sample("b", _sample("p3", i, gid="b"))
+        assert [w.prompt_id for w in _drain(b)] == ["p4"] and _drain(a) == []
+        for i in range(4):
+            c.on_sample("a", _sample("p1", i, gid="a"))
+        assert [w.prompt_id for w in _drain(a)] == ["p0"]
+        assert c.status()["num_samples_pending"] == 4  # p2, for whichever frees next
+
+    run(go())
+
+
+def test_early_binding_hands_each_replica_its_share_up_front():
+    async def go():
+        c = Coordinator(SamplingConfig(1.0, 1.0, 16, 0), lambda s, a: 0.0, ServiceMetrics("trainer"), queue_factor=4)
+        a = c.connect("a", "p", 4, "torch", 0)
+        b = c.connect("b", "p", 4, "torch", 0)
+        c.add_prompts(0, [(f"p{i}", i, "7", (1,)) for i in range(8)], group_size=4, min_policy_version=0)
+        assert len(a.outstanding) == len(b.outstanding) == 16
+        assert c.status()["num_samples_pending"] == 0
+
+    run(go())
