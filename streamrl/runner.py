@@ -27,6 +27,8 @@ from streamrl.spec import PipelineMode, RLJob, dump_job, load_job
 
 STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
+MAX_REPLICA_RESTARTS = 3
+"""Crashed generator replicas a local run replaces before it carries on without them."""
 
 
 @dataclass
@@ -345,12 +347,24 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
         prometheus_api = PrometheusAPI(server.url)
         scaler = LocalAutoscaler(job, prometheus_api, fleet, cores, out_dir, say, scaler_metrics)
     scraped: list[Target] = []
+    replaced: set[str] = set()
 
     def tick(bar_say: Callable[[str], None]) -> None:
         nonlocal scraped
         if scaler is not None:
             scaler.say = bar_say
             scaler.tick()
+        else:  # as a Deployment would: a crashed replica is replaced (its work is re-dispatched)
+            for c in list(others):
+                if c.labels.get("role") == "generator" and c.name not in replaced and c.proc.poll() not in (None, 0):
+                    replaced.add(c.name)
+                    if len(replaced) > MAX_REPLICA_RESTARTS:
+                        bar_say(f"{c.name} exited with {c.proc.returncode}; not replaced: "
+                                f"{MAX_REPLICA_RESTARTS} replicas already were")
+                        continue
+                    child = launcher.start(c.labels["pool"])
+                    others.append(child)
+                    bar_say(f"{c.name} exited with {c.proc.returncode}; started {child.name} in its place")
         if server is not None and (now := scrape_targets(job, [trainer, *others]) + extra_targets) != scraped:
             server.set_targets(now)
             scraped = now

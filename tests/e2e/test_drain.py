@@ -53,3 +53,36 @@ def test_sigterm_drains_a_generator_without_losing_or_repeating_work(write_job, 
     trainer_log = (out / "logs" / "trainer.log").read_text()
     assert "generator default-1 is draining (SIGTERM)" in trainer_log
     assert "warning" not in stderr.lower()  # the runner saw a clean exit (0), not a crash
+
+
+@pytest.mark.slow
+def test_a_crashed_generator_is_replaced_and_its_work_redone_once(write_job, tmp_path):
+    iterations, prompts = 6, 16
+    job = write_job({"spec": {
+        "algorithm": {"numIterations": iterations, "promptsPerStep": prompts, "groupSize": GROUP},
+        "pipeline": {"mode": "stream-sync"},
+        "generators": {"pools": [{"name": "default", "replicas": 1, "engine": {"type": "torch", "maxBatchSize": 16}}]},
+    }})
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out)],
+                           env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert run.poll() is None and time.monotonic() < deadline, "the run did not reach iteration 2"
+            time.sleep(0.2)
+        pid = json.loads((out / "endpoints" / "generator-default-0.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)  # no drain: a crash
+        stdout, stderr = run.communicate(timeout=240)  # without a replacement the trainer waits forever
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, stderr[-3000:]
+    assert "generator-default-0 exited with -9; started generator-default-1 in its place" in stdout + stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_iterations"] == iterations
+    assert summary["num_samples_accepted"] == iterations * prompts * GROUP  # each sample once
+    assert summary["num_samples_duplicate_dropped"] == 0
+    assert summary["generator_replicas_started"] == 2
+    assert "generator default-1 joined" in (out / "logs" / "trainer.log").read_text()
