@@ -18,6 +18,25 @@ from tests.conftest import child_env
 ITERATIONS, PROMPTS, GROUP = 14, 32, 8
 
 
+def _start_and_kill_at(job, out, iteration: int, replica: str, sig: int, quiet: bool = True):
+    """Run the job; once `iteration` iterations are recorded, send `sig` to that generator
+    replica; return (returncode, stdout, stderr) of the finished run."""
+    argv = [sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), *(["--quiet"] if quiet else [])]
+    run = subprocess.Popen(argv, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= iteration):
+            assert run.poll() is None and time.monotonic() < deadline, f"the run did not reach iteration {iteration}"
+            time.sleep(0.2)
+        os.kill(json.loads((out / "endpoints" / f"generator-{replica}.json").read_text())["pid"], sig)
+        stdout, stderr = run.communicate(timeout=300)  # a run left waiting for a replica fails here
+    finally:
+        if run.poll() is None:
+            run.kill()
+    return run.returncode, stdout, stderr
+
+
 @pytest.mark.slow
 def test_sigterm_drains_a_generator_without_losing_or_repeating_work(write_job, tmp_path):
     job = write_job({"spec": {
@@ -27,21 +46,8 @@ def test_sigterm_drains_a_generator_without_losing_or_repeating_work(write_job, 
         "generators": {"pools": [{"name": "default", "replicas": 2, "engine": {"type": "torch", "maxBatchSize": 16}}]},
     }})
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), "--quiet"],
-                           env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        metrics = out / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-            assert run.poll() is None and time.monotonic() < deadline, "the run did not reach iteration 3"
-            time.sleep(0.2)
-        pid = json.loads((out / "endpoints" / "generator-default-1.json").read_text())["pid"]
-        os.kill(pid, signal.SIGTERM)
-        _, stderr = run.communicate(timeout=600)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 0, stderr[-3000:]
+    code, _, stderr = _start_and_kill_at(job, out, 3, "default-1", signal.SIGTERM)
+    assert code == 0, stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_iterations"] == ITERATIONS
     assert summary["num_samples"] == ITERATIONS * PROMPTS * GROUP
@@ -64,21 +70,8 @@ def test_a_crashed_generator_is_replaced_and_its_work_redone_once(write_job, tmp
         "generators": {"pools": [{"name": "default", "replicas": 1, "engine": {"type": "torch", "maxBatchSize": 16}}]},
     }})
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out)],
-                           env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        metrics = out / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert run.poll() is None and time.monotonic() < deadline, "the run did not reach iteration 2"
-            time.sleep(0.2)
-        pid = json.loads((out / "endpoints" / "generator-default-0.json").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)  # no drain: a crash
-        stdout, stderr = run.communicate(timeout=240)  # without a replacement the trainer waits forever
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 0, stderr[-3000:]
+    code, stdout, stderr = _start_and_kill_at(job, out, 2, "default-0", signal.SIGKILL, quiet=False)
+    assert code == 0, stderr[-3000:]
     assert "generator-default-0 exited with -9; started generator-default-1 in its place" in stdout + stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_iterations"] == iterations
