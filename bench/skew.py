@@ -82,20 +82,27 @@ def main() -> None:
     names = list(CONFIGS)
     oracle = out / "random-fifo-r0" / "lengths.jsonl"
     runs: dict[str, list[float]] = {}
+    bubble: dict[str, list[float]] = {}  # skewness-bubble replica-seconds per iteration
     for args.round in range(args.rounds):
         k = args.round % len(names)
         for name in names[k:] + names[:k]:
             records = run(name, args, out, oracle)
             # Iteration 0 runs before the ranker has seen anything: it is not averaged.
             runs.setdefault(name, []).append(float(np.mean([r["generation_s"] for r in records[1:]])))
+            bubble.setdefault(name, []).append(float(np.mean(
+                [r["skewness_bubble_ratio"] * args.replicas * r["wall_s"] for r in records[1:]])))
             print(f"round {args.round}: {name} {runs[name][-1]:.3f} s/iteration", flush=True)
     gen = {k: float(np.mean(v)) for k, v in runs.items()}
+    # The share of replica time spent decoding below lowOccupancy with nothing waiting: the
+    # skewness bubble. Only time inside it can be won back by any dispatch or ordering.
+    bubble_share = {k: float(np.mean(v)) / (args.replicas * gen[k]) for k, v in bubble.items()}
     lengths = np.array([n for line in oracle.read_text().splitlines() for n in json.loads(line)["lengths"]])
     ranker = Ranker(setup_predictor("features"), out / f"skewness-aware-r{args.rounds - 1}" / "ranker.npz")
     recall = ranker.recall()
-    print(f"{'policy':<20} {'generation s/iteration':>23} {'x random-fifo':>14} {'runs':>16}")
+    print(f"{'policy':<20} {'generation s/iteration':>23} {'x random-fifo':>14} {'skewness bubble':>16}  runs")
     for k, v in gen.items():
-        print(f"{k:<20} {v:>23.3f} {v / gen['random-fifo']:>14.2f} {' '.join(f'{x:.3f}' for x in runs[k]):>16}")
+        print(f"{k:<20} {v:>23.3f} {v / gen['random-fifo']:>14.2f} {bubble_share[k]:>16.1%}  "
+              f"{' '.join(f'{x:.3f}' for x in runs[k])}")
     print(f"ranker recall top-20/10/5%: {recall[0.2]:.2f} / {recall[0.1]:.2f} / {recall[0.05]:.2f}; "
           f"workload p99/p50 of output length: "
           f"{np.percentile(lengths, 99) / np.percentile(lengths, 50):.1f}")
@@ -107,6 +114,7 @@ def main() -> None:
         "objective_max_over_sum": round(gen["skewness-aware-max"] / gen["skewness-aware"], 3),
         "random_fifo_late_over_random_fifo": round(gen["random-fifo-late"] / gen["random-fifo"], 3),
         "skewness_aware_over_random_fifo_late": round(gen["skewness-aware"] / gen["random-fifo-late"], 3),
+        "skewness_bubble_share": {k: round(v, 3) for k, v in bubble_share.items()},
         "ranker_recall": {f"top{int(k * 100)}": round(v, 3) for k, v in recall.items()},
         "length_p99_over_p50": round(float(np.percentile(lengths, 99) / np.percentile(lengths, 50)), 2),
         "replicas": args.replicas, "iterations": args.iterations, "rounds": args.rounds,
