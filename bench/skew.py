@@ -6,8 +6,10 @@ ranked policies' late binding (queueFactor 1.25): it splits the gain into what b
 work late gives and what the predicted order adds. Run-to-run drift on shared cores is as
 large as the effect, so the policies run in `--rounds` rounds, each in a rotated order, and
 each policy's figure is the mean over its runs. Prints a table and, as the last line, a
-JSON object with generation time per iteration, the ratios, the ranker's recall at
-top-20/10/5% and the workload's p99/p50 of output length.
+JSON object with generation time per iteration, the ratios, each policy's skewness-bubble
+share (replica time decoding below lowOccupancy with nothing waiting: the most any
+dispatch could win back), the ranker's recall at top-20/10/5% and the workload's p99/p50
+of output length.
 
 The built-in model is warm-started for `--warm-start-steps` (4000: about 10 minutes on one
 core the first time, cached after) so that it really counts long spans: output length
