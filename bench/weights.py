@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamrl.generator.agent import GeneratorAgent  # noqa: E402
 from streamrl.generator.torch_engine import TorchEngine  # noqa: E402
-from streamrl.linkproxy import LinkProxy  # noqa: E402
+from tests.linkproxy import LinkProxy  # noqa: E402
 from streamrl.metrics import ServiceMetrics  # noqa: E402
 from streamrl.models import build_tiny_model, load_model  # noqa: E402
 from streamrl.samples import WeightsNotice  # noqa: E402

@@ -18,7 +18,7 @@ from typing import Callable
 import httpx
 
 from streamrl.admin import AdminServer
-from streamrl.local_autoscaler import Fleet, LocalAutoscaler
+from streamrl.scaling.local import Fleet, LocalAutoscaler
 from streamrl.metrics import AutoscalerMetrics
 from streamrl.models import model_spec_summary, resolve_model_dir
 from streamrl.prometheus.api import PrometheusAPI

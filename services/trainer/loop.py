@@ -18,7 +18,7 @@ from streamrl.tasks import Prompt, PromptCursor
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.recorder import Recorder
-from streamrl.trainer.dispatch import LatencyProfile, Replica, length_targets, plan_dispatch, split_long_tail
+from streamrl.trainer.longtail import LatencyProfile, Replica, length_targets, plan_dispatch, split_long_tail
 from streamrl.trainer.lengths import LengthSource
 from streamrl.weights import WeightStore
 

@@ -10,7 +10,7 @@ import torch
 
 from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.torch_engine import TorchEngine
-from streamrl.linkproxy import LinkProxy
+from tests.linkproxy import LinkProxy
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
 from streamrl.transfer import RelayServer

@@ -11,7 +11,7 @@ import torch
 
 from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.torch_engine import TorchEngine
-from streamrl.linkproxy import LinkProxy
+from tests.linkproxy import LinkProxy
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
 from streamrl.samples import WeightsNotice

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streamrl.local_autoscaler import Fleet, LocalAutoscaler
+from streamrl.scaling.local import Fleet, LocalAutoscaler
 from streamrl.prometheus.api import PrometheusError
 from streamrl.spec import parse_job
 

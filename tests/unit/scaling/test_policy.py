@@ -2,7 +2,7 @@
 
 import pytest
 
-from streamrl.autoscale import Behavior, Observation, Pool, ScalingPolicy, ScalingRules, State, decide, recommend
+from streamrl.scaling.policy import Behavior, Observation, Pool, ScalingPolicy, ScalingRules, State, decide, recommend
 
 NOW = 1000.0
 FAST = Behavior(ScalingRules(0.0, (ScalingPolicy(1, 60.0),)), ScalingRules(0.0, (ScalingPolicy(1, 60.0),)))
@@ -93,7 +93,7 @@ def test_bounds(replicas, minimum, expected):
 
 
 def test_policy_inputs_from_the_spec():
-    from streamrl.autoscale import behavior_from_spec, pools_from_spec
+    from streamrl.scaling.policy import behavior_from_spec, pools_from_spec
     from streamrl.spec import parse_job
 
     job = parse_job({"spec": {
@@ -114,7 +114,7 @@ def _vec(value, **labels):
 
 
 def test_inputs_are_parsed_from_prometheus_result_vectors():
-    from streamrl.autoscale import parse_inputs
+    from streamrl.scaling.inputs import parse_inputs
 
     results = {"iteration_s": _vec(8.0), "generator_utilisation": _vec(0.75), "trainer_utilisation": _vec(0.3125),
                "iterations": _vec(3), "idle_no_work": _vec(0.1),
@@ -134,7 +134,7 @@ def test_inputs_are_parsed_from_prometheus_result_vectors():
 
 
 def test_input_queries_select_the_job_and_the_window():
-    from streamrl.autoscale import input_queries
+    from streamrl.scaling.inputs import input_queries
 
     queries = input_queries('my"job', 37.4)
     assert set(queries) == {"iteration_s", "generator_utilisation", "trainer_utilisation", "iterations",
@@ -144,7 +144,7 @@ def test_input_queries_select_the_job_and_the_window():
 
 
 def test_a_pool_with_no_replica_is_assumed_as_fast_as_the_measured_ones():
-    from streamrl.autoscale import fill_unmeasured
+    from streamrl.scaling.round import fill_unmeasured
 
     pools = fill_unmeasured([Pool("l4", 2, samples_per_s=4.0), Pool("a100", 0, max_replicas=2, cost=0.5),
                              Pool("h100", 1)])
@@ -167,7 +167,7 @@ def test_a_change_in_the_opposite_direction_waits_for_the_cooldown():
 
 
 def test_the_input_window_starts_when_the_replicas_settled_and_looks_back_four_rounds_at_most():
-    from streamrl.autoscale import input_window_s
+    from streamrl.scaling.inputs import input_window_s
 
     assert input_window_s(100.0, None, 15.0) is None  # replicas not settled (a change is joining)
     assert input_window_s(100.0, 80.0, 15.0) is None  # 20 s < two rounds: would predate the change

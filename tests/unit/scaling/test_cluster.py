@@ -3,9 +3,10 @@ and what follows from them (spec patch, status.autoscaling, Events, the ScalingL
 
 import pytest
 
-from streamrl.autoscale import Inputs, Observation
-from streamrl.operator import autoscaler
-from streamrl.operator.autoscaler import Memory, plan, query_window_s, scale_patch, status_patch
+from streamrl.scaling import cluster as autoscaler
+from streamrl.scaling.cluster import Memory, plan, scale_patch, status_patch
+from streamrl.scaling.inputs import Inputs, query_window_s
+from streamrl.scaling.policy import Observation
 from streamrl.operator.status import Observed, derive
 from streamrl.spec import SpecError, parse_job
 
@@ -38,7 +39,7 @@ def inputs(obs, connected=1, rate=20.0):
     (NOW - 5000, 2, 8.0),
 ])
 def test_query_window_is_since_the_replicas_settled_within_two_to_four_rounds(settled_at, interval, expected):
-    assert query_window_s(job(intervalSeconds=interval), Memory(settled_at=settled_at), NOW) == expected
+    assert query_window_s(NOW, settled_at, interval) == expected
 
 
 def test_prometheus_url_from_the_job_then_the_operator_else_a_clear_error():

@@ -1,5 +1,5 @@
 """Elastic generators for `streamrl run` (`spec.autoscaling.mode: Internal`): every
-`intervalSeconds` the scaling policy (streamrl/autoscale.py) reads its inputs from the
+`intervalSeconds` the scaling policy (streamrl.scaling) reads its inputs from the
 run's own Prometheus, and a replica is started, or drained and stopped, one at a time.
 
 Local bounds: a pool's `maxReplicas`, and the cores the run may use (generator threads,
@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from streamrl.autoscale import Decision, State, input_queries, parse_inputs, query_window_s, scaling_round
+from streamrl.scaling.inputs import input_queries, parse_inputs, query_window_s
+from streamrl.scaling.policy import Decision, State
+from streamrl.scaling.round import scaling_round
 from streamrl.metrics import AutoscalerMetrics
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 from streamrl.spec import RLJob

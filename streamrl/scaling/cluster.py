@@ -1,6 +1,6 @@
 """The operator's side of elastic scaling, one round for one RLJob: the window to read (the
 same as `streamrl run`'s: since the replicas settled), what to wait for, the policy's
-decision (streamrl.autoscale) and what follows from it (the spec patch, status.autoscaling,
+decision (streamrl.scaling.policy) and what follows from it (the spec patch, status.autoscaling,
 Events, the ScalingLimited reason). Pure: Prometheus's answers and the clock come in; the
 handlers do the I/O and know no policy."""
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field, replace
 
-from streamrl import autoscale
-from streamrl.autoscale import MIN_WINDOW_ROUNDS, Decision, Inputs, Pool, State
+from streamrl.scaling.inputs import MIN_WINDOW_ROUNDS, Inputs, query_window_s
+from streamrl.scaling.policy import Decision, Pool, State
+from streamrl.scaling.round import scaling_round
 from streamrl.spec import RLJob
 
 FINAL_PHASES = ("Succeeded", "Failed", "Invalid")
@@ -40,8 +41,8 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class Round:
-    """One round's outcome."""
+class Outcome:
+    """What one operator round writes: status, memory, replicas, Events."""
 
     status: dict
     """status.autoscaling as it should read now."""
@@ -59,11 +60,6 @@ class Round:
 
 def timestamp(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def query_window_s(job: RLJob, memory: Memory, now: float) -> float:
-    """Seconds of history to query this round (streamrl.autoscale.query_window_s)."""
-    return autoscale.query_window_s(now, memory.settled_at, job.spec.autoscaling.interval_seconds)
 
 
 def prometheus_url(job: RLJob, default: str | None) -> str:
@@ -93,9 +89,9 @@ def _base(memory: Memory, url: str | None, message: str, previous: dict | None) 
             "trainerBound": memory.trainer_bound}
 
 
-def waiting(memory: Memory, url: str | None, message: str, previous: dict | None, problem: bool = False) -> Round:
+def waiting(memory: Memory, url: str | None, message: str, previous: dict | None, problem: bool = False) -> Outcome:
     """A round that decides nothing: skipped, or (problem) no usable Prometheus or a failed query."""
-    return Round(_base(memory, url, message, previous), memory, problem=problem)
+    return Outcome(_base(memory, url, message, previous), memory, problem=problem)
 
 
 def _fmt(replicas: dict[str, int]) -> str:
@@ -123,15 +119,15 @@ def limit(decision: Decision, pools: list[Pool], generation_s: float, train_s: f
     return None
 
 
-def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previous: dict | None = None) -> Round:
+def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previous: dict | None = None) -> Outcome:
     """One Internal round over Prometheus's answers (parse_inputs of input_queries over
-    query_window_s(job, memory, now)). Decides only once every replica asked for has been
+    query_window_s(now, memory.settled_at, interval)). Decides only once every replica asked for has been
     connected for two rounds: the inputs then cover the replicas as they are."""
     asked = job.spec.generators.pool_replicas()
     auto = job.spec.autoscaling
     interval = auto.interval_seconds
-    seen = {"inputs": _inputs_status(inputs, query_window_s(job, memory, now))}
-    rnd = autoscale.scaling_round(auto, job.spec.generators, asked, inputs, memory.state, memory.settled_at, now)
+    seen = {"inputs": _inputs_status(inputs, query_window_s(now, memory.settled_at, interval))}
+    rnd = scaling_round(auto, job.spec.generators, asked, inputs, memory.state, memory.settled_at, now)
     if rnd.waiting:
         memory = replace(memory, settled_at=rnd.settled_at)
         if rnd.waiting == "connecting":
@@ -142,7 +138,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previ
                    f"every replica asked for connected ({_fmt(asked)}): older data predates the last change")
         else:
             why = f"waiting for two iterations to finish within the last {rnd.window_s:.0f}s (nothing to judge yet)"
-        return Round({**_base(memory, url, why, previous), **seen}, memory)
+        return Outcome({**_base(memory, url, why, previous), **seen}, memory)
     decision, obs, pools = rnd.decision, inputs.observation, list(rnd.pools)
     changed = decision.step != 0
     new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
@@ -161,7 +157,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previ
         events.append(("Normal", "ScaledUp" if decision.step > 0 else "ScaledDown", status["message"]))
     if decision.trainer_bound and not memory.trainer_bound:
         events.append(("Warning", "TrainerBound", why[1] if why else decision.reason))
-    return Round(status, new_memory, dict(decision.replicas) if changed else None, tuple(events), decision)
+    return Outcome(status, new_memory, dict(decision.replicas) if changed else None, tuple(events), decision)
 
 
 def external_status() -> dict:

@@ -1,6 +1,6 @@
 import pytest
 
-from streamrl.trainer.dispatch import (
+from streamrl.trainer.longtail import (
     LatencyProfile,
     Replica,
     group_time,

@@ -5,7 +5,7 @@ handlers against an emulated API server.
 RLJob: create/resume/spec change -> apply every child (in the job's cluster with owner
 references; in a registered cluster with origin labels), prune what the spec no longer
 asks for, write the status. A timer refreshes the status from the children and the
-trainer's /status. A daemon per RLJob runs the autoscaler (autoscaler.py) every
+trainer's /status. A daemon per RLJob runs the autoscaler (streamrl.scaling.cluster) every
 spec.autoscaling.intervalSeconds: it reads Prometheus and patches the pools' replicas, which
 the spec handler then applies. Deletion: children in other clusters are removed through a finalizer
 (owner references cannot cross clusters). RLCluster: the kubeconfig Secret is checked and
@@ -27,14 +27,14 @@ import kopf
 import kubernetes_validate
 import yaml
 
-from streamrl import autoscale
 from streamrl.metrics import AutoscalerMetrics
-from streamrl.operator import autoscaler
 from streamrl.operator.builders import (ADMIN_PORT, TRAINER_GRPC_PORT, Settings, build_children, build_configmap,
                                         build_generators, generator_selector, name, owner_reference, uses_ranker)
 from streamrl.operator.kube import KubeClient, KubeError, kubeconfig_problems, path_of
 from streamrl.operator.status import Observed, derive
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
+from streamrl.scaling import cluster as autoscaler
+from streamrl.scaling.inputs import input_queries, parse_inputs, query_window_s
 from streamrl.spec import RLJob, SpecError, parse_job
 
 log = logging.getLogger("streamrl.operator")
@@ -241,7 +241,7 @@ async def refresh_rljob_status(body, meta, namespace, status, patch, memo, **_):
 
 
 async def _scaling_round(runtime: Runtime, job: RLJob, namespace: str, status: dict,
-                         memory: autoscaler.Memory) -> autoscaler.Round:
+                         memory: autoscaler.Memory) -> autoscaler.Outcome:
     """Read the inputs from Prometheus (the job's series: scraped through the chart's
     PodMonitor they carry its namespace) and plan; what cannot be read is said, not raised."""
     previous = status.get("autoscaling")
@@ -253,14 +253,15 @@ async def _scaling_round(runtime: Runtime, job: RLJob, namespace: str, status: d
     if skip:
         return autoscaler.waiting(memory, url, skip, previous)
     now = time.time()
-    queries = autoscale.input_queries(job.metadata.name, autoscaler.query_window_s(job, memory, now), namespace)
+    window = query_window_s(now, memory.settled_at, job.spec.autoscaling.interval_seconds)
+    queries = input_queries(job.metadata.name, window, namespace)
     try:
         results = await PrometheusAPI(url).aquery_all(queries)
     except PrometheusError as err:
         interval = job.spec.autoscaling.interval_seconds
         return autoscaler.waiting(memory, url, f"cannot read the scaling inputs (next try in {interval}s): {err}",
                                   previous, problem=True)
-    return autoscaler.plan(job, autoscale.parse_inputs(results), memory, now, url, previous)
+    return autoscaler.plan(job, parse_inputs(results), memory, now, url, previous)
 
 
 async def _autoscale(runtime: Runtime, namespace: str, job_name: str, logger) -> float:
