@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
+from pydantic import BaseModel
 
 
 class _Merged:
@@ -50,7 +51,7 @@ class AdminServer:
     def __init__(
         self,
         registry: CollectorRegistry,
-        status: Callable[[], dict[str, Any]],
+        status: Callable[[], BaseModel | dict[str, Any]],
         ready: Callable[[], bool],
         host: str = "127.0.0.1",
         port: int = 0,
@@ -76,7 +77,8 @@ class AdminServer:
 
         @app.get("/status")
         def status_() -> dict:
-            return status()
+            body = status()
+            return body.model_dump(mode="json", exclude_none=True) if isinstance(body, BaseModel) else body
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

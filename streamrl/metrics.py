@@ -18,6 +18,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from streamrl.records import TrainerPhase
+
 BUSY_SECONDS = "streamrl_stage_busy_seconds"
 IDLE_SECONDS = "streamrl_stage_idle_seconds"
 GENERATED_TOKENS = "streamrl_generated_tokens"
@@ -81,8 +83,6 @@ GENERATOR_METRICS = frozenset({
 })
 """Exported by generators only (a trainer exporting zeros would skew per-generator averages)."""
 
-PHASES = ("Starting", "WaitingForGenerators", "Running", "Succeeded", "Failed", "Interrupted")
-"""The trainer's run phases, as exported by streamrl_phase."""
 
 
 class ServiceMetrics:
@@ -168,9 +168,9 @@ class ServiceMetrics:
             if name not in COMMON_METRICS and (name in GENERATOR_METRICS) != (stage == "generator"):
                 r.unregister(collector)
 
-    def set_phase(self, phase: str) -> None:
-        for p in PHASES:
-            self.phase.labels(p).set(1.0 if p == phase else 0.0)
+    def set_phase(self, phase: TrainerPhase) -> None:
+        for p in TrainerPhase:
+            self.phase.labels(p.value).set(1.0 if p == phase else 0.0)
 
 
 class RankerMetrics:

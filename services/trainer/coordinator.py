@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from streamrl.metrics import ServiceMetrics
+from streamrl.records import GeneratorStatus
 from streamrl.samples import Group, Sample, ScoredSample, WeightsNotice, Work, group_advantages
 
 log = logging.getLogger(__name__)
@@ -445,11 +446,11 @@ class Coordinator:
     def status(self) -> dict:
         return {
             "generators": {
-                g.generator_id: {"pool": g.pool, "capacity": g.capacity, "outstanding": len(g.outstanding),
-                                 "policy_version": g.policy_version, "num_samples": g.num_samples,
-                                 "tokens_per_s": round(g.load.tokens_per_s, 1) if g.load else None,
-                                 "weights_address": g.weights_address,
-                                 "latency_profile": [list(p) for p in g.latency_profile]}
+                g.generator_id: GeneratorStatus(
+                    pool=g.pool, capacity=g.capacity, outstanding=len(g.outstanding),
+                    policy_version=g.policy_version, num_samples=g.num_samples,
+                    tokens_per_s=round(g.load.tokens_per_s, 1) if g.load else None,
+                    weights_address=g.weights_address, latency_profile=list(g.latency_profile))
                 for g in self.generators.values()
             },
             "num_prompts_inflight": len(self._inflight),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from streamrl.logprobs import pack, token_logprobs
+from streamrl.records import StepStats
 from streamrl.samples import Group
 from streamrl.spec import AlgorithmSpec
 
@@ -65,6 +66,20 @@ def ppo_clip_loss(
     )
 
 
+@dataclass
+class _Accumulated:
+    """Sums over the micro-batches since the last optimizer step."""
+
+    num_samples: int = 0
+    num_micro_batches: int = 0
+    loss: float = 0.0
+    clipped: float = 0.0
+    """Clip fraction x samples."""
+    kl: float = 0.0
+    """KL x samples."""
+    forward_backward_s: float = 0.0
+
+
 class Learner:
     def __init__(self, model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu"):
         self.model = model.to(device).train()
@@ -81,11 +96,7 @@ class Learner:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.policy_version = 0
-        self._stats = self._empty_stats()
-
-    def _empty_stats(self) -> dict:
-        return {"num_samples": 0, "loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "forward_backward_s": 0.0,
-                "num_micro_batches": 0}
+        self._acc = _Accumulated()
 
     def accumulate(self, groups: list[Group], num_samples_in_step: int) -> None:
         """Forward/backward on these groups, in micro-batches; gradients accumulate until step().
@@ -119,15 +130,15 @@ class Learner:
                               self.algo.max_new_tokens if self.algo.loss_aggregation == "token-sum" else None)
         terms.loss.backward()
         n = len(items)
-        st = self._stats
-        st["num_samples"] += n
-        st["loss"] += terms.loss.item()
-        st["clip_fraction"] += terms.clip_fraction * n
-        st["kl"] += terms.kl * n
-        st["num_micro_batches"] += 1
-        st["forward_backward_s"] += time.monotonic() - t0
+        acc = self._acc
+        acc.num_samples += n
+        acc.num_micro_batches += 1
+        acc.loss += terms.loss.item()
+        acc.clipped += terms.clip_fraction * n
+        acc.kl += terms.kl * n
+        acc.forward_backward_s += time.monotonic() - t0
 
-    def step(self) -> dict:
+    def step(self) -> StepStats:
         """Clip gradients, take the optimizer step, bump policy_version; return the step's stats."""
         t0 = time.monotonic()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm)
@@ -135,13 +146,10 @@ class Learner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
-        st, self._stats = self._stats, self._empty_stats()
-        n = max(st["num_samples"], 1)
-        st["clip_fraction"] /= n
-        st["kl"] /= n
-        st["grad_norm"] = float(grad_norm)
-        st["optimizer_s"] = time.monotonic() - t0
-        return st
+        acc, self._acc = self._acc, _Accumulated()
+        n = max(acc.num_samples, 1)
+        return StepStats(acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped / n, acc.kl / n,
+                         float(grad_norm), acc.forward_backward_s, time.monotonic() - t0)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The parameters to publish, by name (tied weights once)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
+from streamrl.records import IterationRecord, StepStats, TrainerPhase
 from streamrl.samples import Group, WeightsNotice
 from streamrl.spec import RLJobSpec
 from streamrl.tasks import Prompt, PromptCursor
@@ -47,16 +48,16 @@ class TrainLoop:
         coordinator.on_membership_change = self._replan
         self.iteration = 0
         self._dispatched = -1
-        self._phase = ""
-        self.phase = "Starting"
-        self.last: dict = {}
+        self._phase = TrainerPhase.STARTING
+        self.phase = TrainerPhase.STARTING
+        self.last: IterationRecord | None = None
 
     @property
-    def phase(self) -> str:
+    def phase(self) -> TrainerPhase:
         return self._phase
 
     @phase.setter
-    def phase(self, value: str) -> None:
+    def phase(self, value: TrainerPhase) -> None:
         self._phase = value
         self.metrics.set_phase(value)
 
@@ -123,14 +124,14 @@ class TrainLoop:
         self.metrics.clock.busy()
         await self.publish()
         self.metrics.max_staleness.set(self.spec.pipeline.staleness)
-        self.phase = "WaitingForGenerators"
+        self.phase = TrainerPhase.WAITING_FOR_GENERATORS
         self.metrics.clock.idle(WAITING_GENERATORS)
         await self.coordinator.wait_for_generators(self.spec.trainer.min_generators)
-        self.phase = "Running"
+        self.phase = TrainerPhase.RUNNING
         for it in range(algo.num_iterations):
             self.iteration = it
             await self.run_iteration(it)
-        self.phase = "Succeeded"
+        self.phase = TrainerPhase.SUCCEEDED
 
     async def run_iteration(self, it: int) -> None:
         algo = self.spec.algorithm
@@ -164,7 +165,7 @@ class TrainLoop:
             clock.busy()
             await asyncio.to_thread(self.learner.accumulate, got, total)
         stats = await asyncio.to_thread(self.learner.step)
-        self.metrics.train_step_seconds.observe(stats["forward_backward_s"] + stats["optimizer_s"])
+        self.metrics.train_step_seconds.observe(stats.train_s)
         await self.publish()
         every = self.spec.checkpoint.every_iterations
         if every and self.save_model and (it + 1) % every == 0:
@@ -205,53 +206,53 @@ class TrainLoop:
             "regular_actual_length_mean": sum(regular) / len(regular) if regular else 0.0,
         }
 
-    def _record(self, it: int, groups: list[Group], stats: dict, wall: float, idle: float, generation_s: float,
-                skewness_bubble_ratio: float):
+    def _record(self, it: int, groups: list[Group], stats: StepStats, wall: float, idle: float,
+                generation_s: float, skewness_bubble_ratio: float) -> None:
         samples = [s for g in groups for s in g.samples]
         rewards = [s.reward for s in samples]
         lengths = [len(s.sample.completion_token_ids) for s in samples]
         # The learner's version before this step is what consumed the samples.
         staleness = [self.learner.policy_version - 1 - s.sample.policy_version for s in samples]
-        record = {
-            "iteration": it,
-            "policy_version": self.learner.policy_version,
-            "reward_mean": sum(rewards) / len(rewards),
-            "num_samples": len(samples),
-            "samples_per_s": len(samples) / wall,
-            "pipeline_bubble_ratio": min(1.0, idle / wall),
-            "skewness_bubble_ratio": skewness_bubble_ratio,
-            "wall_s": wall,
-            "generation_s": generation_s,
-            "train_s": stats["forward_backward_s"] + stats["optimizer_s"],
-            "completion_tokens_mean": sum(lengths) / len(lengths),
-            "completion_tokens_max": max(lengths),
-            "loss": stats["loss"],
-            "clip_fraction": stats["clip_fraction"],
-            "kl": stats["kl"],
-            "grad_norm": stats["grad_norm"],
-            "num_micro_batches": stats["num_micro_batches"],
-            "staleness_mean": sum(staleness) / len(staleness),
-            "staleness_max": max(staleness),
-            "num_samples_stale_dropped": self.coordinator.num_samples_stale_dropped,
+        record = IterationRecord(
+            iteration=it,
+            policy_version=self.learner.policy_version,
+            reward_mean=sum(rewards) / len(rewards),
+            num_samples=len(samples),
+            samples_per_s=len(samples) / wall,
+            pipeline_bubble_ratio=min(1.0, idle / wall),
+            skewness_bubble_ratio=skewness_bubble_ratio,
+            wall_s=wall,
+            generation_s=generation_s,
+            train_s=stats.train_s,
+            completion_tokens_mean=sum(lengths) / len(lengths),
+            completion_tokens_max=max(lengths),
+            loss=stats.loss,
+            clip_fraction=stats.clip_fraction,
+            kl=stats.kl,
+            grad_norm=stats.grad_norm,
+            num_micro_batches=stats.num_micro_batches,
+            staleness_mean=sum(staleness) / len(staleness),
+            staleness_max=max(staleness),
+            num_samples_stale_dropped=self.coordinator.num_samples_stale_dropped,
             **self._length_prediction_record(),
             # How the version this iteration started from (= it) reached the generators.
             **self.coordinator.weight_sync_summary(it),
-            "elapsed_s": time.monotonic() - self.recorder.started,
-            "time_unix": time.time(),
-        }
+            elapsed_s=time.monotonic() - self.recorder.started,
+            time_unix=time.time(),
+        )
         self.last = record
         self.recorder.iteration(record)
-        self.metrics.iteration.set(it + 1)
-        self.metrics.reward_mean.set(record["reward_mean"])
         m = self.metrics
-        m.pipeline_bubble_ratio.set(record["pipeline_bubble_ratio"])
+        m.iteration.set(it + 1)
+        m.reward_mean.set(record.reward_mean)
+        m.pipeline_bubble_ratio.set(record.pipeline_bubble_ratio)
         m.skewness_bubble_ratio.set(skewness_bubble_ratio)
         m.iteration_generation_seconds.set(generation_s)
-        m.iteration_train_seconds.set(record["train_s"])
+        m.iteration_train_seconds.set(record.train_s)
         m.iteration_wall_seconds.set(wall)
-        m.sample_staleness_max.set(record["staleness_max"])
-        m.actual_length_mean.set(record["completion_tokens_mean"])
-        if "predicted_length_mean" in record:
-            m.predicted_length_mean.set(record["predicted_length_mean"])
-        log.info("iteration %d: reward %.3f, %.1f samples/s, bubble %.2f", it, record["reward_mean"],
-                 record["samples_per_s"], record["pipeline_bubble_ratio"])
+        m.sample_staleness_max.set(record.staleness_max)
+        m.actual_length_mean.set(record.completion_tokens_mean)
+        if record.predicted_length_mean is not None:
+            m.predicted_length_mean.set(record.predicted_length_mean)
+        log.info("iteration %d: reward %.3f, %.1f samples/s, bubble %.2f", it, record.reward_mean,
+                 record.samples_per_s, record.pipeline_bubble_ratio)

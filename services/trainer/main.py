@@ -7,7 +7,6 @@ colocated mode it also runs the engine in-process and serves no gRPC.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from streamrl.admin import AdminServer, merged_registry, write_endpoint
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
+from streamrl.records import TrainerPhase, TrainerStatus
 from streamrl.rewards import get_reward
 from streamrl.security import add_port, server_interceptors
 from streamrl.spec import PipelineMode, RLJob
@@ -74,24 +74,23 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     run_id = uuid.uuid4().hex[:12]
     started = time.monotonic()
 
-    def status() -> dict:
-        wall = sum(r["wall_s"] for r in recorder.records)
-        return {
-            "run_id": run_id, "phase": loop.phase, "mode": spec.pipeline.mode.value,
-            "iteration": len(recorder.records), "num_iterations": algo.num_iterations,
-            "policy_version": learner.policy_version,
-            "num_samples_accepted": coordinator.num_samples_accepted,
-            "samples_per_s": sum(r["num_samples"] for r in recorder.records) / wall if wall else 0.0,
-            "uptime_s": time.monotonic() - started,
-            "last": loop.last, **coordinator.status(),
-        }
+    def status() -> TrainerStatus:
+        records = recorder.records
+        wall = sum(r.wall_s for r in records)
+        return TrainerStatus(
+            run_id=run_id, phase=loop.phase, mode=spec.pipeline.mode.value, iteration=len(records),
+            num_iterations=algo.num_iterations, policy_version=learner.policy_version,
+            num_samples_accepted=coordinator.num_samples_accepted,
+            samples_per_s=sum(r.num_samples for r in records) / wall if wall else 0.0,
+            uptime_s=time.monotonic() - started, last=loop.last, **coordinator.status(),
+        )
 
     # Colocated: the in-process generator has its own metrics (the engine's busy time must
     # not count as the trainer's), served beside the trainer's.
     local_metrics = ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl") \
         if colocated else None
     registry = merged_registry(metrics.registry, local_metrics.registry) if local_metrics else metrics.registry
-    admin = AdminServer(registry, status, lambda: loop.phase == "Running", host,
+    admin = AdminServer(registry, status, lambda: loop.phase == TrainerPhase.RUNNING, host,
                         spec.trainer.admin_port if admin_port is None else admin_port)
     admin.start()
     server = None
@@ -125,33 +124,31 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     try:
         await task
     except asyncio.CancelledError:
-        loop.phase = "Interrupted"
+        loop.phase = TrainerPhase.INTERRUPTED
         log.warning("trainer interrupted after %d iterations", len(recorder.records))
         code = 130
     except Exception:
-        loop.phase = "Failed"
+        loop.phase = TrainerPhase.FAILED
         log.exception("trainer failed")
         code = 1
     finally:
-        summary = recorder.summary({
-            "phase": loop.phase,
-            "mode": spec.pipeline.mode.value,
-            "num_prompts_dispatched": coordinator.num_prompts_dispatched,
-            "num_samples_accepted": coordinator.num_samples_accepted,
-            "num_samples_duplicate_dropped": coordinator.num_samples_duplicate_dropped,
-            "num_samples_redispatched": coordinator.num_samples_redispatched,
-            "num_samples_rejected": coordinator.num_samples_rejected,
-            "num_samples_stale_dropped": coordinator.num_samples_stale_dropped,
-            "weight_bytes_from_trainer": coordinator.weight_bytes_by_source.get("trainer", 0),
-            "weight_bytes_from_peers": coordinator.weight_bytes_by_source.get("peer", 0),
-            "reward_first": recorder.records[0]["reward_mean"] if recorder.records else None,
-            "reward_last": recorder.records[-1]["reward_mean"] if recorder.records else None,
-        })
+        summary = recorder.summary(
+            phase=loop.phase,
+            mode=spec.pipeline.mode.value,
+            num_prompts_dispatched=coordinator.num_prompts_dispatched,
+            num_samples_accepted=coordinator.num_samples_accepted,
+            num_samples_duplicate_dropped=coordinator.num_samples_duplicate_dropped,
+            num_samples_redispatched=coordinator.num_samples_redispatched,
+            num_samples_rejected=coordinator.num_samples_rejected,
+            num_samples_stale_dropped=coordinator.num_samples_stale_dropped,
+            weight_bytes_from_trainer=coordinator.weight_bytes_by_source.get("trainer", 0),
+            weight_bytes_from_peers=coordinator.weight_bytes_by_source.get("peer", 0),
+        )
         recorder.close()
         metrics.clock.close()
         save_model(out_dir / "model")
-        log.info("summary: %s", json.dumps({k: summary[k] for k in ("num_iterations", "samples_per_s",
-                                                                    "reward_mean", "phase")}))
+        log.info("summary: %s after %d iterations, %.1f samples/s, reward %.3f", summary.phase,
+                 summary.num_iterations, summary.samples_per_s, summary.reward_mean)
         coordinator.close()
         if lengths:
             await lengths.close()

@@ -82,5 +82,5 @@ def test_learner_step_raises_the_logprob_of_positive_advantage_samples(tiny_mode
     with torch.no_grad():
         after = token_logprobs(model, batch).sum(-1)
     assert learner.policy_version == 1
-    assert stats["num_samples"] == 2 and stats["num_micro_batches"] == 2
+    assert stats.num_samples == 2 and stats.num_micro_batches == 2
     assert after[0] > before[0] and after[1] < before[1]
