@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 from streamrl.ranker.predictor import setup_predictor  # noqa: E402
 from streamrl.ranker.ranker import Ranker  # noqa: E402
 
-
 CONFIGS = {  # name -> (policy, dispatch settings)
     "random-fifo": ("random-fifo", {}),
     "oracle": ("oracle", {}),
@@ -85,8 +84,9 @@ def main() -> None:
     oracle = out / "random-fifo-r0" / "lengths.jsonl"
     runs: dict[str, list[float]] = {}
     bubble: dict[str, list[float]] = {}  # skewness-bubble replica-seconds per iteration
-    for args.round in range(args.rounds):
-        k = args.round % len(names)
+    for rnd in range(args.rounds):
+        args.round = rnd
+        k = rnd % len(names)
         for name in names[k:] + names[:k]:
             records = run(name, args, out, oracle)
             # Iteration 0 runs before the ranker has seen anything: it is not averaged.

@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamrl.generator.agent import GeneratorAgent  # noqa: E402
 from streamrl.generator.torch_engine import TorchEngine  # noqa: E402
-from tests.linkproxy import LinkProxy  # noqa: E402
 from streamrl.metrics import ServiceMetrics  # noqa: E402
 from streamrl.models import build_tiny_model, load_model  # noqa: E402
 from streamrl.samples import WeightsNotice  # noqa: E402
@@ -33,6 +32,7 @@ from streamrl.transfer import RelayServer, WeightSource, fetch_blob  # noqa: E40
 from streamrl.weights import WeightStore  # noqa: E402
 from streamrl.wire import GRPC_OPTIONS  # noqa: E402
 from tests.integration.inproc import TrainerServer  # noqa: E402
+from tests.linkproxy import LinkProxy  # noqa: E402
 
 CHUNK = 1 << 20
 RAW_METHOD = "/bench.Raw/Stream"
@@ -46,7 +46,8 @@ def raw_server(blob: bytes) -> tuple[grpc.Server, int]:
         for o in range(0, len(blob), CHUNK):
             yield bytes(view[o : o + CHUNK])
 
-    handler = grpc.method_handlers_generic_handler("bench.Raw", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Raw", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=GRPC_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")

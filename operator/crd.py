@@ -10,7 +10,6 @@ test fails when the committed file is stale.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from streamrl.spec import API_VERSION, RLJobSpec

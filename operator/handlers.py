@@ -19,8 +19,8 @@ import datetime
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 import httpx
 import kopf
@@ -28,8 +28,18 @@ import kubernetes_validate
 import yaml
 
 from streamrl.metrics import AutoscalerMetrics
-from streamrl.operator.builders import (ADMIN_PORT, TRAINER_GRPC_PORT, Settings, build_children, build_configmap,
-                                        build_generators, generator_selector, name, owner_reference, uses_ranker)
+from streamrl.operator.builders import (
+    ADMIN_PORT,
+    TRAINER_GRPC_PORT,
+    Settings,
+    build_children,
+    build_configmap,
+    build_generators,
+    generator_selector,
+    name,
+    owner_reference,
+    uses_ranker,
+)
 from streamrl.operator.kube import KubeClient, KubeError, kubeconfig_problems, path_of
 from streamrl.operator.status import Observed, derive
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
@@ -80,7 +90,7 @@ class Runtime:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _parse(body) -> RLJob:
@@ -112,7 +122,8 @@ async def _trainer_address(runtime: Runtime, job: RLJob, namespace: str) -> tupl
         host = job.spec.trainer.external_host
         ports = [p for p in (service or {}).get("spec", {}).get("ports", []) if p.get("name") == "grpc"]
         if not host:
-            return None, "trainer.serviceType NodePort needs trainer.externalHost (where other clusters reach the nodes)"
+            return None, ("trainer.serviceType NodePort needs trainer.externalHost (where other clusters reach "
+                          "the nodes)")
         if not ports or not ports[0].get("nodePort"):
             return None, "waiting for the trainer Service's node port"
         return f"{host}:{ports[0]['nodePort']}", None

@@ -51,13 +51,13 @@ class KubeClient:
 
     # ---- construction ---------------------------------------------------------------
     @classmethod
-    def in_cluster(cls) -> "KubeClient":
+    def in_cluster(cls) -> KubeClient:
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
         context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
         return cls(f"https://{host}:{port}", (SERVICE_ACCOUNT / "token").read_text().strip(), context)
 
     @classmethod
-    def from_kubeconfig(cls, config: dict, name: str) -> "KubeClient":
+    def from_kubeconfig(cls, config: dict, name: str) -> KubeClient:
         """A client from a self-contained kubeconfig (check it with kubeconfig_problems first)."""
         problems = kubeconfig_problems(config)
         if problems:
@@ -65,7 +65,8 @@ class KubeClient:
         cluster, user = _current(config)
         context = ssl.create_default_context()
         if cluster.get("certificate-authority-data"):
-            context = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+            ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
+            context = ssl.create_default_context(cadata=ca)
         if user.get("client-certificate-data"):
             with tempfile.TemporaryDirectory() as tmp:  # ssl loads chains from files only
                 cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"

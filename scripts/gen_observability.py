@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from streamrl.prometheus import RULES_FILE  # noqa: E402
+
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 JOB = 'rljob=~"$rljob"'
 """Every query's selector for the chosen RLJob(s)."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -90,7 +91,7 @@ class AdminServer:
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
                                         name="admin-http")
 
-    def start(self) -> "AdminServer":
+    def start(self) -> AdminServer:
         self._thread.start()
         return self
 

@@ -92,7 +92,8 @@ class ServiceMetrics:
         self.stage = stage
         r = self.registry = CollectorRegistry()
         self.busy_seconds = Counter(BUSY_SECONDS, "Seconds the stage spent working", ["stage"], registry=r)
-        self.idle_seconds = Counter(IDLE_SECONDS, "Seconds the stage sat idle, by reason", ["stage", "reason"], registry=r)
+        self.idle_seconds = Counter(IDLE_SECONDS, "Seconds the stage sat idle, by reason", ["stage", "reason"],
+                                    registry=r)
         self.generated_tokens = Counter(GENERATED_TOKENS, "Tokens generated", registry=r)
         self.samples_streamed = Counter(SAMPLES_STREAMED, "Samples sent to the trainer by a generator", registry=r)
         self.samples_accepted = Counter(SAMPLES_ACCEPTED, "Samples the trainer accepted", registry=r)

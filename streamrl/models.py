@@ -36,7 +36,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("STREAMRL_CACHE_DIR", Path.home() / ".cache" / "streamrl"))
 
 
-def build_char_tokenizer() -> "PreTrainedTokenizerBase":
+def build_char_tokenizer() -> PreTrainedTokenizerBase:
     """A character-level tokenizer over digits, letters and punctuation."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -82,14 +82,14 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_tokenizer(path: str | Path) -> "PreTrainedTokenizerBase":
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     _quiet_transformers()
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> "PreTrainedModel":
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM with `from_pretrained` (safetensors), in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -204,7 +204,7 @@ class RunSummary(Record):
     reward_last: float | None = None
 
     @classmethod
-    def of(cls, records: list[IterationRecord], **totals) -> "RunSummary":
+    def of(cls, records: list[IterationRecord], **totals) -> RunSummary:
         """Totals and wall-weighted means over the iterations, plus the trainer's counters."""
         num_samples = sum(r.num_samples for r in records)
         wall = sum(r.wall_s for r in records)

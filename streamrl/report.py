@@ -129,7 +129,8 @@ def plot_timeline(run: Run) -> Figure:
         for s in run.timelines[name]:
             by_state.setdefault((s["state"], s["reason"]), []).append((s["start"] - t0, s["end"] - s["start"]))
         for state, bars in by_state.items():
-            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=STATES.get(state, ("#000000",))[0], label=f"{name}|{state}")
+            ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=STATES.get(state, ("#000000",))[0],
+                           label=f"{name}|{state}")
     # Iteration boundaries from the trainer's records.
     for r in run.records:
         if "time_unix" in r:

@@ -7,7 +7,7 @@ Registered: `exact-match`, `numeric` (math-verify equivalence), `prefix-match`
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 RewardFn = Callable[[str, str], float]
 

@@ -10,19 +10,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from typing import Callable
 
 import httpx
 
 from streamrl.admin import AdminServer
-from streamrl.scaling.local import Fleet, LocalAutoscaler
 from streamrl.metrics import AutoscalerMetrics
 from streamrl.models import model_spec_summary, resolve_model_dir
 from streamrl.prometheus.api import PrometheusAPI
 from streamrl.prometheus.server import LocalPrometheus, Target, free_port
+from streamrl.scaling.local import Fleet, LocalAutoscaler
 from streamrl.spec import PipelineMode, RLJob, dump_job, load_job
 
 STARTUP_TIMEOUT_S = 180.0
@@ -158,7 +157,7 @@ def _start_ranker(job_file: Path, out_dir: Path, log_dir: Path, admin_port: int)
 
 
 def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
-                   admin_ports: dict[str, int]) -> tuple[Child, list[Child], dict, "GeneratorLauncher"]:
+                   admin_ports: dict[str, int]) -> tuple[Child, list[Child], dict, GeneratorLauncher]:
     """Start every process plan_processes(job) names, each on its admin port from
     `admin_ports`: the ranker when dispatch needs it, the trainer, then every generator
     replica; returns (trainer, the others, the trainer's endpoint, the generator launcher)."""
@@ -183,7 +182,8 @@ def start_services(job: RLJob, job_file: Path, model_dir: Path, out_dir: Path,
                                  "--threads", str(trainer_threads), "--endpoint-file", str(endpoint_file),
                                  *ranker_args, "--admin-port", str(admin_ports["trainer"])],
                      trainer_threads, cores.take(trainer_threads), log_dir)
-    trainer.endpoint_file, trainer.labels, trainer.admin_port = endpoint_file, planned["trainer"], admin_ports["trainer"]
+    trainer.endpoint_file, trainer.labels = endpoint_file, planned["trainer"]
+    trainer.admin_port = admin_ports["trainer"]
     try:
         endpoint = _wait_endpoint(endpoint_file, trainer)
         launcher = GeneratorLauncher(job, job_file, model_dir, out_dir, f"127.0.0.1:{endpoint['grpc_port']}", cores)

@@ -5,9 +5,9 @@ Imports neither torch nor grpc. Field names are camelCase on the wire (Kubernete
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
@@ -48,7 +48,7 @@ class ModelSpec(_Model):
     """Seed of the built-in model's initialisation and warm start."""
 
     @model_validator(mode="after")
-    def _path_matches_source(self) -> "ModelSpec":
+    def _path_matches_source(self) -> ModelSpec:
         if self.source == "path" and not self.path:
             raise ValueError("path is required when source is 'path'")
         if self.source == "builtin-tiny" and self.path:
@@ -56,7 +56,7 @@ class ModelSpec(_Model):
         return self
 
 
-class TaskName(str, Enum):
+class TaskName(StrEnum):
     counting = "counting"
     counting_ramp = "counting-ramp"
     addition = "addition"
@@ -81,7 +81,7 @@ class TaskSpec(_Model):
     in random order: output lengths grow as the run goes on, as they do in long RL runs."""
 
     @model_validator(mode="after")
-    def _path_matches_name(self) -> "TaskSpec":
+    def _path_matches_name(self) -> TaskSpec:
         if self.name == TaskName.jsonl and not self.path:
             raise ValueError("path is required when name is 'jsonl'")
         return self
@@ -136,7 +136,7 @@ class AlgorithmSpec(_Model):
     """Seed of sampling and training."""
 
 
-class PipelineMode(str, Enum):
+class PipelineMode(StrEnum):
     colocated = "colocated"
     batch = "batch"
     stream_sync = "stream-sync"
@@ -184,7 +184,7 @@ class TorchEngineSpec(_Model):
     """torch device, e.g. `cpu` or `cuda`."""
 
 
-EngineSpec = Annotated[Union[TorchEngineSpec], Field(discriminator="type")]
+EngineSpec = Annotated[TorchEngineSpec, Field(discriminator="type")]
 
 
 class PlacementSpec(_Model):
@@ -238,7 +238,7 @@ class GeneratorPoolSpec(_Model):
     the best measured throughput per cost grows first."""
 
     @model_validator(mode="after")
-    def _bounds(self) -> "GeneratorPoolSpec":
+    def _bounds(self) -> GeneratorPoolSpec:
         if self.max_replicas is not None and self.max_replicas < self.min_replicas:
             raise ValueError("maxReplicas must be at least minReplicas")
         return self
@@ -278,7 +278,7 @@ class DispatchSpec(_Model):
         return 4.0 if self.policy == "random-fifo" else 1.25
 
     @model_validator(mode="after")
-    def _oracle_needs_lengths(self) -> "DispatchSpec":
+    def _oracle_needs_lengths(self) -> DispatchSpec:
         if self.policy == "oracle" and not self.oracle_lengths:
             raise ValueError("oracleLengths is required when policy is 'oracle'")
         return self
@@ -297,7 +297,7 @@ class GeneratorsSpec(_Model):
     """Dispatch policy."""
 
     @model_validator(mode="after")
-    def _unique_pools(self) -> "GeneratorsSpec":
+    def _unique_pools(self) -> GeneratorsSpec:
         names = [p.name for p in self.pools]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -374,7 +374,7 @@ class RankerSpec(_Model):
     """Kubernetes: node pool, tolerations, GPUs and pod template of the ranker."""
 
     @model_validator(mode="after")
-    def _lm_needs_model(self) -> "RankerSpec":
+    def _lm_needs_model(self) -> RankerSpec:
         if self.predictor == "causal-lm" and not self.model_path:
             raise ValueError("modelPath is required when predictor is 'causal-lm'")
         return self
@@ -503,7 +503,7 @@ class RLJobSpec(_Model):
     """Kubernetes: scale every role to zero and keep the job (set back to false to resume)."""
 
     @model_validator(mode="after")
-    def _remote_pools_reach_the_trainer(self) -> "RLJobSpec":
+    def _remote_pools_reach_the_trainer(self) -> RLJobSpec:
         if any(p.cluster_ref for p in self.generators.pools) and self.trainer.service_type == "ClusterIP":
             raise ValueError("pools in another cluster (clusterRef) need trainer.serviceType NodePort or LoadBalancer")
         return self

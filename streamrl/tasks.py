@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from streamrl.spec import TaskName, TaskSpec
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import grpc
 
@@ -146,7 +147,8 @@ def fetch_blob(source, notice: WeightsNotice, max_attempts: int = 5, backoff_s: 
             except grpc.RpcError as err:
                 _settle(checks)
                 attempt += 1
-                if attempt >= max_attempts or err.code() == grpc.StatusCode.NOT_FOUND or (stopping and stopping.is_set()):
+                stopped = stopping is not None and stopping.is_set()
+                if attempt >= max_attempts or err.code() == grpc.StatusCode.NOT_FOUND or stopped:
                     raise
                 log.warning("weight fetch of v%d broke at byte %d (%s); resuming", notice.policy_version,
                             asm.next_offset, err.code().name)
@@ -154,7 +156,8 @@ def fetch_blob(source, notice: WeightsNotice, max_attempts: int = 5, backoff_s: 
             else:
                 _settle(checks)
                 if not asm.complete:
-                    raise WeightsCorruptError(f"version {notice.policy_version}: stream ended at byte {asm.next_offset}")
+                    raise WeightsCorruptError(
+                        f"version {notice.policy_version}: stream ended at byte {asm.next_offset}")
     return asm.finish()
 
 
@@ -199,7 +202,7 @@ class RelayServer(rollout_pb2_grpc.RolloutServicer):
     def Connect(self, request_iterator, context):
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "a generator relays weights only; dial the trainer")
 
-    def start(self) -> "RelayServer":
+    def start(self) -> RelayServer:
         self._server.start()
         return self
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -16,14 +17,14 @@ class WeightsCorruptError(ValueError):
     """A chunk or a whole version failed its checksum; nothing of it may be used."""
 
 
-def serialize(named_tensors: dict[str, "torch.Tensor"]) -> bytes:
+def serialize(named_tensors: dict[str, torch.Tensor]) -> bytes:
     """safetensors bytes of CPU, contiguous copies of the tensors."""
     from safetensors.torch import save
 
     return save({k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()})
 
 
-def deserialize(blob: bytes) -> dict[str, "torch.Tensor"]:
+def deserialize(blob: bytes) -> dict[str, torch.Tensor]:
     from safetensors.torch import load
 
     return load(blob)
@@ -47,7 +48,7 @@ class WeightVersion:
     """Hex SHA-256 of each chunk, in order."""
 
     @classmethod
-    def build(cls, policy_version: int, blob: bytes, chunk_bytes: int) -> "WeightVersion":
+    def build(cls, policy_version: int, blob: bytes, chunk_bytes: int) -> WeightVersion:
         view = memoryview(blob)
         hashes = tuple(
             hashlib.sha256(view[o : o + chunk_bytes]).hexdigest() for o in range(0, max(len(blob), 1), chunk_bytes)
@@ -80,7 +81,7 @@ class WeightStore:
         self.chunk_bytes = chunk_bytes
         self._versions: OrderedDict[int, WeightVersion] = OrderedDict()
 
-    def publish(self, policy_version: int, named_tensors: dict[str, "torch.Tensor"]) -> WeightVersion:
+    def publish(self, policy_version: int, named_tensors: dict[str, torch.Tensor]) -> WeightVersion:
         version = WeightVersion.build(policy_version, serialize(named_tensors), self.chunk_bytes)
         self.add(version)
         return version
@@ -115,7 +116,8 @@ class WeightAssembler:
                 f"version {self.policy_version}: chunk at offset {offset_bytes}, expected {self.next_offset}"
             )
         if hashlib.sha256(data).hexdigest() != sha256:
-            raise WeightsCorruptError(f"version {self.policy_version}: chunk at offset {offset_bytes} fails its checksum")
+            raise WeightsCorruptError(
+                f"version {self.policy_version}: chunk at offset {offset_bytes} fails its checksum")
         self._parts.append(data)
         self._digests.append(sha256)
         self.next_offset += len(data)

@@ -50,7 +50,7 @@ class LinkProxy:
     def address(self) -> str:
         return f"{self._listen_host}:{self.port}"
 
-    def start(self) -> "LinkProxy":
+    def start(self) -> LinkProxy:
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
             asyncio.start_server(self._handle, self._listen_host, 0), self._loop).result(10)

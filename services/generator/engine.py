@@ -8,8 +8,9 @@ vLLM-backed engine implements the same interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -108,7 +109,7 @@ class Engine(ABC):
     def start_weight_update(self) -> None: ...
 
     @abstractmethod
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors (names as in the policy's named_parameters) into the engine."""
 
     @abstractmethod
@@ -118,7 +119,7 @@ class Engine(ABC):
     @abstractmethod
     def resume_generation(self) -> None: ...
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], policy_version: int) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """The whole update sequence at once."""
         self.pause_generation()
         self.start_weight_update()
@@ -127,7 +128,7 @@ class Engine(ABC):
         self.resume_generation()
 
 
-def setup_engine(spec: "EngineSpec", model_dir: str, dtype: str, eos_token_id: int, seed: int = 0) -> Engine:
+def setup_engine(spec: EngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0) -> Engine:
     """Build the engine a pool's spec names."""
     if spec.type == "torch":
         from streamrl.generator.torch_engine import TorchEngine

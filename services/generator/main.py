@@ -14,8 +14,8 @@ from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.engine import setup_engine
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_tokenizer
-from streamrl.spec import RLJob
 from streamrl.security import open_channel
+from streamrl.spec import RLJob
 from streamrl.transfer import RelayServer
 
 log = logging.getLogger("streamrl.generator")

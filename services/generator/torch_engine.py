@@ -10,8 +10,8 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 
@@ -61,7 +61,8 @@ class TorchEngine(Engine):
         need = len(request.prompt_token_ids) + request.max_new_tokens
         if need > self.decoder.max_len:
             raise ValueError(
-                f"request {request.request_id}: prompt + max_new_tokens = {need} exceeds the context of {self.decoder.max_len}"
+                f"request {request.request_id}: prompt + max_new_tokens = {need} exceeds the context of "
+                f"{self.decoder.max_len}"
             )
         heapq.heappush(self._waiting, (-request.priority, next(self._arrival), request, time.monotonic()))
 

@@ -29,7 +29,8 @@ def serve(job: RLJob, state_path: Path | None, host: str = "127.0.0.1", endpoint
     """Serve until SIGTERM/SIGINT; the state is saved on the way out."""
     spec = job.spec.ranker
     state_path = state_path or (Path(spec.state_path) if spec.state_path else None)
-    ranker = Ranker(setup_predictor(spec.predictor, spec.model_path, spec.device), state_path, spec.window, spec.min_observations)
+    ranker = Ranker(setup_predictor(spec.predictor, spec.model_path, spec.device), state_path, spec.window,
+                    spec.min_observations)
     metrics = RankerMetrics()
     servicer = RankerServicer(ranker, metrics)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS,

@@ -8,9 +8,9 @@ persistence live in the ranker.
 from __future__ import annotations
 
 import math
+import random
 import re
 import zlib
-import random
 from abc import ABC, abstractmethod
 from collections import deque
 

@@ -12,8 +12,8 @@ import asyncio
 import logging
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from streamrl.metrics import ServiceMetrics
 from streamrl.records import GeneratorStatus

@@ -24,11 +24,11 @@ class LengthSource(ABC):
     async def predict(self, prompts: list[tuple[str, int, str]]) -> dict[str, float]:
         """{prompt_id: predicted mean output length} for (prompt_id, dataset_index, text)."""
 
-    def observe(self, dataset_index: int, text: str, policy_version: int, lengths: list[int]) -> None:
+    def observe(self, dataset_index: int, text: str, policy_version: int, lengths: list[int]) -> None:  # noqa: B027
         """Output lengths the policy produced for a prompt (default: ignored)."""
 
-    async def close(self) -> None:
-        pass
+    async def close(self) -> None:  # noqa: B027 (nothing to release by default)
+        """Release what the source holds (default: nothing)."""
 
 
 class RankerLengths(LengthSource):
@@ -63,7 +63,7 @@ class RankerLengths(LengthSource):
         self._queue.put_nowait(None)
         try:
             await asyncio.wait_for(self._stream, 10)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             self._stream.cancel()
         await self._channel.close()
 

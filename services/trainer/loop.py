@@ -8,8 +8,8 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
 from streamrl.records import IterationRecord, StepStats, TrainerPhase
@@ -18,9 +18,9 @@ from streamrl.spec import RLJobSpec
 from streamrl.tasks import Prompt, PromptCursor
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
-from streamrl.trainer.recorder import Recorder
-from streamrl.trainer.longtail import LatencyProfile, Replica, length_targets, plan_dispatch, split_long_tail
 from streamrl.trainer.lengths import LengthSource
+from streamrl.trainer.longtail import LatencyProfile, Replica, length_targets, plan_dispatch, split_long_tail
+from streamrl.trainer.recorder import Recorder
 from streamrl.weights import WeightStore
 
 log = logging.getLogger(__name__)

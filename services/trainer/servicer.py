@@ -9,8 +9,8 @@ import logging
 import grpc
 
 from streamrl.samples import WeightsNotice, Work
-from streamrl.transfer import chunk_responses
 from streamrl.trainer.coordinator import BatchCap, Coordinator
+from streamrl.transfer import chunk_responses
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightStore

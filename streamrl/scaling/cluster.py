@@ -34,7 +34,7 @@ class Memory:
     """The last decision said trainer-bound (a TrainerBound Event is posted on the way in)."""
 
     @classmethod
-    def from_status(cls, autoscaling: dict | None) -> "Memory":
+    def from_status(cls, autoscaling: dict | None) -> Memory:
         """A job's first round (or the first after an operator restart): unsettled, so the
         inputs are measured afresh; whether the job was trainer-bound, as status recorded it."""
         return cls(trainer_bound=bool((autoscaling or {}).get("trainerBound")))
@@ -59,7 +59,7 @@ class Outcome:
 
 
 def timestamp(now: float) -> str:
-    return datetime.datetime.fromtimestamp(now, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def prometheus_url(job: RLJob, default: str | None) -> str:

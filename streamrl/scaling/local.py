@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
+from streamrl.metrics import AutoscalerMetrics
+from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 from streamrl.scaling.inputs import input_queries, parse_inputs, query_window_s
 from streamrl.scaling.policy import Decision, State
 from streamrl.scaling.round import scaling_round
-from streamrl.metrics import AutoscalerMetrics
-from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 from streamrl.spec import RLJob
 
 

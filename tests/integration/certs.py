@@ -24,7 +24,7 @@ class TestCA:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.cert = (
             x509.CertificateBuilder().subject_name(_name(name)).issuer_name(_name(name))
             .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
@@ -38,7 +38,7 @@ class TestCA:
     def issue(self, who: str, dns_name: str = "streamrl") -> tuple[Path, Path]:
         """(cert_file, key_file) for `who`, valid for dns_name, signed by this CA."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         cert = (
             x509.CertificateBuilder().subject_name(_name(who)).issuer_name(self.cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())

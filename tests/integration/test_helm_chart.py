@@ -62,7 +62,8 @@ def test_crds_come_from_the_generated_files_and_are_kept():
     assert crds["rljobs.streamrl.io"]["spec"] == rljob_crd()["spec"]
     assert crds["rlclusters.streamrl.io"]["spec"] == rlcluster_crd()["spec"]
     assert all(c["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"} for c in crds.values())
-    assert all("annotations" not in c["metadata"] for c in by_kind(render("crds.keep=false"))["CustomResourceDefinition"])
+    crds = by_kind(render("crds.keep=false"))["CustomResourceDefinition"]
+    assert all("annotations" not in c["metadata"] for c in crds)
     assert "CustomResourceDefinition" not in by_kind(render("crds.install=false"))
 
 

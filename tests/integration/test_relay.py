@@ -10,12 +10,12 @@ import torch
 
 from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.torch_engine import TorchEngine
-from tests.linkproxy import LinkProxy
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
 from streamrl.transfer import RelayServer
 from streamrl.weights import WeightStore
 from tests.integration.inproc import TrainerServer
+from tests.linkproxy import LinkProxy
 
 NUM_REMOTE = 3
 
@@ -55,7 +55,7 @@ def test_bytes_over_the_slow_link_per_version(tiny_model_dir, relay, copies):
             before = link.bytes["down"]
             tensors = _new_weights(tiny_model_dir, v)
             notice = trainer.publish(v, tensors)
-            _wait(lambda: all(a.engine.policy_version == v for a in agents))
+            _wait(lambda v=v: all(a.engine.policy_version == v for a in agents))
             crossed = link.bytes["down"] - before
             assert crossed == pytest.approx(copies * notice.size_bytes, rel=0.05), (v, crossed, notice.size_bytes)
             for a in agents:  # every replica runs exactly the published tensors

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import grpc
 import pytest
 import torch
 
-from streamrl.transfer import fetch_blob
 from streamrl.samples import WeightsNotice
+from streamrl.transfer import fetch_blob
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightsCorruptError, WeightStore, deserialize

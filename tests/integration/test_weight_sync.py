@@ -11,7 +11,6 @@ import torch
 
 from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.torch_engine import TorchEngine
-from tests.linkproxy import LinkProxy
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
 from streamrl.samples import WeightsNotice
@@ -20,6 +19,7 @@ from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightStore, WeightVersion, deserialize
 from streamrl.wire import GRPC_OPTIONS
 from tests.integration.inproc import TrainerServer
+from tests.linkproxy import LinkProxy
 
 
 def _perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:

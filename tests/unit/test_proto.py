@@ -11,7 +11,8 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path):
     assert fresh, "protoc wrote nothing"
     for rel in fresh:
         committed = ROOT / "streamrl" / rel.relative_to("streamrl")
-        assert committed.read_bytes() == (tmp_path / rel).read_bytes(), f"{committed} is stale: run scripts/gen_proto.py"
+        fresh = (tmp_path / rel).read_bytes()
+        assert committed.read_bytes() == fresh, f"{committed} is stale: run scripts/gen_proto.py"
 
 
 def test_every_proto_field_and_rpc_is_documented():

@@ -24,7 +24,8 @@ def _run_dir(tmp_path, n=6):
     (d / "summary.json").write_text(json.dumps({"phase": "Succeeded", "mode": "batch", "samples_per_s": 101.0}))
     (d / "job.yaml").write_text("metadata:\n  name: handmade\n")
     spans = [{"state": "busy", "reason": "", "start": 1000.0 + k, "end": 1000.5 + k} for k in range(n * 2)]
-    spans += [{"state": "idle", "reason": "waiting_samples", "start": 1000.5 + k, "end": 1001.0 + k} for k in range(n * 2)]
+    spans += [{"state": "idle", "reason": "waiting_samples", "start": 1000.5 + k, "end": 1001.0 + k}
+              for k in range(n * 2)]
     (d / "timeline" / "trainer.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans) + '{"state": "bu')
     gen = [{"state": "busy", "reason": "low_occupancy", "start": 1000.0, "end": 1003.0}]
     (d / "timeline" / "generator-a-0.jsonl").write_text(json.dumps(gen[0]) + "\n")

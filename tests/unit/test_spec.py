@@ -1,7 +1,7 @@
 import pytest
+from pydantic import ValidationError
 
 from streamrl.spec import RLJob, SpecError, dump_job, load_job, parse_job
-
 from tests.conftest import EXAMPLE
 
 
@@ -31,12 +31,14 @@ def test_dump_then_parse_round_trips():
         ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: Input should be greater than 0"),
         ({"algorithm": {"topP": 1.5}}, "spec.algorithm.topP: Input should be less than or equal to 1"),
         ({"algorithm": {"groupsize": 4}}, "spec.algorithm.groupsize: unknown field"),
-        ({"pipeline": {"mode": "fast"}}, "spec.pipeline.mode: Input should be 'colocated', 'batch', 'stream-sync' or 'stream-async'"),
+        ({"pipeline": {"mode": "fast"}},
+         "spec.pipeline.mode: Input should be 'colocated', 'batch', 'stream-sync' or 'stream-async'"),
         ({"model": {"source": "path"}}, "spec.model: path is required when source is 'path'"),
         ({"task": {"name": "jsonl"}}, "spec.task: path is required when name is 'jsonl'"),
         ({"generators": {"pools": [{"name": "a"}, {"name": "a"}]}},
          "spec.generators: pool names must be unique; repeated: a"),
-        ({"generators": {"pools": [{"name": "Bad_Name"}]}}, "spec.generators.pools.0.name: String should match pattern"),
+        ({"generators": {"pools": [{"name": "Bad_Name"}]}},
+         "spec.generators.pools.0.name: String should match pattern"),
         ({"generators": {"dispatch": {"queueFactor": 0.5}}},
          "spec.generators.dispatch.queueFactor: Input should be greater than or equal to 1"),
         ({"generators": {"pools": [{"engine": {"type": "tpu"}}]}}, "spec.generators.pools.0.engine: Input tag 'tpu'"),
@@ -79,7 +81,7 @@ def test_unreadable_and_non_yaml_files_fail_clearly(tmp_path):
 
 def test_spec_is_frozen_and_documented():
     job = RLJob()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         job.spec.algorithm.group_size = 3
     schema = RLJob.model_json_schema(by_alias=True)
     assert schema["$defs"]["AlgorithmSpec"]["properties"]["groupSize"]["description"].startswith("Samples per prompt")

@@ -34,7 +34,8 @@ def test_builtin_tasks_are_deterministic_per_seed():
 
 def test_jsonl_prompts_load_and_errors_name_the_line(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text(json.dumps({"prompt": "2+2=", "answer": 4}) + "\n\n" + json.dumps({"prompt": "1+1=", "answer": "2"}))
+    lines = [json.dumps({"prompt": "2+2=", "answer": 4}), "", json.dumps({"prompt": "1+1=", "answer": "2"})]
+    path.write_text("\n".join(lines))
     prompts = load_prompts(TaskSpec(name="jsonl", path=str(path)))
     assert [(p.index, p.text, p.answer) for p in prompts] == [(0, "2+2=", "4"), (1, "1+1=", "2")]
     path.write_text(json.dumps({"prompt": "a", "answer": "b"}) + "\n{oops\n")

@@ -4,8 +4,8 @@ import grpc
 import pytest
 import torch
 
-from streamrl.transfer import fetch_blob
 from streamrl.samples import WeightsNotice
+from streamrl.transfer import fetch_blob
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.weights import WeightsCorruptError, WeightVersion, deserialize, serialize
 

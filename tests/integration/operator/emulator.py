@@ -33,7 +33,7 @@ class Emulator(kmock.KubernetesEmulator):
                         meta.setdefault("namespace", request.namespace)
                     meta.setdefault("uid", str(uuid.uuid4()))
                     meta.setdefault("generation", 1)
-                    meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.timezone.utc).isoformat())
+                    meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).isoformat())
                 meta["resourceVersion"] = rv
             elif isinstance(data, list):  # JSON-patch (kopf's finalizers)
                 data.append({"op": "add", "path": "/metadata/resourceVersion", "value": rv})

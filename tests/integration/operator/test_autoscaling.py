@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import start_http_server
 
 from streamrl.metrics import ServiceMetrics
-from streamrl.scaling.cluster import NO_PROMETHEUS
 from streamrl.prometheus.server import MISSING, LocalPrometheus, Target, free_port
+from streamrl.scaling.cluster import NO_PROMETHEUS
 from tests.integration.operator.conftest import wait_for
 from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS, NS, RLJOB, create, example, get, plain
 

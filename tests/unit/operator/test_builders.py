@@ -6,8 +6,15 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from streamrl.operator.builders import (MAIN, Settings, build_children, build_generators, generator_selector,
-                                        merge, owner_reference)
+from streamrl.operator.builders import (
+    MAIN,
+    Settings,
+    build_children,
+    build_generators,
+    generator_selector,
+    merge,
+    owner_reference,
+)
 from streamrl.spec import load_job, parse_job
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,7 +47,8 @@ def test_a_broken_object_is_caught_by_the_validator():
 
 
 def test_heterogeneous_pools_land_on_their_node_pools_with_their_gpus():
-    objects = {(o["kind"], o["metadata"]["name"]): o for o in _children(ROOT / "deploy/examples/rljob-heterogeneous.yaml")}
+    children = _children(ROOT / "deploy/examples/rljob-heterogeneous.yaml")
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in children}
     expected = {
         ("Deployment", "hetero-counting-gen-l4"): ({"cloud.google.com/gke-accelerator": "nvidia-l4"}, 4),
         ("Deployment", "hetero-counting-gen-a10g"): ({"node.kubernetes.io/instance-type": "g5.2xlarge"}, 2),

@@ -3,11 +3,11 @@ and what follows from them (spec patch, status.autoscaling, Events, the ScalingL
 
 import pytest
 
+from streamrl.operator.status import Observed, derive
 from streamrl.scaling import cluster as autoscaler
 from streamrl.scaling.cluster import Memory, plan, scale_patch, status_patch
 from streamrl.scaling.inputs import Inputs, query_window_s
 from streamrl.scaling.policy import Observation
-from streamrl.operator.status import Observed, derive
 from streamrl.spec import SpecError, parse_job
 
 NOW = 1_800_000_000.0

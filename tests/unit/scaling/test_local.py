@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streamrl.scaling.local import Fleet, LocalAutoscaler
 from streamrl.prometheus.api import PrometheusError
+from streamrl.scaling.local import Fleet, LocalAutoscaler
 from streamrl.spec import parse_job
 
 

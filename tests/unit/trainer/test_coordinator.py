@@ -8,7 +8,9 @@ from streamrl.trainer.coordinator import Coordinator, SamplingConfig
 
 
 def _coordinator(group_size=4):
-    scorer = lambda sample, answer: 1.0 if sample.completion_token_ids[0] == int(answer) else 0.0
+    def scorer(sample, answer):
+        return 1.0 if sample.completion_token_ids[0] == int(answer) else 0.0
+
     return Coordinator(SamplingConfig(1.0, 1.0, 16, 0), scorer, ServiceMetrics("trainer"), queue_factor=1)
 
 
