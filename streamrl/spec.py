@@ -475,8 +475,8 @@ class CheckpointSpec(_Model):
 class RLJobSpec(_Model):
     """Everything an RL post-training run needs."""
 
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    """Policy model."""
+    model: ModelSpec
+    """Policy model (required: a job must say what it trains, e.g. `model: {source: builtin-tiny}`)."""
     task: TaskSpec = Field(default_factory=TaskSpec)
     """Prompts and reference answers."""
     reward: RewardSpec = Field(default_factory=RewardSpec)
@@ -526,10 +526,17 @@ class RLJob(_Model):
     """Must be RLJob."""
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     """Kubernetes object metadata."""
-    spec: RLJobSpec = Field(default_factory=RLJobSpec)
-    """The job."""
+    spec: RLJobSpec
+    """The job (required)."""
     status: dict[str, Any] | None = None
     """Written by the operator; ignored by local runs."""
+
+
+_REQUIRED_WHY = {
+    "spec": ": an RLJob must have a spec (at least `spec: {model: {source: builtin-tiny}}`)",
+    "spec.model": ": a job must say what it trains (e.g. `model: {source: builtin-tiny}`)",
+}
+"""Why a required field is required, where the bare word would leave a user guessing."""
 
 
 def _format_errors(err: ValidationError, source: str) -> str:
@@ -540,6 +547,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "required" + _REQUIRED_WHY.get(where, "")
         lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ from tests.conftest import EXAMPLE
 
 
 def _job(**spec):
+    spec = {"model": {"source": "builtin-tiny"}, **spec}
     return {"apiVersion": "streamrl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "t"}, "spec": spec}
 
 
@@ -61,6 +62,18 @@ def test_wrong_kind_and_api_version_are_rejected():
         parse_job({"apiVersion": "v1", "kind": "RLJob"})
 
 
+def test_a_job_must_say_what_it_trains():
+    job = _job()
+    del job["spec"]["model"]
+    with pytest.raises(SpecError) as err:
+        parse_job(job, "job.yaml")
+    assert "spec.model: required: a job must say what it trains (e.g. `model: {source: builtin-tiny}`)" in \
+        str(err.value)
+    with pytest.raises(SpecError, match=r"spec: required: an RLJob must have a spec"):
+        parse_job({"apiVersion": "streamrl.io/v1alpha1", "kind": "RLJob"})
+    assert parse_job(_job(model={"source": "builtin-tiny"})).spec.model.source == "builtin-tiny"
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(SpecError) as err:
         parse_job(_job(algorithm={"groupSize": 1, "promptsPerStep": 0}))
@@ -80,7 +93,7 @@ def test_unreadable_and_non_yaml_files_fail_clearly(tmp_path):
 
 
 def test_spec_is_frozen_and_documented():
-    job = RLJob()
+    job = RLJob.model_validate({"spec": {"model": {"source": "builtin-tiny"}}})
     with pytest.raises(ValidationError):
         job.spec.algorithm.group_size = 3
     schema = RLJob.model_json_schema(by_alias=True)

@@ -101,7 +101,8 @@ def test_configmap_carries_the_spec_with_fixed_ports():
 
 
 def test_user_template_merges_under_the_operator_part():
-    job = parse_job({"metadata": {"name": "t"}, "spec": {"generators": {"pools": [{"name": "p", "placement": {
+    job = parse_job({"metadata": {"name": "t"}, "spec": {"model": {"source": "builtin-tiny"},
+                                                   "generators": {"pools": [{"name": "p", "placement": {
         "template": {"metadata": {"annotations": {"team": "rl"}},
                      "spec": {"serviceAccountName": "rl-sa", "priorityClassName": "high",
                               "containers": [{"name": MAIN, "env": [{"name": "HF_HOME", "value": "/hf"}],
@@ -130,15 +131,15 @@ def test_merge_rules():
 
 
 def test_suspend_scales_to_zero_and_suspends_the_trainer():
-    job = parse_job({"metadata": {"name": "s"}, "spec": {"suspend": True}})
+    job = parse_job({"metadata": {"name": "s"}, "spec": {"model": {"source": "builtin-tiny"}, "suspend": True}})
     objects = build_children(job, "rl", Settings(), OWNER)
     assert [o["spec"]["replicas"] for o in objects if o["kind"] == "Deployment"] == [0]
     assert [o["spec"]["suspend"] for o in objects if o["kind"] == "Job"] == [True]
 
 
 def test_total_replicas_are_spread_over_pools():
-    job = parse_job({"metadata": {"name": "r"}, "spec": {"generators": {"replicas": 9, "pools": [
-        {"name": "a", "replicas": 2}, {"name": "b", "replicas": 1}]}}})
+    job = parse_job({"metadata": {"name": "r"}, "spec": {"model": {"source": "builtin-tiny"}, "generators": {
+        "replicas": 9, "pools": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 1}]}}})
     objects = build_children(job, "rl", Settings(), OWNER)
     assert {o["metadata"]["name"]: o["spec"]["replicas"] for o in objects if o["kind"] == "Deployment"} == \
         {"r-gen-a": 6, "r-gen-b": 3}

@@ -102,7 +102,7 @@ def test_examples_are_accepted(path):
     parse_job(obj)
 
 
-BASE = {"spec": {"generators": {"pools": [{"name": "l4", "replicas": 2}]}}}
+BASE = {"spec": {"model": {"source": "builtin-tiny"}, "generators": {"pools": [{"name": "l4", "replicas": 2}]}}}
 
 
 def _with(path: str, value):

@@ -21,7 +21,7 @@ TRAIN_BOUND = Observation(generation_s=1.0, train_s=10.0)
 def job(replicas=1, min_replicas=1, max_replicas=3, **autoscaling):
     pool = {"name": "l4", "replicas": replicas, "minReplicas": min_replicas, "maxReplicas": max_replicas}
     return parse_job({"metadata": {"name": "j"}, "spec": {
-        "generators": {"pools": [pool]},
+        "model": {"source": "builtin-tiny"}, "generators": {"pools": [pool]},
         "autoscaling": {"mode": "Internal", **autoscaling,
                         "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0},
                                      "scaleDown": {"stabilizationWindowSeconds": 0}}}}})
@@ -160,7 +160,8 @@ def test_memory_after_a_restart_is_unsettled_and_remembers_trainer_bound():
 
 def test_skip_suspended_and_finished_jobs():
     assert autoscaler.skip_reason(job(), "Running") is None
-    assert "suspend" in autoscaler.skip_reason(parse_job({"spec": {"suspend": True}}), "Suspended")
+    suspended = parse_job({"spec": {"model": {"source": "builtin-tiny"}, "suspend": True}})
+    assert "suspend" in autoscaler.skip_reason(suspended, "Suspended")
     assert autoscaler.skip_reason(job(), "Succeeded") == "the job is Succeeded: nothing to scale"
 
 

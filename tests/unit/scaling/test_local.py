@@ -43,6 +43,7 @@ class _FakePrometheus:
 
 def _scaler(tmp_path, cores=8, max_replicas=4):
     job = parse_job({"metadata": {"name": "j"}, "spec": {
+        "model": {"source": "builtin-tiny"},
         "generators": {"pools": [{"name": "default", "replicas": 1, "maxReplicas": max_replicas}]},
         "autoscaling": {"mode": "Internal", "intervalSeconds": 1, "behavior": {
             "scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 1}]},

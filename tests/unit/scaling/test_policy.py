@@ -97,6 +97,7 @@ def test_policy_inputs_from_the_spec():
     from streamrl.spec import parse_job
 
     job = parse_job({"spec": {
+        "model": {"source": "builtin-tiny"},
         "generators": {"pools": [{"name": "l4", "replicas": 2, "minReplicas": 1, "maxReplicas": 6, "cost": 0.8},
                                  {"name": "a100", "replicas": 1, "cost": 3.0}]},
         "autoscaling": {"behavior": {
