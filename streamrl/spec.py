@@ -23,12 +23,6 @@ KIND = "RLJob"
 class SpecError(ValueError):
     """An RLJob file that cannot be used; the message names each bad field."""
 
-    def __init__(self, message: str, problems: tuple[tuple[str, str], ...] = ()):
-        super().__init__(message)
-        self.problems = problems
-        """(field, message) of each problem, e.g. ("spec.generators.pools[0].name", "..."); empty when
-        the file could not be read as a mapping at all."""
-
 
 class _Model(BaseModel):
     model_config = ConfigDict(
@@ -102,10 +96,6 @@ class RewardSpec(_Model):
     function: str = "exact-match"
     """A registered reward (`exact-match`, `numeric`, `prefix-match`) or `module:function`
     taking (completion: str, answer: str) and returning a float."""
-    on_error: Literal["fail", "zero"] = "fail"
-    """When the function raises on a completion: `fail` stops the run with the error, the
-    prompt and the completion named (nothing is trained on a sample that was not scored);
-    `zero` scores that sample 0, counts it (`num_samples_reward_failed`) and logs it."""
 
 
 class AlgorithmSpec(_Model):
@@ -552,33 +542,17 @@ _REQUIRED_WHY = {
 """Why a required field is required, where the bare word would leave a user guessing."""
 
 
-def field_path(loc: tuple[str | int, ...]) -> str:
-    """A location as Kubernetes writes it: `spec.generators.pools[0].name`."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
-    return out or "<root>"
-
-
-def _problems(err: ValidationError) -> tuple[tuple[str, str], ...]:
-    out = []
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid RLJob ({err.error_count()} problem{'s' if err.error_count() > 1 else ''})"]
     for e in err.errors():
-        loc = [p for p in e["loc"] if not str(p).startswith("function-after")]
-        # A discriminated union's tag (the engine's `torch`) is pydantic's, not a field.
-        loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "engine" and p in ("torch", "TorchEngineSpec"))]
-        where = field_path(tuple(loc))
+        where = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after")) or "<root>"
+        where = where.replace(".TorchEngineSpec", "").replace(".torch", "")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         elif e["type"] == "missing":
             msg = "required" + _REQUIRED_WHY.get(where, "")
-        out.append((where, msg))
-    return tuple(out)
-
-
-def _format_errors(problems: tuple[tuple[str, str], ...], source: str) -> str:
-    lines = [f"{source}: invalid RLJob ({len(problems)} problem{'s' if len(problems) > 1 else ''})"]
-    lines += [f"  {where}: {msg}" for where, msg in problems]
+        lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
 
 
@@ -589,8 +563,7 @@ def parse_job(data: Any, source: str = "<spec>") -> RLJob:
     try:
         return RLJob.model_validate(data)
     except ValidationError as err:
-        problems = _problems(err)
-        raise SpecError(_format_errors(problems, source), problems) from None
+        raise SpecError(_format_errors(err, source)) from None
 
 
 def load_job(path: str | Path) -> RLJob:
