@@ -76,6 +76,12 @@ def cmd_operator(args) -> int:
     return run(args.namespace or [], args.health_port, args.metrics_port, args.prometheus_url)
 
 
+def cmd_validate(args) -> int:
+    from streamrl.operator.validate import run
+
+    return run(args.files, args.show_defaults, sys.stdout)
+
+
 def cmd_report(args) -> int:
     from streamrl.report import write_report
 
@@ -102,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="cores the run may use (default: those this process may run on); local autoscaling keeps "
                         "the generators' threads within it")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("validate", help="check RLJob files offline as the cluster would (CRD schema, CEL rules, "
+                                        "the spec model); exit 1 when any has a problem")
+    p.add_argument("files", nargs="+", metavar="FILE", help="RLJob YAML files (other kinds in them are skipped)")
+    p.add_argument("--show-defaults", action="store_true", help="print each valid job with every default resolved")
+    p.set_defaults(fn=cmd_validate)
 
     p = sub.add_parser("report", help="plots and a Markdown summary of a run directory")
     p.add_argument("run_dir", help="a run directory (what `streamrl run --out` wrote)")

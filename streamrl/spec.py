@@ -23,6 +23,12 @@ KIND = "RLJob"
 class SpecError(ValueError):
     """An RLJob file that cannot be used; the message names each bad field."""
 
+    def __init__(self, message: str, problems: tuple[tuple[str, str], ...] = ()):
+        super().__init__(message)
+        self.problems = problems
+        """(field, message) of each problem, e.g. ("spec.generators.pools[0].name", "..."); empty when
+        the file could not be read as a mapping at all."""
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(
@@ -542,17 +548,33 @@ _REQUIRED_WHY = {
 """Why a required field is required, where the bare word would leave a user guessing."""
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid RLJob ({err.error_count()} problem{'s' if err.error_count() > 1 else ''})"]
+def field_path(loc: tuple[str | int, ...]) -> str:
+    """A location as Kubernetes writes it: `spec.generators.pools[0].name`."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or "<root>"
+
+
+def _problems(err: ValidationError) -> tuple[tuple[str, str], ...]:
+    out = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after")) or "<root>"
-        where = where.replace(".TorchEngineSpec", "").replace(".torch", "")
+        loc = [p for p in e["loc"] if not str(p).startswith("function-after")]
+        # A discriminated union's tag (the engine's `torch`) is pydantic's, not a field.
+        loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "engine" and p in ("torch", "TorchEngineSpec"))]
+        where = field_path(tuple(loc))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         elif e["type"] == "missing":
             msg = "required" + _REQUIRED_WHY.get(where, "")
-        lines.append(f"  {where}: {msg}")
+        out.append((where, msg))
+    return tuple(out)
+
+
+def _format_errors(problems: tuple[tuple[str, str], ...], source: str) -> str:
+    lines = [f"{source}: invalid RLJob ({len(problems)} problem{'s' if len(problems) > 1 else ''})"]
+    lines += [f"  {where}: {msg}" for where, msg in problems]
     return "\n".join(lines)
 
 
@@ -563,7 +585,8 @@ def parse_job(data: Any, source: str = "<spec>") -> RLJob:
     try:
         return RLJob.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_format_errors(err, source)) from None
+        problems = _problems(err)
+        raise SpecError(_format_errors(problems, source), problems) from None
 
 
 def load_job(path: str | Path) -> RLJob:
