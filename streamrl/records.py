@@ -260,6 +260,8 @@ class LocalRun(Record):
     generator_replicas_started: int
     trainer_exit_code: int | None = None
     autoscaling: ScalingSummary | None = None
+    failure: str | None = None
+    """Why `streamrl run` failed the run itself (e.g. Prometheus scraping nothing); None: it did not."""
 
 
 def write_json(path: Path, record: Record) -> None:

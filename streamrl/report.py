@@ -1,5 +1,6 @@
 """The run report: PNG plots a person would rather look at than read, and a short Markdown
-summary beside them, from a run directory (`metrics.jsonl`, `summary.json`, `timeline/`).
+summary beside them, from a run directory: the trainer's `metrics.jsonl` and `summary.json`,
+`streamrl run`'s `run.json`, `autoscaling.jsonl` and `timeline/`, each read through its record class.
 
 Written at the end of `streamrl run` and by `streamrl report DIR` for any run directory.
 The plotting functions return their figures so tests can compare what is drawn with
@@ -21,6 +22,16 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_GENERATORS, WAITING_SAMPLES, WAITING_WEIGHTS  # noqa: E402
+from streamrl.records import (  # noqa: E402
+    LOCAL_RUN_FILE,
+    METRICS_FILE,
+    SCALING_FILE,
+    SUMMARY_FILE,
+    IterationRecord,
+    LocalRun,
+    RunSummary,
+    ScalingRecord,
+)
 
 STATES = {  # (state, reason) -> (colour, legend)
     ("busy", ""): ("#2b8cbe", "working (training / generating)"),
@@ -37,25 +48,25 @@ class Run:
     directory: Path
     name: str
     """The RLJob's name (the directory's when job.yaml is missing)."""
-    records: list[dict]
-    summary: dict
+    records: list[IterationRecord]
+    summary: RunSummary | None = None
+    """The trainer's summary.json (None: the trainer did not get to write it)."""
+    local: LocalRun | None = None
+    """`streamrl run`'s run.json (None: the services were started some other way)."""
     timelines: dict[str, list[dict]] = field(default_factory=dict)
     """{process name: spans}, trainer first."""
-    scaling: list[dict] = field(default_factory=list)
+    scaling: list[ScalingRecord] = field(default_factory=list)
     """The autoscaler's changes (autoscaling.jsonl lines with a step), in order."""
 
 
 def load_run(directory: str | Path) -> Run:
+    """Everything a run directory holds, read through the record classes (ValueError naming
+    the file and the field when one is not what it should be)."""
     directory = Path(directory)
-    metrics = directory / "metrics.jsonl"
+    metrics = directory / METRICS_FILE
     if not metrics.is_file():
-        raise ValueError(f"{directory}: no metrics.jsonl here; is it a run directory (streamrl run --out)?")
-    records = []
-    for lineno, line in enumerate(metrics.read_text().splitlines(), 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{metrics}:{lineno}: not JSON: {err.msg}") from None
+        raise ValueError(f"{directory}: no {METRICS_FILE} here; is it a run directory (streamrl run --out)?")
+    records = IterationRecord.read_lines(metrics)
     if not records:
         raise ValueError(f"{metrics}: no iterations recorded yet")
     name = directory.name
@@ -65,11 +76,10 @@ def load_run(directory: str | Path) -> Run:
         name = yaml.safe_load((directory / "job.yaml").read_text())["metadata"]["name"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    summary_path = directory / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    scaling_path = directory / "autoscaling.jsonl"
-    scaling = [r for r in map(json.loads, scaling_path.read_text().splitlines()) if r.get("step")] \
-        if scaling_path.is_file() else []
+    summary = RunSummary.read(directory / SUMMARY_FILE) if (directory / SUMMARY_FILE).is_file() else None
+    local = LocalRun.read(directory / LOCAL_RUN_FILE) if (directory / LOCAL_RUN_FILE).is_file() else None
+    scaling = [r for r in ScalingRecord.read_lines(directory / SCALING_FILE) if r.step] \
+        if (directory / SCALING_FILE).is_file() else []
     timelines = {}
     files = sorted((directory / "timeline").glob("*.jsonl"), key=lambda p: (p.stem != "trainer", p.stem))
     for path in files:
@@ -81,18 +91,18 @@ def load_run(directory: str | Path) -> Run:
                 continue  # a process killed mid-write leaves a partial last line
         if spans:
             timelines[path.stem] = spans
-    return Run(directory, name, records, summary, timelines, scaling)
+    return Run(directory, name, records, summary, local, timelines, scaling)
 
 
 def plot_progress(run: Run) -> Figure:
     """Reward and samples/s per iteration."""
-    it = [r["iteration"] for r in run.records]
+    it = [r.iteration for r in run.records]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax1.plot(it, [r["reward_mean"] for r in run.records], marker="o", ms=3, color="#1a9641", label="reward")
+    ax1.plot(it, [r.reward_mean for r in run.records], marker="o", ms=3, color="#1a9641", label="reward")
     ax1.set_ylabel("mean reward")
     ax1.set_title(f"{run.name}: reward and throughput per iteration")
     ax1.grid(alpha=0.3)
-    ax2.plot(it, [r["samples_per_s"] for r in run.records], marker="o", ms=3, color="#2b8cbe", label="samples/s")
+    ax2.plot(it, [r.samples_per_s for r in run.records], marker="o", ms=3, color="#2b8cbe", label="samples/s")
     ax2.set_ylabel("samples/s")
     ax2.set_xlabel("iteration")
     ax2.grid(alpha=0.3)
@@ -102,11 +112,11 @@ def plot_progress(run: Run) -> Figure:
 
 def plot_bubbles(run: Run) -> Figure:
     """Pipeline- and skewness-bubble ratios per iteration."""
-    it = [r["iteration"] for r in run.records]
+    it = [r.iteration for r in run.records]
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.plot(it, [r["pipeline_bubble_ratio"] for r in run.records], marker="o", ms=3, color="#d7191c",
+    ax.plot(it, [r.pipeline_bubble_ratio for r in run.records], marker="o", ms=3, color="#d7191c",
             label="pipeline bubble (trainer waiting for samples)")
-    ax.plot(it, [r.get("skewness_bubble_ratio", 0.0) for r in run.records], marker="s", ms=3, color="#fdae61",
+    ax.plot(it, [r.skewness_bubble_ratio for r in run.records], marker="s", ms=3, color="#fdae61",
             label="skewness bubble (generators at low occupancy)")
     ax.set_ylim(0, 1)
     ax.set_xlabel("iteration")
@@ -133,8 +143,7 @@ def plot_timeline(run: Run) -> Figure:
                            label=f"{name}|{state}")
     # Iteration boundaries from the trainer's records.
     for r in run.records:
-        if "time_unix" in r:
-            ax.axvline(r["time_unix"] - t0, color="#636363", lw=0.4, alpha=0.5)
+        ax.axvline(r.time_unix - t0, color="#636363", lw=0.4, alpha=0.5)
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first process started (grey lines: iteration ends)")
@@ -151,8 +160,9 @@ def _mean(xs: list[float]) -> float:
 
 
 def summary_markdown(run: Run, images: list[str]) -> str:
-    rs, s = run.records, run.summary
-    gen, train = _mean([r["generation_s"] for r in rs]), _mean([r["train_s"] for r in rs])
+    """The trainer's summary.json and `streamrl run`'s run.json, merged into one table."""
+    rs, s, local = run.records, run.summary, run.local
+    gen, train = _mean([r.generation_s for r in rs]), _mean([r.train_s for r in rs])
     lines = [
         f"# Run report: {run.name}",
         "",
@@ -160,36 +170,42 @@ def summary_markdown(run: Run, images: list[str]) -> str:
         "",
         "| | |",
         "| --- | --- |",
-        f"| phase | {s.get('phase', 'unknown')} |",
-        f"| mode | {s.get('mode', 'unknown')} |",
+        f"| phase | {s.phase.value if s else 'unknown (no summary.json)'} |",
+        f"| mode | {s.mode if s else 'unknown'} |",
         f"| iterations | {len(rs)} |",
-        f"| samples | {sum(r['num_samples'] for r in rs)} |",
-        f"| samples/s | {s.get('samples_per_s', _mean([r['samples_per_s'] for r in rs])):.1f} |",
-        f"| reward, first → last iteration | {rs[0]['reward_mean']:.3f} → {rs[-1]['reward_mean']:.3f} |",
+        f"| samples | {sum(r.num_samples for r in rs)} |",
+        f"| samples/s | {s.samples_per_s if s else _mean([r.samples_per_s for r in rs]):.1f} |",
+        f"| reward, first → last iteration | {rs[0].reward_mean:.3f} → {rs[-1].reward_mean:.3f} |",
         f"| pipeline-bubble ratio (wall-weighted) | {_weighted(rs, 'pipeline_bubble_ratio'):.3f} |",
         f"| skewness-bubble ratio (wall-weighted) | {_weighted(rs, 'skewness_bubble_ratio'):.3f} |",
         f"| generation vs training s/iteration | {gen:.3f} vs {train:.3f} "
         f"({'generation' if gen > train else 'training'}-bound) |",
-        f"| staleness, max | {max(r.get('staleness_max', 0) for r in rs)} |",
-        f"| stale samples dropped | {s.get('num_samples_stale_dropped', 0)} |",
+        f"| staleness, max | {max(r.staleness_max for r in rs)} |",
+        f"| stale samples dropped | {s.num_samples_stale_dropped if s else rs[-1].num_samples_stale_dropped} |",
     ]
-    if "generator_replica_seconds" in s:
-        lines.append(f"| generator replica-seconds | {s['generator_replica_seconds']:.1f} "
-                     f"({s.get('generator_replicas_started', '?')} replicas started) |")
+    if local is not None:
+        lines.append(f"| generator replica-seconds | {local.generator_replica_seconds:.1f} "
+                     f"({local.generator_replicas_started} replicas started) |")
+        if local.autoscaling is not None:
+            a = local.autoscaling
+            lines.append(f"| autoscaling | {a.scale_ups} up, {a.scale_downs} down; final "
+                         f"{', '.join(f'{k}={v}' for k, v in a.replicas_final.items())} |")
+        if local.failure:
+            lines.append(f"| run failed | {' '.join(local.failure.split()).replace('|', '/')} |")
     lines.append("")
     if run.scaling:
-        start = rs[0]["time_unix"] - rs[0].get("elapsed_s", 0.0)
+        start = rs[0].time_unix - rs[0].elapsed_s
         lines += ["## Autoscaling", "", "| t (s) | change | replicas | why |", "| --- | --- | --- | --- |"]
-        lines += [f"| {r['time_unix'] - start:.1f} | {r['step']:+d} {r.get('pool') or ''} | "
-                  f"{', '.join(f'{k}={v}' for k, v in r['replicas'].items())} | {r['reason']} |" for r in run.scaling]
+        lines += [f"| {r.time_unix - start:.1f} | {r.step:+d} {r.pool or ''} | "
+                  f"{', '.join(f'{k}={v}' for k, v in r.replicas.items())} | {r.reason} |" for r in run.scaling]
         lines.append("")
     lines += [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
 
 
-def _weighted(records: list[dict], key: str) -> float:
-    wall = sum(r["wall_s"] for r in records)
-    return sum(r.get(key, 0.0) * r["wall_s"] for r in records) / wall if wall else 0.0
+def _weighted(records: list[IterationRecord], key: str) -> float:
+    wall = sum(r.wall_s for r in records)
+    return sum(getattr(r, key) * r.wall_s for r in records) / wall if wall else 0.0
 
 
 def write_report(directory: str | Path, out: str | Path | None = None) -> list[Path]:

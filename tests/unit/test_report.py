@@ -7,21 +7,30 @@ import sys
 import numpy as np
 import pytest
 
+from streamrl.records import IterationRecord, LocalRun, RunSummary, ScalingSummary, TrainerPhase, write_json
 from streamrl.report import load_run, plot_timeline, write_report
+
+
+def _record(i: int, t: float) -> IterationRecord:
+    return IterationRecord(
+        iteration=i, policy_version=i + 1, reward_mean=0.1 * i, num_samples=64, samples_per_s=100.0 + i,
+        pipeline_bubble_ratio=0.25, skewness_bubble_ratio=0.5 if i % 2 else 0.0, wall_s=2.0, generation_s=1.5,
+        train_s=0.5, completion_tokens_mean=4.0, completion_tokens_max=9, loss=0.1, clip_fraction=0.0, kl=0.0,
+        grad_norm=1.0, num_micro_batches=2, staleness_mean=0.0, staleness_max=0, num_samples_stale_dropped=0,
+        weight_sync_s_max=0.01, weight_bytes_from_trainer=100, weight_bytes_from_peers=0, elapsed_s=t - 1000.0,
+        time_unix=t)
 
 
 def _run_dir(tmp_path, n=6):
     d = tmp_path / "run"
     (d / "timeline").mkdir(parents=True)
-    t = 1000.0
-    records = []
-    for i in range(n):
-        t += 2.0
-        records.append({"iteration": i, "reward_mean": 0.1 * i, "samples_per_s": 100.0 + i, "num_samples": 64,
-                        "pipeline_bubble_ratio": 0.25, "skewness_bubble_ratio": 0.5 if i % 2 else 0.0,
-                        "wall_s": 2.0, "generation_s": 1.5, "train_s": 0.5, "staleness_max": 0, "time_unix": t})
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (d / "summary.json").write_text(json.dumps({"phase": "Succeeded", "mode": "batch", "samples_per_s": 101.0}))
+    records = [_record(i, 1000.0 + 2.0 * (i + 1)) for i in range(n)]
+    (d / "metrics.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+    write_json(d / "summary.json", RunSummary.of(
+        records, phase=TrainerPhase.SUCCEEDED, mode="batch", wall_s=13.0, num_prompts_dispatched=48,
+        num_samples_accepted=64 * n, num_samples_duplicate_dropped=0, num_samples_redispatched=0,
+        num_samples_rejected=0, num_samples_stale_dropped=3, weight_bytes_from_trainer=600,
+        weight_bytes_from_peers=0))
     (d / "job.yaml").write_text("metadata:\n  name: handmade\n")
     spans = [{"state": "busy", "reason": "", "start": 1000.0 + k, "end": 1000.5 + k} for k in range(n * 2)]
     spans += [{"state": "idle", "reason": "waiting_samples", "start": 1000.5 + k, "end": 1001.0 + k}
@@ -43,6 +52,8 @@ def test_report_files_and_summary(tmp_path):
     assert "| skewness-bubble ratio (wall-weighted) | 0.250 |" in md  # half the iterations at 0.5
     assert "| generation vs training s/iteration | 1.500 vs 0.500 (generation-bound) |" in md
     assert "| reward, first → last iteration | 0.000 → 0.500 |" in md
+    assert "| phase | Succeeded |" in md and "| samples/s | 32.0 |" in md and "| stale samples dropped | 3 |" in md
+    assert "replica-seconds" not in md  # no run.json: the services were not started by `streamrl run`
 
 
 def test_the_autoscalers_changes_are_listed(tmp_path):
@@ -51,15 +62,34 @@ def test_the_autoscalers_changes_are_listed(tmp_path):
               {"time_unix": 1004.25, "step": 1, "pool": "a", "replicas": {"a": 2}, "reason": "generation-bound: x"},
               {"time_unix": 1009.0, "step": -1, "pool": "a", "replicas": {"a": 1}, "reason": "generators idle"}]
     (d / "autoscaling.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
-    summary = json.loads((d / "summary.json").read_text())
-    (d / "summary.json").write_text(json.dumps({**summary, "generator_replica_seconds": 17.25,
-                                                "generator_replicas_started": 2}))
+    write_json(d / "run.json", LocalRun(generator_replica_seconds=17.25, generator_replicas_started=2,
+                                        trainer_exit_code=0, autoscaling=ScalingSummary(
+                                            mode="Internal", scale_ups=1, scale_downs=1, replicas_final={"a": 1})))
     write_report(d)
     md = (d / "report" / "report.md").read_text()
-    assert "| generator replica-seconds | 17.2 (2 replicas started) |" in md
-    # Times count from the run's start: the first record's time_unix minus its elapsed_s (absent here: 1002 s).
-    assert "| 2.2 | +1 a | a=2 | generation-bound: x |" in md and "| 7.0 | -1 a | a=1 | generators idle |" in md
+    # summary.json (the trainer's) and run.json (the runner's) in one table.
+    assert "| phase | Succeeded |" in md and "| generator replica-seconds | 17.2 (2 replicas started) |" in md
+    assert "| autoscaling | 1 up, 1 down; final a=1 |" in md
+    # Times count from the run's start: the first record's time_unix minus its elapsed_s (1002 - 2 s).
+    assert "| 4.2 | +1 a | a=2 | generation-bound: x |" in md and "| 9.0 | -1 a | a=1 | generators idle |" in md
     assert "measuring" not in md
+
+
+def test_a_run_the_runner_failed_says_why(tmp_path):
+    d = _run_dir(tmp_path)
+    write_json(d / "run.json", LocalRun(generator_replica_seconds=3.0, generator_replicas_started=1,
+                                        trainer_exit_code=130, failure="Prometheus has not scraped\ntrainer | x"))
+    write_report(d)
+    assert "| run failed | Prometheus has not scraped trainer / x |" in (d / "report" / "report.md").read_text()
+
+
+def test_a_renamed_field_fails_naming_the_file_and_the_field(tmp_path):
+    d = _run_dir(tmp_path)
+    summary = json.loads((d / "summary.json").read_text())
+    summary["bubble_ratio"] = summary.pop("pipeline_bubble_ratio")
+    (d / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"(?s)summary.json: not a RunSummary.*pipeline_bubble_ratio"):
+        load_run(d)
 
 
 def test_timeline_rows_and_bars(tmp_path):
