@@ -26,6 +26,16 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from streamrl.records import (  # noqa: E402
+    LOCAL_RUN_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    IterationRecord,
+    LocalRun,
+    RunSummary,
+)
 
 CONFIGS = ("fixed-min", "fixed-max", "elastic")
 
@@ -56,20 +66,21 @@ def job(config: str, args) -> dict:
 
 
 def measure(run_dir: Path) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The trainer's summary.json and metrics.jsonl, and the runner's run.json (replica-seconds, scaling)."""
+    summary, local = RunSummary.read(run_dir / SUMMARY_FILE), LocalRun.read(run_dir / LOCAL_RUN_FILE)
+    records = IterationRecord.read_lines(run_dir / METRICS_FILE)
     last = records[len(records) - len(records) // 3:]
-    wall = sum(r["wall_s"] for r in last)
+    wall = sum(r.wall_s for r in last)
     out = {
-        "samples_per_s": summary["samples_per_s"],
-        "replica_seconds": summary["generator_replica_seconds"],
-        "bubble_last_third": sum(r["pipeline_bubble_ratio"] * r["wall_s"] for r in last) / wall,
-        "bubble": summary["pipeline_bubble_ratio"],
-        "accepted": summary["num_samples_accepted"],
+        "samples_per_s": summary.samples_per_s,
+        "replica_seconds": local.generator_replica_seconds,
+        "bubble_last_third": sum(r.pipeline_bubble_ratio * r.wall_s for r in last) / wall,
+        "bubble": summary.pipeline_bubble_ratio,
+        "accepted": summary.num_samples_accepted,
     }
-    if "autoscaling" in summary:
-        out["scale_ups"] = summary["autoscaling"]["scale_ups"]
-        out["scale_downs"] = summary["autoscaling"]["scale_downs"]
+    if local.autoscaling is not None:
+        out["scale_ups"] = local.autoscaling.scale_ups
+        out["scale_downs"] = local.autoscaling.scale_downs
     return out
 
 

@@ -17,6 +17,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from streamrl.records import METRICS_FILE, SUMMARY_FILE, IterationRecord, RunSummary  # noqa: E402
+
 MODES = ["colocated", "batch", "stream-sync", "stream-async"]
 
 
@@ -35,8 +39,8 @@ def run_mode(mode: str, args, out: Path) -> dict:
     run_dir = out / mode
     subprocess.run([sys.executable, "-m", "streamrl.cli", "run", f.name, "--out", str(run_dir), "--quiet"],
                    check=True)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rewards = [json.loads(line)["reward_mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = RunSummary.read(run_dir / SUMMARY_FILE).model_dump()
+    rewards = [r.reward_mean for r in IterationRecord.read_lines(run_dir / METRICS_FILE)]
     mean = sum(rewards) / len(rewards)
     var = sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)
     summary["reward_se"] = (var / len(rewards)) ** 0.5  # standard error over iterations

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from streamrl.models import resolve_model_dir  # noqa: E402
+from streamrl.records import METRICS_FILE, SUMMARY_FILE, IterationRecord, RunSummary  # noqa: E402
 from streamrl.spec import parse_job  # noqa: E402
 from streamrl.tasks import load_prompts  # noqa: E402
 
@@ -89,19 +90,19 @@ def main() -> None:
     job_file.write_text(yaml.safe_dump(rljob))
     subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(out / "streamrl"),
                     "--quiet"], check=True)
-    ours = json.loads((out / "streamrl/summary.json").read_text())
-    records = [json.loads(line) for line in (out / "streamrl/metrics.jsonl").read_text().splitlines()]
+    ours = RunSummary.read(out / "streamrl" / SUMMARY_FILE)
+    records = IterationRecord.read_lines(out / "streamrl" / METRICS_FILE)
 
     last = max(1, args.iterations // 4)  # reward over the last quarter of the samples
     result = {
         "samples": trl["samples"],
         "trl_samples_per_s": round(trl["samples_per_s"], 1),
-        "streamrl_samples_per_s": round(ours["samples_per_s"], 1),
-        "ratio": round(ours["samples_per_s"] / trl["samples_per_s"], 2),
+        "streamrl_samples_per_s": round(ours.samples_per_s, 1),
+        "ratio": round(ours.samples_per_s / trl["samples_per_s"], 2),
         "trl_reward_last": round(mean(trl["rewards"][-last:]), 4),
-        "streamrl_reward_last": round(mean([r["reward_mean"] for r in records[-last:]]), 4),
+        "streamrl_reward_last": round(mean([r.reward_mean for r in records[-last:]]), 4),
         "trl_reward_first": round(mean(trl["rewards"][:last]), 4),
-        "streamrl_reward_first": round(mean([r["reward_mean"] for r in records[:last]]), 4),
+        "streamrl_reward_first": round(mean([r.reward_mean for r in records[:last]]), 4),
     }
     print(f"{'':10} {'samples/s':>10} {'reward first':>13} {'reward last':>12}")
     print(f"{'TRL':10} {result['trl_samples_per_s']:>10} {result['trl_reward_first']:>13} "

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from streamrl.ranker.predictor import setup_predictor  # noqa: E402
 from streamrl.ranker.ranker import Ranker  # noqa: E402
+from streamrl.records import METRICS_FILE, IterationRecord  # noqa: E402
 
 CONFIGS = {  # name -> (policy, dispatch settings)
     "random-fifo": ("random-fifo", {}),
@@ -65,7 +66,7 @@ def run(name: str, args, out: Path, oracle: Path) -> list[dict]:
     run_dir = out / f"{name}-r{args.round}"
     subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir),
                     "--quiet"], check=True)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return IterationRecord.read_lines(run_dir / METRICS_FILE)
 
 
 def main() -> None:
@@ -90,9 +91,9 @@ def main() -> None:
         for name in names[k:] + names[:k]:
             records = run(name, args, out, oracle)
             # Iteration 0 runs before the ranker has seen anything: it is not averaged.
-            runs.setdefault(name, []).append(float(np.mean([r["generation_s"] for r in records[1:]])))
+            runs.setdefault(name, []).append(float(np.mean([r.generation_s for r in records[1:]])))
             bubble.setdefault(name, []).append(float(np.mean(
-                [r["skewness_bubble_ratio"] * args.replicas * r["wall_s"] for r in records[1:]])))
+                [r.skewness_bubble_ratio * args.replicas * r.wall_s for r in records[1:]])))
             print(f"round {args.round}: {name} {runs[name][-1]:.3f} s/iteration", flush=True)
     gen = {k: float(np.mean(v)) for k, v in runs.items()}
     # The share of replica time spent decoding below lowOccupancy with nothing waiting: the

@@ -25,7 +25,7 @@ def _threads(n: int) -> None:
 
 
 def cmd_run(args) -> int:
-    from streamrl.runner import run
+    from streamrl.local.run import run
 
     return run(Path(args.job), Path(args.out) if args.out else None, quiet=args.quiet, prometheus=args.prometheus,
                cores=args.cores)

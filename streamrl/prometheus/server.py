@@ -1,14 +1,14 @@
 """A Prometheus server for one local run: loopback only, StreamRL's rules loaded, targets
 from a file the runner rewrites as processes come and go (file-based service discovery,
-so replicas added or removed later are picked up without a restart)."""
+so replicas added or removed later are picked up without a restart). Every path it is
+handed is absolute: Prometheus resolves a relative one against its config's folder."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
+import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import yaml
 
+from streamrl.local.ports import free_port
 from streamrl.prometheus import RULES_FILE
-from streamrl.prometheus.api import PrometheusAPI
+from streamrl.prometheus.api import PrometheusAPI, PrometheusError
 
 MISSING = ("no `prometheus` binary on PATH: install Debian's prometheus package (apt-get install prometheus) "
            "or put a release from prometheus.io on PATH")
@@ -32,51 +33,17 @@ class Target:
     """Added to every series scraped from it: rljob, role, pool, replica."""
 
 
-_handed_out: set[int] = set()
-
-
-def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
-    """The bottom of the kernel's ephemeral port range (Linux's default when unreadable)."""
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now, for a process started next; never the same one
-    twice in this process. It comes from below the kernel's ephemeral range: a port from
-    that range could be handed to another socket binding port 0 (the trainer's gRPC
-    server, an outgoing connection) before the process that was promised it binds it."""
-    low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(64 if low > 11000 else 0):
-        port = rng.randrange(10000, low)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalPrometheus:
     def __init__(self, directory: Path, scrape_interval_s: float = 1.0, rules: Path | None = RULES_FILE,
                  binary: str | None = None, port: int = 0):
         self.binary = binary or shutil.which("prometheus")
         if not self.binary:
             raise FileNotFoundError(MISSING)
-        self.directory = Path(directory)
+        self.directory = Path(directory).resolve()
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.scrape_interval_s = scrape_interval_s
-        self.rules = rules
+        self.rules = Path(rules).resolve() if rules else None
         self.targets_file = self.directory / "targets.json"
         self.log_path = self.directory / "prometheus.log"
         self.proc: subprocess.Popen | None = None
@@ -125,6 +92,24 @@ class LocalPrometheus:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"prometheus was not ready within {timeout_s:.0f}s; see {self.log_path}")
+
+    def target_health(self) -> dict[str, tuple[str, str]]:
+        """{address: (health, last scrape error)} of every target Prometheus discovered;
+        health is "up", "down" or "unknown" (not scraped yet). Raises PrometheusError."""
+        try:
+            reply = httpx.get(f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=5.0)
+            targets = reply.json()["data"]["activeTargets"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
+            raise PrometheusError(f"Prometheus at {self.url} does not list its targets: {err!r}") from None
+        return {t["labels"]["instance"]: (t["health"], t.get("lastError", "")) for t in targets}
+
+    def last_error(self) -> str:
+        """Prometheus's own last error or warning log line ("" when it logged none)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return next((line for line in reversed(lines) if re.search(r"level=(error|warn)", line, re.I)), "")
 
     def query(self, expr: str, at: float | None = None) -> list[dict]:
         """An instant query's result vector (raises PrometheusError on a PromQL error)."""

@@ -1,3 +1,3 @@
-"""Elastic generators: the policy (pure), its inputs from Prometheus, one shared round, and
-the two drivers beside them: `local` (processes of `streamrl run`) and `cluster` (the
-operator's RLJob spec and status)."""
+"""Elastic generators: the policy (pure), its inputs from Prometheus and one shared round.
+The drivers live with their control planes: streamrl.local.scale (processes of `streamrl
+run`) and the operator's (its RLJob spec and status)."""

@@ -83,10 +83,11 @@ def test_generators_scale_up_one_at_a_time_and_down_without_losing_work(write_jo
     assert downs[0]["generation_s"] <= downs[0]["train_s"]  # never while generation-bound
     assert all(d["time_unix"] - u["time_unix"] >= 15 for d in downs for u in ups if u["time_unix"] < d["time_unix"])
 
+    local = json.loads((out / "run.json").read_text())  # the runner's record; the trainer's is summary.json
+    assert local["autoscaling"]["scale_ups"] == len(ups) and local["autoscaling"]["scale_downs"] == 1
+    assert local["autoscaling"]["replicas_final"]["default"] == 1 + len(ups) - len(downs) > 1  # ends with more
+    assert local["generator_replicas_started"] == 1 + len(ups)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["autoscaling"]["scale_ups"] == len(ups) and summary["autoscaling"]["scale_downs"] == 1
-    assert summary["autoscaling"]["replicas_final"]["default"] == 1 + len(ups) - len(downs) > 1  # ends with more
-    assert summary["generator_replicas_started"] == 1 + len(ups)
     # Every prompt accounted for exactly once, across scale-ups and the drain.
     assert summary["num_iterations"] == ITERATIONS
     assert summary["num_samples_accepted"] == ITERATIONS * PROMPTS * GROUP
@@ -108,6 +109,6 @@ def test_generators_scale_up_one_at_a_time_and_down_without_losing_work(write_jo
                                    at=at)}
         assert got == {"up": len(ups), "down": 1.0}
         [desired] = prom.query('streamrl_autoscaler_desired_replicas{rljob="tiny-counting", pool="default"}', at=at)
-        assert float(desired["value"][1]) == summary["autoscaling"]["replicas_final"]["default"]
+        assert float(desired["value"][1]) == local["autoscaling"]["replicas_final"]["default"]
     finally:
         prom.stop()

@@ -1,7 +1,7 @@
 import socket
 
-from streamrl.prometheus import server
-from streamrl.prometheus.server import _ephemeral_low, free_port
+from streamrl.local import ports as port_module
+from streamrl.local.ports import _ephemeral_low, free_port
 
 
 def test_ports_come_from_below_the_ephemeral_range_distinct_and_bindable():
@@ -15,8 +15,8 @@ def test_ports_come_from_below_the_ephemeral_range_distinct_and_bindable():
 
 
 def test_a_port_in_use_is_not_handed_out_and_a_full_range_falls_back(monkeypatch):
-    monkeypatch.setattr(server, "_handed_out", set())
-    monkeypatch.setattr(server, "_ephemeral_low", lambda: 10003)  # candidates: 10000..10002
+    monkeypatch.setattr(port_module, "_handed_out", set())
+    monkeypatch.setattr(port_module, "_ephemeral_low", lambda: 10003)  # candidates: 10000..10002
     with socket.socket() as busy:
         try:
             busy.bind(("127.0.0.1", 10000))

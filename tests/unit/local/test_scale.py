@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
+from streamrl.local import RunFailed
+from streamrl.local.scale import NO_INPUTS_TIMEOUT_S, Fleet, LocalAutoscaler
 from streamrl.prometheus.api import PrometheusError
-from streamrl.scaling.local import Fleet, LocalAutoscaler
+from streamrl.records import ScalingRecord
 from streamrl.spec import parse_job
 
 
@@ -23,9 +27,12 @@ class _FakeReplica:
 class _FakePrometheus:
     """Answers input_queries() with fixed stage times and the connected counts it is given."""
 
+    url = "http://x"
+
     def __init__(self):
         self.generator_utilisation, self.trainer_utilisation = 1.0, 0.4
         self.connected: dict[str, int] = {}
+        self.iterations = 5
         self.down = False
 
     def query_all(self, exprs: dict[str, str]) -> dict[str, list[dict]]:
@@ -36,7 +43,8 @@ class _FakePrometheus:
             return [{"metric": labels, "value": [0, str(v)]}]
 
         return {"iteration_s": vec(2.0), "generator_utilisation": vec(self.generator_utilisation),
-                "trainer_utilisation": vec(self.trainer_utilisation), "iterations": vec(5), "idle_no_work": vec(0.0),
+                "trainer_utilisation": vec(self.trainer_utilisation), "iterations": vec(self.iterations),
+                "idle_no_work": vec(0.0),
                 "pool_samples_per_s": vec(10.0, pool="default"),
                 "pool_connected": [r for p, n in self.connected.items() for r in vec(n, pool=p)]}
 
@@ -65,25 +73,25 @@ def _scaler(tmp_path, cores=8, max_replicas=4):
 def test_adds_one_replica_then_waits_until_it_joined(tmp_path):
     scaler, prom, started, _, said = _scaler(tmp_path)
     prom.connected = {"default": 1}
-    assert scaler.tick(100.0) is None  # settles: the window starts now
-    assert scaler.tick(101.0) is None and scaler.last["reason"] == "measuring since the last change"
-    decision = scaler.tick(102.0)
+    assert scaler.tick(now=100.0) is None  # settles: the window starts now
+    assert scaler.tick(now=101.0) is None and scaler.last.reason == "measuring since the last change"
+    decision = scaler.tick(now=102.0)
     assert decision.step == 1 and [r.name for r in started] == ["default-1"]
     assert said[-1].startswith("autoscaler: +1 default (default-1): generation-bound")
-    assert scaler.tick(103.0) is None and "default 1/2" in scaler.last["reason"]  # not joined yet
+    assert scaler.tick(now=103.0) is None and "default 1/2" in scaler.last.reason  # not joined yet
     prom.connected = {"default": 2}
-    assert scaler.tick(104.0) is None  # joined: a new window starts
-    assert scaler.tick(105.0) is None
-    assert scaler.tick(106.0).step == 1
-    assert scaler.tick(106.5) is None  # not due (interval 1 s)
+    assert scaler.tick(now=104.0) is None  # joined: a new window starts
+    assert scaler.tick(now=105.0) is None
+    assert scaler.tick(now=106.0).step == 1
+    assert scaler.tick(now=106.5) is None  # not due (interval 1 s)
 
 
 def test_cores_bound_the_replicas_as_well_as_max_replicas(tmp_path):
     scaler, prom, started, _, _ = _scaler(tmp_path, cores=2, max_replicas=4)
     scaler.fleet.replicas.append(_FakeReplica("default-x", "default"))
     prom.connected = {"default": 2}
-    scaler.tick(100.0)
-    decision = scaler.tick(102.0)
+    scaler.tick(now=100.0)
+    decision = scaler.tick(now=102.0)
     assert decision.step == 0 and "every pool is at its maximum" in decision.reason and not started
 
 
@@ -93,20 +101,50 @@ def test_scale_down_drains_the_newest_replica_and_counts_it_gone_only_when_it_le
     scaler.fleet.replicas.append(newest)
     prom.connected = {"default": 2}
     prom.generator_utilisation, prom.trainer_utilisation = 0.2, 0.9  # training-bound: 0.4 s vs 1.8 s
-    scaler.tick(100.0)
-    decision = scaler.tick(102.0)
+    scaler.tick(now=100.0)
+    decision = scaler.tick(now=102.0)
     assert decision.step == -1 and drained == [newest] and scaler.replicas() == {"default": 1}
     assert "(default-1 drains)" in said[-1]
-    assert scaler.tick(103.0) is None and "default 2/1" in scaler.last["reason"]  # still connected, draining
-    assert scaler.summary()["scale_downs"] == 1
+    assert scaler.tick(now=103.0) is None and "default 2/1" in scaler.last.reason  # still connected, draining
+    assert scaler.summary().scale_downs == 1
 
 
 def test_prometheus_down_is_reported_and_retried(tmp_path):
     scaler, prom, started, _, _ = _scaler(tmp_path)
     prom.down = True
-    assert scaler.tick(100.0) is None and "cannot reach Prometheus" in scaler.last["reason"]
+    assert scaler.tick(now=100.0) is None and "cannot reach Prometheus" in scaler.last.reason
     prom.down, prom.connected = False, {"default": 1}
-    scaler.tick(101.0)
-    assert scaler.tick(103.0).step == 1 and len(started) == 1
-    lines = (tmp_path / "autoscaling.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and '"step": 1' in lines[-1]
+    scaler.tick(now=101.0)
+    assert scaler.tick(now=103.0).step == 1 and len(started) == 1
+    rounds = ScalingRecord.read_lines(tmp_path / "autoscaling.jsonl")
+    assert [r.step for r in rounds] == [0, 0, 1] and rounds[-1].pool == "default"
+
+
+def test_replicas_never_seen_connected_fail_the_run_once_the_bound_has_passed(tmp_path):
+    scaler, prom, started, _, _ = _scaler(tmp_path)
+    prom.connected = {}  # Prometheus answers, but shows no replica connected (the trainer not scraped)
+    assert scaler.tick(now=100.0) is None
+    assert scaler.tick(now=100.0 + NO_INPUTS_TIMEOUT_S) is None  # at the bound: still waiting
+    with pytest.raises(RunFailed, match=r"no inputs for 301 s .*default 0/1 .*streamrl_pool_replicas"):
+        scaler.tick(now=101.0 + NO_INPUTS_TIMEOUT_S)
+    assert not started
+
+
+def test_prometheus_answering_nothing_fails_the_run_and_inputs_restart_the_bound(tmp_path):
+    scaler, prom, _, _, _ = _scaler(tmp_path)
+    prom.down = True
+    scaler.tick(now=100.0)
+    prom.down, prom.connected = False, {"default": 1}
+    scaler.tick(now=350.0)  # inputs: the bound starts again
+    prom.down = True
+    assert scaler.tick(now=600.0) is None and "cannot reach Prometheus" in scaler.last.reason
+    with pytest.raises(RunFailed, match="cannot read the inputs: cannot reach Prometheus at http://x"):
+        scaler.tick(now=651.0)
+
+
+def test_waiting_for_iterations_is_not_a_lack_of_inputs(tmp_path):
+    scaler, prom, _, _, _ = _scaler(tmp_path)
+    prom.connected, prom.iterations = {"default": 1}, 0  # slow iterations: connected, measured, none finished
+    for now in (100.0, 102.0, 100.0 + 2 * NO_INPUTS_TIMEOUT_S):
+        assert scaler.tick(now=now) is None
+    assert scaler.last.reason == "waiting for two iterations since the last change"

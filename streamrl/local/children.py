@@ -1,0 +1,108 @@
+"""A process a local run started: how it is spawned (one torch thread per core it is
+given, pinned to those cores), how long it lived, its log, how it is stopped. Knows
+nothing of what the process does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamrl.local import RunFailed
+
+STARTUP_TIMEOUT_S = 180.0
+"""How long a process may take to listen (torch import and model load on busy cores)."""
+STOP_TIMEOUT_S = 15.0
+"""How long a process may take to exit after SIGTERM before it is killed."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    endpoint_file: Path | None = None
+    """Where it writes {admin_port, ...} once listening."""
+    admin_port: int | None = None
+    """Its admin port, chosen for it in advance (so it is scraped from the start)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Its role (and pool and replica), as Prometheus labels."""
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    """When it was seen to have exited (replica-seconds count start to end)."""
+
+    @property
+    def role(self) -> str:
+        return self.labels.get("role", "")
+
+    @property
+    def pool(self) -> str:
+        return self.labels.get("pool", "")
+
+    def running(self) -> bool:
+        if self.proc.poll() is None:
+            return True
+        if self.ended is None:
+            self.ended = time.monotonic()
+        return False
+
+    def seconds(self) -> float:
+        """Seconds it lived (so far, while it runs)."""
+        self.running()
+        return (self.ended or time.monotonic()) - self.started
+
+    def tail(self, n: int = 20) -> str:
+        """The last `n` lines of its log."""
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_listening(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict:
+        """Wait for its endpoint file; returns what it wrote there ({grpc_port, admin_port, ...})."""
+        assert self.endpoint_file is not None, f"{self.name} was started without an endpoint file"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.endpoint_file.exists():
+                return json.loads(self.endpoint_file.read_text())
+            if not self.running():
+                raise RunFailed(f"{self.name} exited with {self.proc.returncode} before listening:\n{self.tail()}")
+            time.sleep(0.1)
+        raise RunFailed(f"{self.name} did not start listening within {timeout_s:.0f} s; see {self.log_path}")
+
+
+def spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: Path) -> Child:
+    """Start `streamrl <argv>` with `threads` torch threads, pinned to `cores` (none: unpinned),
+    in its own session (a Ctrl-C reaches the runner, which stops it in order)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+               TOKENIZERS_PARALLELISM="false")
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *argv], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    if cores:
+        try:
+            os.sched_setaffinity(proc.pid, cores)
+        except OSError:
+            pass  # it exited already, or the platform cannot pin: it runs unpinned
+    return Child(name, proc, log_path)
+
+
+def stop(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM each one still running, then wait; kill any still there after `timeout_s`."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for c in children:
+        try:
+            c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+        c.running()  # note when it ended

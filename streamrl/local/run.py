@@ -1,0 +1,99 @@
+"""`streamrl run job.yaml`: flags → plan → start → supervise or scale, with progress → stop →
+records (run.json beside the trainer's summary.json) → report. Each step is its own module
+of streamrl.local; this one only puts them in order."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from streamrl.local import RunFailed
+from streamrl.local.launch import Services, start_services
+from streamrl.local.monitor import RunMonitor
+from streamrl.local.plan import RunPlan, plan_run
+from streamrl.local.progress import show_progress
+from streamrl.local.scale import LocalAutoscaler, autoscale
+from streamrl.local.supervise import ReplicaRestarts
+from streamrl.models import resolve_model_dir
+from streamrl.records import LOCAL_RUN_FILE, METRICS_FILE, SUMMARY_FILE, LocalRun, RunSummary, write_json
+from streamrl.spec import load_job
+
+
+def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, prometheus: bool = False,
+        cores: int | None = None) -> int:
+    """Run the job to its end (or Ctrl-C, or a failure of the run itself); returns the exit status."""
+    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    plan = plan_run(load_job(job_file), out_dir, prometheus, cores, say)
+    monitor = RunMonitor(plan) if plan.prometheus_for else None  # no binary: nothing starts
+    plan.prepare()
+    say(plan.describe())
+    model_dir = resolve_model_dir(plan.job.spec, log=say).resolve()
+    services, keeper, failure = None, None, None
+    try:
+        if monitor is not None:
+            say(f"prometheus: {monitor.start()} (data in {monitor.server.directory})")
+        services = start_services(plan, model_dir)
+        keeper = autoscale(plan, services, monitor, say) if plan.elastic else ReplicaRestarts(services.launcher)
+        if monitor is not None:
+            monitor.wait_until_scraped(services.children, say)
+        show_progress(plan, services, quiet, _ticks(keeper, monitor, services))
+    except KeyboardInterrupt:
+        say("interrupted: stopping services (the trainer writes its summary and model first)")
+    except RunFailed as err:
+        failure = str(err)
+        say(f"run failed: {failure}")
+    finally:
+        if services is not None:
+            services.stop()
+        if isinstance(keeper, LocalAutoscaler):
+            keeper.close()
+        if monitor is not None:
+            monitor.stop()
+    if services is None:
+        return 1 if failure else 130
+    record = _write_records(plan, services, keeper, failure, say)
+    _report(plan, say)
+    code = services.trainer.proc.returncode
+    if code not in (0, 130):
+        say(f"trainer failed (exit {code}):\n{services.trainer.tail()}")
+    return 1 if record.failure else 0 if code == 0 else code or 1
+
+
+def _ticks(keeper, monitor: RunMonitor | None, services: Services) -> Callable[[Callable[[str], None]], None]:
+    """What runs every progress poll: the supervisor or autoscaler, then Prometheus's targets."""
+    def tick(say: Callable[[str], None]) -> None:
+        keeper.tick(say)
+        if monitor is not None:
+            monitor.update(services.children())
+
+    return tick
+
+
+def _write_records(plan: RunPlan, services: Services, keeper, failure: str | None,
+                   say: Callable[[str], None]) -> LocalRun:
+    """run.json, what only this runner knows; then the done line from the trainer's summary.json."""
+    record = LocalRun(
+        generator_replica_seconds=round(sum(c.seconds() for c in services.launcher.children), 2),
+        generator_replicas_started=len(services.launcher.children),
+        trainer_exit_code=services.trainer.proc.returncode,
+        autoscaling=keeper.summary() if isinstance(keeper, LocalAutoscaler) else None,
+        failure=failure)
+    write_json(plan.out_dir / LOCAL_RUN_FILE, record)
+    if (plan.out_dir / SUMMARY_FILE).exists():
+        s = RunSummary.read(plan.out_dir / SUMMARY_FILE)
+        say(f"done: {s.num_iterations} iterations, {s.num_samples} samples, {s.samples_per_s:.1f} samples/s, "
+              f"reward {s.reward_first or 0:.3f} -> {s.reward_last or 0:.3f}, pipeline bubble "
+              f"{s.pipeline_bubble_ratio:.2f}; results in {plan.out_dir}")
+    return record
+
+
+def _report(plan: RunPlan, say: Callable[[str], None]) -> None:
+    if not (plan.out_dir / METRICS_FILE).exists():
+        return
+    try:
+        from streamrl.report import write_report
+
+        say(f"report: {write_report(plan.out_dir)[-1]}")
+    except Exception as err:  # a plot must never cost the run its exit status
+        say(f"warning: could not write the run report: {err!r}")

@@ -1,0 +1,190 @@
+"""Elastic generators for `streamrl run` (`spec.autoscaling.mode: Internal`): every
+`intervalSeconds` the scaling policy (streamrl.scaling) reads its inputs from the run's own
+Prometheus, and a replica is started, or drained and stopped, one at a time.
+
+Local bounds: a pool's `maxReplicas`, and the cores the run may use (generator threads,
+the trainer sharing them). A replica being removed gets SIGTERM and drains: the trainer
+assigns it nothing more, it finishes what it holds and exits 0, so nothing is lost or
+counted twice. Every round is a ScalingRecord line of `<out>/autoscaling.jsonl`. Without
+inputs for NO_INPUTS_TIMEOUT_S (Prometheus answering nothing, or the replicas asked for
+never seen connected) it fails the run, naming why, rather than wait in silence.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from streamrl.admin import AdminServer
+from streamrl.local import RunFailed
+from streamrl.local.children import Child
+from streamrl.local.launch import Services
+from streamrl.local.plan import RunPlan
+from streamrl.metrics import AutoscalerMetrics
+from streamrl.prometheus.api import PrometheusAPI, PrometheusError
+from streamrl.records import SCALING_FILE, ScalingRecord, ScalingSummary
+from streamrl.scaling.inputs import input_queries, parse_inputs, query_window_s
+from streamrl.scaling.policy import Decision, State
+from streamrl.scaling.round import scaling_round
+from streamrl.spec import RLJob
+
+NO_INPUTS_TIMEOUT_S = 300.0
+"""How long the autoscaler may go without usable inputs before it fails the run: a replica
+it starts may take STARTUP_TIMEOUT_S (180 s) to load on busy cores, then connect and be
+scraped; a draining one finishes what it holds."""
+
+
+def autoscale(plan: RunPlan, services: Services, monitor, say: Callable[[str], None]) -> LocalAutoscaler:
+    """The autoscaler of a running elastic job, over its generator processes, reading the
+    run's Prometheus (`monitor`, a RunMonitor), which scrapes its admin server too."""
+    def drain(child: Child) -> None:
+        child.proc.send_signal(signal.SIGTERM)
+
+    fleet = Fleet(services.launcher.start, drain, list(services.launcher.children))
+    scaler = LocalAutoscaler(plan.job, PrometheusAPI(monitor.url), fleet, plan.cores, plan.out_dir, say)
+    monitor.add("autoscaler", scaler.serve(), {"role": "autoscaler"})
+    return scaler
+
+
+class Replica(Protocol):
+    name: str
+    pool: str
+
+    def running(self) -> bool: ...
+
+
+@dataclass
+class Fleet:
+    """What the scaler may do to the run's generators (the runner implements it)."""
+
+    start: Callable[[str], Replica]
+    """Start one replica of the pool; returns it."""
+    drain: Callable[[Replica], None]
+    """Ask a replica to leave (SIGTERM): it drains and exits."""
+    replicas: list[Replica] = field(default_factory=list)
+    """Replicas running and not asked to leave."""
+
+
+class LocalAutoscaler:
+    def __init__(self, job: RLJob, prometheus: PrometheusAPI, fleet: Fleet, cores: int, out_dir: Path,
+                 say: Callable[[str], None], metrics: AutoscalerMetrics | None = None,
+                 no_inputs_timeout_s: float = NO_INPUTS_TIMEOUT_S):
+        self.job = job
+        self.spec = job.spec.autoscaling
+        self.prometheus = prometheus
+        self.fleet = fleet
+        self.cores = cores
+        self.say = say
+        self.metrics = metrics or AutoscalerMetrics()
+        self.no_inputs_timeout_s = no_inputs_timeout_s
+        self.state = State()
+        self.log_path = out_dir / SCALING_FILE
+        self.admin: AdminServer | None = None
+        self._next_round = 0.0
+        self._settled_at: float | None = None
+        """When the replicas connected last matched the replicas asked for (None: not yet)."""
+        self._inputs_at: float | None = None
+        """When a round last had its inputs: Prometheus answered and every replica asked for was connected."""
+        self._last_reason = ""
+        self.scale_ups = self.scale_downs = 0
+        self.last: ScalingRecord | None = None
+        self.decided = self.replicas()
+        """Replicas per pool as of the last decision (processes exit once the run ends)."""
+
+    def serve(self, host: str = "127.0.0.1") -> str:
+        """Start its admin server (/metrics, /status: the ScalingSummary); returns host:port."""
+        self.admin = AdminServer(self.metrics.registry, self.summary, lambda: True, host, 0).start()
+        return f"{host}:{self.admin.port}"
+
+    def close(self) -> None:
+        if self.admin is not None:
+            self.admin.stop()
+        self.prometheus.close()
+
+    def replicas(self) -> dict[str, int]:
+        out = {p.name: 0 for p in self.job.spec.generators.pools}
+        for r in self.fleet.replicas:
+            out[r.pool] += 1
+        return out
+
+    def _room(self) -> dict[str, int]:
+        """How many more replicas of each pool the cores left would take."""
+        threads = {p.name: p.threads for p in self.job.spec.generators.pools}
+        free = self.cores - sum(threads[p] * n for p, n in self.replicas().items())
+        return {name: max(0, free) // n for name, n in threads.items()}
+
+    def tick(self, say: Callable[[str], None] | None = None, now: float | None = None) -> Decision | None:
+        """Run one round when it is due, printing through `say` from now on; returns the
+        decision (None: not due, or waiting). RunFailed once it has gone
+        NO_INPUTS_TIMEOUT_S without inputs."""
+        self.say = say or self.say
+        now = time.time() if now is None else now
+        if now < self._next_round:
+            return None
+        self._next_round = now + self.spec.interval_seconds
+        self._inputs_at = now if self._inputs_at is None else self._inputs_at
+        self.fleet.replicas[:] = [r for r in self.fleet.replicas if r.running()]
+        asked = self.replicas()
+        try:
+            inputs = parse_inputs(self.prometheus.query_all(input_queries(
+                self.job.metadata.name, query_window_s(now, self._settled_at, self.spec.interval_seconds))))
+        except PrometheusError as err:
+            return self._wait(now, f"cannot read the inputs: {err}")
+        rnd = scaling_round(self.spec, self.job.spec.generators, asked, inputs, self.state, self._settled_at, now,
+                            self._room())
+        self._settled_at, self.state = rnd.settled_at, rnd.state
+        if rnd.waiting == "connecting":
+            return self._wait(now, "waiting for replicas to join or leave: " + ", ".join(
+                f"{p} {rnd.connected[p]}/{n}" for p, n in asked.items()),
+                f" (connected/asked for, as Prometheus at {self.prometheus.url} shows the trainer's "
+                "streamrl_pool_replicas; is the trainer scraped?)")
+        self._inputs_at = now
+        if rnd.waiting:
+            return self._note(now, {"measuring": "measuring since the last change",
+                                    "iterations": "waiting for two iterations since the last change"}[rnd.waiting])
+        decision, obs = rnd.decision, inputs.observation
+        self.decided = decision.replicas
+        self.metrics.record(self.job.metadata.name, decision.replicas, decision.step, decision.pool,
+                            decision.trainer_bound)
+        self._append(ScalingRecord(
+            time_unix=round(now, 3), step=decision.step, pool=decision.pool, replicas=decision.replicas,
+            reason=decision.reason, trainer_bound=decision.trainer_bound, generation_s=round(obs.generation_s, 4),
+            train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
+        if decision.step > 0:
+            replica = self.fleet.start(decision.pool)
+            self.fleet.replicas.append(replica)
+            self.scale_ups += 1
+            self.say(f"autoscaler: +1 {decision.pool} ({replica.name}): {decision.reason}")
+        elif decision.step < 0:
+            victim = [r for r in self.fleet.replicas if r.pool == decision.pool][-1]  # the newest
+            self.fleet.replicas.remove(victim)
+            self.fleet.drain(victim)
+            self.scale_downs += 1
+            self.say(f"autoscaler: -1 {decision.pool} ({victim.name} drains): {decision.reason}")
+        elif decision.reason != self._last_reason and decision.trainer_bound:
+            self.say(f"autoscaler: {decision.reason}")
+        self._last_reason = decision.reason
+        return decision
+
+    def _wait(self, now: float, why: str, detail: str = "") -> None:
+        """A round without its inputs: noted, and the run failed once that has lasted too long."""
+        self._note(now, why)
+        if now - self._inputs_at > self.no_inputs_timeout_s:
+            raise RunFailed(f"the autoscaler has had no inputs for {now - self._inputs_at:.0f} s "
+                            f"(NO_INPUTS_TIMEOUT_S {self.no_inputs_timeout_s:.0f} s): {why}{detail}")
+
+    def _note(self, now: float, why: str) -> None:
+        self._append(ScalingRecord(time_unix=round(now, 3), step=0, replicas=self.replicas(), reason=why))
+
+    def _append(self, record: ScalingRecord) -> None:
+        self.last = record
+        with self.log_path.open("a") as f:
+            f.write(record.to_json() + "\n")
+
+    def summary(self) -> ScalingSummary:
+        return ScalingSummary(mode=self.spec.mode, scale_ups=self.scale_ups, scale_downs=self.scale_downs,
+                              replicas_final=self.decided, last=self.last)
