@@ -49,7 +49,7 @@ run: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/streamrl run $(JOB) --out $(OUT)
 
 test: prometheus npm-tools dev-venv
-	@echo "==> python -m pytest$(if $(PYTEST_ARGS), $(PYTEST_ARGS), (the whole suite: about 10 minutes on 2 cores))"
+	@echo "==> python -m pytest$(if $(PYTEST_ARGS), $(PYTEST_ARGS), (the whole suite))"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 venv: $(VENV)/.installed-run

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = {"docker/Dockerfile": "(CPU)", "docker/Dockerfile.cuda": "(GPU, vLLM)"}
+DOCKERFILES = {"docker/Dockerfile": "(CPU)", "docker/Dockerfile.cuda": "(GPU)"}
 
 
 def _readme_install(marker: str) -> str:
@@ -49,7 +49,7 @@ def test_extras_the_images_install_exist():
     assert any(d.startswith("vllm==") for d in extras["vllm"])
 
 
-@pytest.mark.parametrize("role", ["", "run", "trainer", "generator", "ranker", "report", "operator"])
+@pytest.mark.parametrize("role", ["", "run", "validate", "trainer", "generator", "ranker", "report", "operator"])
 def test_every_role_answers_help(role):
     out = subprocess.run([sys.executable, "-m", "streamrl.cli", *([role] if role else []), "--help"],
                          capture_output=True, text=True, timeout=60)
