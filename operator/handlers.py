@@ -5,7 +5,7 @@ handlers against an emulated API server.
 RLJob: create/resume/spec change -> apply every child (in the job's cluster with owner
 references; in a registered cluster with origin labels), prune what the spec no longer
 asks for, write the status. A timer refreshes the status from the children and the
-trainer's /status. A daemon per RLJob runs the autoscaler (streamrl.scaling.cluster) every
+trainer's /status. A daemon per RLJob runs the autoscaler (operator/scaling.py) every
 spec.autoscaling.intervalSeconds: it reads Prometheus and patches the pools' replicas, which
 the spec handler then applies. Deletion: children in other clusters are removed through a finalizer
 (owner references cannot cross clusters). RLCluster: the kubeconfig Secret is checked and
@@ -28,6 +28,7 @@ import kubernetes_validate
 import yaml
 
 from streamrl.metrics import AutoscalerMetrics
+from streamrl.operator import scaling as autoscaler
 from streamrl.operator.builders import (
     ADMIN_PORT,
     TRAINER_GRPC_PORT,
@@ -43,7 +44,6 @@ from streamrl.operator.builders import (
 from streamrl.operator.kube import KubeClient, KubeError, kubeconfig_problems, path_of
 from streamrl.operator.status import Observed, derive
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
-from streamrl.scaling import cluster as autoscaler
 from streamrl.scaling.inputs import input_queries, parse_inputs, query_window_s
 from streamrl.spec import RLJob, SpecError, parse_job
 

@@ -3,9 +3,9 @@ and what follows from them (spec patch, status.autoscaling, Events, the ScalingL
 
 import pytest
 
+from streamrl.operator import scaling as autoscaler
+from streamrl.operator.scaling import Memory, plan, scale_patch, status_patch
 from streamrl.operator.status import Observed, derive
-from streamrl.scaling import cluster as autoscaler
-from streamrl.scaling.cluster import Memory, plan, scale_patch, status_patch
 from streamrl.scaling.inputs import Inputs, query_window_s
 from streamrl.scaling.policy import Observation
 from streamrl.spec import SpecError, parse_job
