@@ -11,27 +11,16 @@ Deployment per pool, with that pool's node selector, tolerations, GPUs and templ
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
-from streamrl.spec import TLS_MOUNT, RLJob, dump_job
+from streamrl.operator.settings import Settings
+from streamrl.spec import API_VERSION, GROUP, KIND, TLS_MOUNT, RLJob, dump_job
 
 TRAINER_GRPC_PORT, RANKER_GRPC_PORT, RELAY_PORT, ADMIN_PORT = 50051, 50052, 50053, 8080
 SPEC_MOUNT, OUT_MOUNT, CACHE_MOUNT = "/etc/streamrl/job", "/var/lib/streamrl/out", "/var/cache/streamrl"
 JOB_FILE = f"{SPEC_MOUNT}/job.yaml"
 MAIN = "main"
 """Name of the container every role runs in (pod templates merge into it)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the operator knows besides the RLJob (chart values)."""
-
-    image: str = "ghcr.io/streamrl/streamrl:0.1.0"
-    """Default image of every role (spec.image overrides it)."""
-    image_pull_policy: str = "IfNotPresent"
-    trainer_backoff_limit: int = 2
-    """Restarts of a failed trainer before the job is Failed."""
 
 
 # ---- names and labels ---------------------------------------------------------------
@@ -45,31 +34,31 @@ def labels(job: str, role: str, pool: str | None = None) -> dict[str, str]:
         "app.kubernetes.io/instance": job,
         "app.kubernetes.io/component": role,
         "app.kubernetes.io/managed-by": "streamrl-operator",
-        "streamrl.io/job": job,
-        "streamrl.io/role": role,
+        f"{GROUP}/job": job,
+        f"{GROUP}/role": role,
     }
     if pool:
-        out["streamrl.io/pool"] = pool
+        out[f"{GROUP}/pool"] = pool
     return out
 
 
 def selector(job: str, role: str, pool: str | None = None) -> dict[str, str]:
     """The labels that select a role's pods (a subset of labels(); stable for Deployments)."""
-    out = {"streamrl.io/job": job, "streamrl.io/role": role}
+    out = {f"{GROUP}/job": job, f"{GROUP}/role": role}
     if pool:
-        out["streamrl.io/pool"] = pool
+        out[f"{GROUP}/pool"] = pool
     return out
 
 
 def generator_selector(job: str) -> str:
     """Every generator pod of the job, serialized (the /scale subresource's labelSelector)."""
-    return f"streamrl.io/job={job},streamrl.io/role=generator"
+    return f"{GROUP}/job={job},{GROUP}/role=generator"
 
 
 def owner_reference(body: dict) -> dict:
     """Children in the RLJob's own cluster are garbage-collected with it."""
     meta = body["metadata"]
-    return {"apiVersion": body.get("apiVersion", "streamrl.io/v1alpha1"), "kind": body.get("kind", "RLJob"),
+    return {"apiVersion": body.get("apiVersion", API_VERSION), "kind": body.get("kind", KIND),
             "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
 
 

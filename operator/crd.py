@@ -1,4 +1,5 @@
-"""The RLJob CustomResourceDefinition, generated from the one spec model (streamrl/spec.py).
+"""The RLJob and RLCluster CustomResourceDefinitions, generated from their typed models
+(streamrl/spec.py, operator/clusters.py).
 
 pydantic's JSON schema becomes a *structural* OpenAPI v3 schema: references inlined,
 `X | None` as nullable, exclusive bounds in OpenAPI 3.0 form, free-form objects kept
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrl.spec import API_VERSION, RLJobSpec
+from pydantic import BaseModel
 
-GROUP, VERSION = API_VERSION.split("/")
-KIND, PLURAL, SHORT = "RLJob", "rljobs", "rlj"
-PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Invalid")
+from streamrl.operator.clusters import ClusterPhase, RLClusterSpec
+from streamrl.operator.phases import JobPhase
+from streamrl.spec import GROUP, KIND, VERSION, RLJobSpec
+
+PLURAL, SHORT = "rljobs", "rlj"
 CONDITIONS = ("Ready", "Progressing", "Suspended", "Complete", "Failed", "ScalingLimited", "ClustersReady")
 
 # Cross-field rules, by the spec path of the object they sit on (mirroring spec.py's validators).
@@ -133,9 +136,14 @@ def _at(schema: dict, path: str) -> dict:
     return schema
 
 
+def model_schema(model: type[BaseModel]) -> dict:
+    """A pydantic model's JSON schema as a structural OpenAPI v3 schema."""
+    raw = model.model_json_schema(by_alias=True)
+    return structural(raw, raw.get("$defs", {}))
+
+
 def spec_schema() -> dict:
-    raw = RLJobSpec.model_json_schema(by_alias=True)
-    schema = structural(raw, raw.get("$defs", {}))
+    schema = model_schema(RLJobSpec)
     for path, rules in CEL_RULES.items():
         _at(schema, path)["x-kubernetes-validations"] = rules
     return schema
@@ -160,7 +168,8 @@ def status_schema() -> dict:
         "replicas": integer, "readyReplicas": integer,
     })
     return _obj("Written by the operator.", {
-        "phase": {"type": "string", "enum": list(PHASES), "description": "Where the job is in its life."},
+        "phase": {"type": "string", "enum": [p.value for p in JobPhase],
+                  "description": "Where the job is in its life."},
         "message": {"type": "string", "description": "Why it is in this phase (for Invalid: the field and problem)."},
         "observedGeneration": {**integer, "description": "The spec generation this status describes."},
         "startTime": {"type": "string", "format": "date-time"},
@@ -228,7 +237,7 @@ PRINTER_COLUMNS = [
 
 def _crd(kind: str, plural: str, short: str, scope: str, description: str, spec: dict, status: dict,
          subresources: dict, columns: list[dict]) -> dict:
-    """A one-version CustomResourceDefinition of the streamrl.io group."""
+    """A one-version CustomResourceDefinition of StreamRL's API group."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -269,17 +278,12 @@ def rljob_crd() -> dict:
 
 def rlcluster_crd() -> dict:
     """RLCluster: another Kubernetes cluster (e.g. another datacenter) generator pools can run in."""
-    ref = _obj("The Secret, in the operator's namespace, holding a self-contained kubeconfig (no exec plugins, "
-               "auth providers, file paths or insecure TLS).", {
-                   "name": {"type": "string", "maxLength": 253},
-                   "key": {"type": "string", "default": "kubeconfig", "maxLength": 253},
-               }, required=["name"])
     return _crd(
         "RLCluster", "rlclusters", "rlc", "Cluster",
         "A Kubernetes cluster RLJob generator pools can run in (spec.generators.pools[].clusterRef names it).",
-        _obj("How to reach the cluster.", {"kubeconfigSecretRef": ref}, required=["kubeconfigSecretRef"]),
+        model_schema(RLClusterSpec),
         _obj("Written by the operator.", {
-            "phase": {"type": "string", "enum": ["Active", "Inactive"]},
+            "phase": {"type": "string", "enum": [p.value for p in ClusterPhase]},
             "message": {"type": "string"},
             "conditions": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
         }),

@@ -1,4 +1,5 @@
-"""`streamrl operator`: the kopf operator process (one replica; see the Helm chart)."""
+"""`streamrl operator`: the kopf operator process (one replica; see the Helm chart). Loads
+the settings once, builds the handler registry with them, runs kopf."""
 
 from __future__ import annotations
 
@@ -11,19 +12,12 @@ import kopf
 import prometheus_client
 import yaml
 
-from streamrl.operator.builders import Settings
+from streamrl.operator.handlers import register
 from streamrl.operator.kube import KubeClient
+from streamrl.operator.runtime import Runtime
+from streamrl.operator.settings import Settings, load_settings
 
 log = logging.getLogger("streamrl.operator")
-
-
-def settings_from_env() -> Settings:
-    """What the chart passes in the environment."""
-    defaults = Settings()
-    return Settings(image=os.environ.get("STREAMRL_JOB_IMAGE") or defaults.image,
-                    image_pull_policy=os.environ.get("STREAMRL_JOB_IMAGE_PULL_POLICY") or defaults.image_pull_policy,
-                    trainer_backoff_limit=int(os.environ.get("STREAMRL_TRAINER_BACKOFF_LIMIT")
-                                              or defaults.trainer_backoff_limit))
 
 
 def local_client() -> KubeClient:
@@ -36,27 +30,40 @@ def local_client() -> KubeClient:
     return KubeClient.from_kubeconfig(yaml.safe_load(path.read_text()), "local")
 
 
-def run(namespaces: list[str], health_port: int = 8080, metrics_port: int = 8081, prometheus_url: str = "") -> int:
-    if prometheus_url and not prometheus_url.startswith(("http://", "https://")):
-        raise ValueError(f"--prometheus-url (STREAMRL_PROMETHEUS_URL) must be an http:// or https:// URL, "
-                         f"got {prometheus_url!r}")
-    from streamrl.operator.handlers import Runtime  # importing the module registers the kopf handlers
+def login(**kwargs) -> kopf.ConnectionInfo | None:
+    """kopf's own credentials, as for local_client: the service account in a cluster, else the kubeconfig."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
-    async def main() -> None:
-        runtime = Runtime(local_client(), settings_from_env(),
-                          namespace=os.environ.get("STREAMRL_OPERATOR_NAMESPACE", "default"),
-                          prometheus_url=prometheus_url)
-        if metrics_port:
-            prometheus_client.start_http_server(metrics_port, registry=runtime.metrics.registry)
-        log.info("operator up: image %s, watching %s, autoscaler reads %s, metrics on :%s", runtime.settings.image,
-                 ", ".join(namespaces) or "every namespace", prometheus_url or "only what RLJobs name",
-                 metrics_port or "(off)")
-        try:
-            await kopf.operator(standalone=True, clusterwide=not namespaces, namespaces=namespaces or None,
-                                memo=kopf.Memo(runtime=runtime),
-                                liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz")
-        finally:
-            await runtime.kube.close()
 
-    asyncio.run(main())
+def operator_registry(settings: Settings) -> kopf.OperatorRegistry:
+    """Every handler, and the login, on a registry of their own."""
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(registry=registry)(login)
+    return register(registry, settings)
+
+
+async def serve(settings: Settings) -> None:
+    runtime = Runtime(local_client(), settings)
+    if settings.metrics_port:
+        prometheus_client.start_http_server(settings.metrics_port, registry=runtime.metrics.registry)
+    namespaces = list(settings.watch_namespaces)
+    log.info("operator up: image %s, watching %s, autoscaler reads %s, metrics on :%s, status every %gs",
+             settings.image, ", ".join(namespaces) or "every namespace",
+             settings.prometheus_url or "only what RLJobs name", settings.metrics_port or "(off)",
+             settings.status_interval_s)
+    try:
+        await kopf.operator(registry=operator_registry(settings), standalone=True, clusterwide=not namespaces,
+                            namespaces=namespaces or None, memo=kopf.Memo(runtime=runtime),
+                            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz")
+    finally:
+        await runtime.kube.close()
+
+
+def run(namespaces: list[str], health_port: int | None = None, metrics_port: int | None = None,
+        prometheus_url: str | None = None) -> int:
+    """Flags (None = not given; then the environment, then the defaults) -> a running operator.
+    ValueError naming the flag or variable when a setting is unusable."""
+    settings = load_settings(os.environ, namespaces=namespaces, health_port=health_port, metrics_port=metrics_port,
+                             prometheus_url=prometheus_url)
+    asyncio.run(serve(settings))
     return 0

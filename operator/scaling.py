@@ -1,20 +1,20 @@
-"""The operator's side of elastic scaling, one round for one RLJob: the window to read (the
+"""The operator's driver of elastic scaling, one round for one RLJob: the window to read (the
 same as `streamrl run`'s: since the replicas settled), what to wait for, the policy's
-decision (streamrl.scaling.policy) and what follows from it (the spec patch, status.autoscaling,
-Events, the ScalingLimited reason). Pure: Prometheus's answers and the clock come in; the
-handlers do the I/O and know no policy."""
+decision (streamrl.scaling.policy, through the round both drivers share) and what follows
+from it (the spec patch, status.autoscaling, Events, the ScalingLimited reason). Pure:
+Prometheus's answers and the clock come in; autoscaler.py does the I/O and knows no policy."""
 
 from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field, replace
 
+from streamrl.operator.phases import JobPhase
 from streamrl.scaling.inputs import MIN_WINDOW_ROUNDS, Inputs, query_window_s
 from streamrl.scaling.policy import Decision, Pool, State
 from streamrl.scaling.round import scaling_round
 from streamrl.spec import RLJob
 
-FINAL_PHASES = ("Succeeded", "Failed", "Invalid")
 NO_PROMETHEUS = ("no Prometheus to read the scaling inputs from: set spec.autoscaling.prometheusUrl or the "
                  "operator's --prometheus-url (Helm value operator.prometheusUrl)")
 EXTERNAL = ("External: generator replicas are left to whoever writes the RLJob's /scale subresource "
@@ -73,12 +73,13 @@ def prometheus_url(job: RLJob, default: str | None) -> str:
     return default
 
 
-def skip_reason(job: RLJob, phase: str | None) -> str | None:
-    """Why an Internal job is not scaled this round (None = it is)."""
+def skip_reason(job: RLJob, phase: JobPhase | None) -> str | None:
+    """Why an Internal job is not scaled this round (None = it is); `phase` as its status
+    says (None before the first status)."""
     if job.spec.suspend:
         return "spec.suspend is true: nothing to scale"
-    if phase in FINAL_PHASES:
-        return f"the job is {phase}: nothing to scale"
+    if phase is not None and phase.is_terminal:
+        return f"the job is {phase.value}: nothing to scale"
     return None
 
 

@@ -123,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("operator", help="run the Kubernetes operator (RLJob and RLCluster resources)")
     p.add_argument("--namespace", action="append", help="manage RLJobs in this namespace (repeatable; default: all)")
     p.add_argument("--health-port", type=int, default=8080, help="port of the /healthz liveness endpoint")
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("STREAMRL_OPERATOR_METRICS_PORT", "8081")),
-                   help="port of the autoscaler's Prometheus /metrics (0 = none; env STREAMRL_OPERATOR_METRICS_PORT)")
-    p.add_argument("--prometheus-url", default=os.environ.get("STREAMRL_PROMETHEUS_URL", ""),
+    p.add_argument("--metrics-port", type=int,  # None: the operator's settings read the environment at startup
+                   help="port of the autoscaler's Prometheus /metrics (0 = none; default: env "
+                        "STREAMRL_OPERATOR_METRICS_PORT, else 8081)")
+    p.add_argument("--prometheus-url",
                    help="Prometheus HTTP API the autoscaler reads for RLJobs with autoscaling.mode Internal that "
                         "name none (spec.autoscaling.prometheusUrl); env STREAMRL_PROMETHEUS_URL")
     p.set_defaults(fn=cmd_operator)

@@ -20,8 +20,11 @@ import kopf
 import pytest
 import yaml
 
-from streamrl.operator.builders import Settings
 from streamrl.operator.kube import KubeClient, path_of
+from streamrl.operator.main import operator_registry
+from streamrl.operator.runtime import Runtime
+from streamrl.operator.settings import Settings
+from streamrl.spec import API_VERSION
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(not os.environ.get("KUBECONFIG"), reason="KUBECONFIG does not point at a cluster")]
@@ -40,12 +43,12 @@ async def cluster():
 
 @pytest.fixture
 async def operator(cluster):
-    from streamrl.operator import handlers
-
     kube, namespace = cluster
-    runtime = handlers.Runtime(kube, Settings(), namespace=namespace)
+    settings = Settings(namespace=namespace, watch_namespaces=(namespace,))
+    runtime = Runtime(kube, settings)
     stop = asyncio.Event()
-    task = asyncio.create_task(kopf.operator(standalone=True, namespaces=[namespace], clusterwide=False,
+    task = asyncio.create_task(kopf.operator(registry=operator_registry(settings), standalone=True,
+                                             namespaces=[namespace], clusterwide=False,
                                              stop_flag=stop, memo=kopf.Memo(runtime=runtime)))
     yield runtime
     stop.set()
@@ -78,5 +81,5 @@ async def test_create_children_status_and_invalid(cluster, operator):
 
 
 async def _with_status(kube, namespace, name):
-    job = await kube.get(path_of("streamrl.io/v1alpha1", "RLJob", namespace, name))
+    job = await kube.get(path_of(API_VERSION, "RLJob", namespace, name))
     return job if job and job.get("status", {}).get("phase") else None

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
-import sys
 
 import kmock
 import kopf
 import pytest
 
-from streamrl.operator.builders import Settings
+from streamrl.operator.handlers import register
 from streamrl.operator.kube import KubeClient
+from streamrl.operator.runtime import Runtime
+from streamrl.operator.settings import Settings
 from tests.integration.operator.emulator import Emulator, register_kinds
-
-HANDLERS = "streamrl.operator.handlers"
 
 
 @pytest.fixture
@@ -57,18 +55,12 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 @pytest.fixture
-async def operator(k8s, monkeypatch, kopf_settings):
-    """Start the operator's handlers (a fresh registry) with a Runtime talking to kmock;
-    yields the Runtime so tests can register remote clusters or a trainer status source."""
-    monkeypatch.setenv("STREAMRL_OPERATOR_STATUS_INTERVAL_S", "0.5")
-    registry = kopf.OperatorRegistry()
-    old = kopf.get_default_registry()
-    kopf.set_default_registry(registry)
-    try:
-        sys.modules.pop(HANDLERS, None)
-        handlers = importlib.import_module(HANDLERS)
-    finally:
-        kopf.set_default_registry(old)
+async def operator(k8s, kopf_settings):
+    """Start the operator's handlers (a fresh registry, the status refreshed every 0.5 s) with
+    a Runtime talking to kmock; yields the Runtime so tests can register remote clusters or a
+    trainer status source."""
+    settings = Settings(image="streamrl:test", namespace="streamrl-system", status_interval_s=0.5)
+    registry = register(kopf.OperatorRegistry(), settings)
 
     @kopf.on.login(registry=registry)
     def login_to_kmock(**_):
@@ -77,8 +69,7 @@ async def operator(k8s, monkeypatch, kopf_settings):
     async def no_trainer(job, namespace):
         return None
 
-    runtime = handlers.Runtime(KubeClient(str(k8s.url)), Settings(image="streamrl:test"), namespace="streamrl-system",
-                               trainer_status=no_trainer, retry_delay_s=0.3)
+    runtime = Runtime(KubeClient(str(k8s.url)), settings, trainer_status=no_trainer, retry_delay_s=0.3)
     stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
     ignored = set(asyncio.all_tasks())
     root_tasks = await kopf.spawn_tasks(registry=registry, settings=kopf_settings, clusterwide=True, standalone=True,

@@ -12,6 +12,8 @@ import uuid
 import jsonpatch
 import kmock
 
+from streamrl.spec import API_VERSION
+
 
 class Emulator(kmock.KubernetesEmulator):
     _rv: int = 1000
@@ -73,7 +75,7 @@ class Emulator(kmock.KubernetesEmulator):
 
 
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
-RLJOBS, RLCLUSTERS = "streamrl.io/v1alpha1/rljobs", "streamrl.io/v1alpha1/rlclusters"
+RLJOBS, RLCLUSTERS = f"{API_VERSION}/rljobs", f"{API_VERSION}/rlclusters"
 
 
 def register_kinds(emulator: kmock.KubernetesEmulator) -> None:

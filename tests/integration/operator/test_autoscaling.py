@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from prometheus_client import start_http_server
@@ -247,7 +248,7 @@ async def test_unreachable_or_unnamed_prometheus_is_said_and_the_next_round_reco
     spec = plain(get(k8s, RLJOB, "down")["spec"])
     spec["autoscaling"]["prometheusUrl"] = prometheus.url
     assert (await k8s.patch(f"{JOBS}/down", json={"spec": spec})).status == 200
-    operator.prometheus_url = prometheus.url
+    operator.settings = replace(operator.settings, prometheus_url=prometheus.url)
     await wait_for(lambda: pool_replicas(k8s, "down") == [2], timeout=20, what="down recovered")
     await wait_for(lambda: pool_replicas(k8s, "nourl") == [2], timeout=20, what="nourl uses the operator's")
     assert autoscaling(k8s, "nourl")["prometheusUrl"] == prometheus.url

@@ -11,13 +11,16 @@ import yaml
 
 from streamrl.admin import AdminServer
 from streamrl.metrics import ServiceMetrics
+from streamrl.records import TrainerPhase
+from streamrl.spec import API_VERSION
 from tests.integration.operator.conftest import wait_for
+from tests.unit.operator.trainer_bodies import last_iteration, trainer_status
 
 ROOT = Path(__file__).resolve().parents[3]
 NS = "rl"
-JOBS = f"/apis/streamrl.io/v1alpha1/namespaces/{NS}/rljobs"
+JOBS = f"/apis/{API_VERSION}/namespaces/{NS}/rljobs"
 DEPLOYMENTS, JOBS_RES, CONFIGMAPS, SERVICES = "apps/v1/deployments", "batch/v1/jobs", "v1/configmaps", "v1/services"
-RLJOB = "streamrl.io/v1alpha1/rljobs"
+RLJOB, RLCLUSTER = f"{API_VERSION}/rljobs", f"{API_VERSION}/rlclusters"
 
 
 def example(name: str, file: str = "rljob-tiny-cpu.yaml") -> dict:
@@ -106,21 +109,43 @@ async def test_invalid_spec_becomes_invalid_with_the_field_named(k8s, operator):
 
 
 async def test_status_reflects_the_trainers_progress(k8s, operator):
-    last = {"reward_mean": 0.625, "pipeline_bubble_ratio": 0.04}
-    admin = AdminServer(ServiceMetrics("trainer").registry,
-                        lambda: {"phase": "Running", "iteration": 7, "num_iterations": 15, "policy_version": 7,
-                                 "samples_per_s": 512.0, "last": last}, lambda: True).start()
+    status = trainer_status(TrainerPhase.RUNNING, iteration=7, num_iterations=15, samples_per_s=512.0,
+                            last=last_iteration(7, reward_mean=0.625, pipeline_bubble_ratio=0.04))
+    admin = AdminServer(ServiceMetrics("trainer").registry, lambda: status, lambda: True).start()
     try:
-        async def trainer_status(job, namespace):  # the real HTTP path, to a real admin server
-            async with httpx.AsyncClient() as http:
-                return (await http.get(f"http://127.0.0.1:{admin.port}/status")).json()
-
-        operator.trainer_status = trainer_status
+        operator.trainer_status = _fetch_from(admin)
         await create(k8s, example("live"))
         await wait_for(lambda: get(k8s, RLJOB, "live")["status"]["phase"] == "Running", what="phase Running")
         trainer = get(k8s, RLJOB, "live")["status"]["trainer"]
         assert trainer == {"ready": True, "iteration": 7, "policyVersion": 7, "reward": 0.625,
                            "pipelineBubbleRatio": 0.04, "samplesPerSecond": 512.0}
+    finally:
+        admin.stop()
+
+
+def _fetch_from(admin: AdminServer):
+    async def fetch(job, namespace):  # the real HTTP path, to a real admin server
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"http://127.0.0.1:{admin.port}/status")).json()
+
+    return fetch
+
+
+async def test_a_trainer_status_with_a_renamed_field_is_reported_unreadable(k8s, operator):
+    """A trainer of another version renamed policy_version: the job says so and reads nothing."""
+    body = trainer_status(TrainerPhase.RUNNING, iteration=7).model_dump(mode="json", exclude_none=True)
+    body["version"] = body.pop("policy_version")
+    admin = AdminServer(ServiceMetrics("trainer").registry, lambda: body, lambda: True).start()
+    try:
+        operator.trainer_status = _fetch_from(admin)
+        await create(k8s, example("skew"))
+        await wait_for(lambda: "unreadable" in get(k8s, RLJOB, "skew")["status"]["message"], what="unreadable")
+        status = get(k8s, RLJOB, "skew")["status"]
+        assert (status["phase"], status["message"]) == \
+            ("Pending", "the trainer's /status is unreadable: policy_version: Field required")
+        ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+        assert (ready["status"], ready["reason"]) == ("False", "TrainerStatusUnreadable")
+        assert "trainer" not in status
     finally:
         admin.stop()
 
@@ -164,18 +189,24 @@ async def test_rlcluster_with_an_unsafe_or_missing_kubeconfig_is_inactive_with_t
               "clusters": [{"name": "west", "cluster": {"server": "https://203.0.113.9:6443"}}],
               "users": [{"name": "rl", "user": {"exec": {"command": "aws", "args": ["eks", "get-token"]}}}]}
     secret = {"apiVersion": "v1", "kind": "Secret",
-              "metadata": {"name": "west-kubeconfig", "namespace": operator.namespace},
+              "metadata": {"name": "west-kubeconfig", "namespace": operator.settings.namespace},
               "data": {"kubeconfig": base64.b64encode(yaml.safe_dump(unsafe).encode()).decode()}}
-    resp = await k8s.post(f"/api/v1/namespaces/{operator.namespace}/secrets", json=secret)
+    resp = await k8s.post(f"/api/v1/namespaces/{operator.settings.namespace}/secrets", json=secret)
     assert resp.status in (200, 201), await resp.text()
-    for name, ref in [("west", "west-kubeconfig"), ("east", "east-kubeconfig")]:
-        resp = await k8s.post("/apis/streamrl.io/v1alpha1/rlclusters", json={
-            "apiVersion": "streamrl.io/v1alpha1", "kind": "RLCluster", "metadata": {"name": name},
-            "spec": {"kubeconfigSecretRef": {"name": ref}}})
+    specs = {"west": {"kubeconfigSecretRef": {"name": "west-kubeconfig"}},
+             "east": {"kubeconfigSecretRef": {"name": "east-kubeconfig"}},
+             "north": {"kubeconfigSecret": {"name": "north-kubeconfig"}}}  # a typo the API server would prune
+    for name, spec in specs.items():
+        resp = await k8s.post(f"/apis/{RLCLUSTER}", json={
+            "apiVersion": API_VERSION, "kind": "RLCluster", "metadata": {"name": name}, "spec": spec})
         assert resp.status in (200, 201), await resp.text()
-    clusters = "streamrl.io/v1alpha1/rlclusters"
+    clusters = RLCLUSTER
     await wait_for(lambda: k8s.objects[clusters, None, "west"]["status"]["phase"] == "Inactive", what="west checked")
     await wait_for(lambda: k8s.objects[clusters, None, "east"]["status"]["phase"] == "Inactive", what="east checked")
+    await wait_for(lambda: k8s.objects[clusters, None, "north"]["status"]["phase"] == "Inactive", what="north checked")
+    north = k8s.objects[clusters, None, "north"]["status"]
+    assert north["message"] == "spec.kubeconfigSecretRef: Field required; spec.kubeconfigSecret: unknown field"
+    assert north["conditions"][0]["reason"] == "InvalidSpec"
     west, east = k8s.objects[clusters, None, "west"]["status"], k8s.objects[clusters, None, "east"]["status"]
     assert "user.exec is not allowed" in west["message"] and west["conditions"][0]["reason"] == "InvalidKubeconfig"
     assert "east-kubeconfig not found" in east["message"] and east["conditions"][0]["reason"] == "SecretMissing"

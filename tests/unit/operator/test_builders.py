@@ -8,18 +8,18 @@ import pytest
 
 from streamrl.operator.builders import (
     MAIN,
-    Settings,
     build_children,
     build_generators,
     generator_selector,
     merge,
     owner_reference,
 )
-from streamrl.spec import load_job, parse_job
+from streamrl.operator.settings import Settings
+from streamrl.spec import API_VERSION, load_job, parse_job
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("rljob-*.yaml"))
-BODY = {"apiVersion": "streamrl.io/v1alpha1", "kind": "RLJob",
+BODY = {"apiVersion": API_VERSION, "kind": "RLJob",
         "metadata": {"name": "hetero-counting", "uid": "0b7c-uid"}}
 OWNER = owner_reference(BODY)
 

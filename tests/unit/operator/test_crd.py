@@ -43,6 +43,22 @@ def test_rlcluster_crd_is_valid_and_cluster_scoped():
     assert check(crd, {"spec": {"kubeconfigSecretRef": {}}}) == ["spec.kubeconfigSecretRef.name: Required value"]
 
 
+def test_rlcluster_crd_is_generated_from_the_typed_spec():
+    """kubectl explain shows the docstrings of operator/clusters.py's model."""
+    spec = rlcluster_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["kubeconfigSecretRef"]
+    assert spec["properties"]["kubeconfigSecretRef"]["properties"]["key"] == {
+        "default": "kubeconfig", "description": "The key of its data holding the kubeconfig.", "maxLength": 253,
+        "type": "string"}
+
+
+def test_the_api_group_and_version_are_the_published_ones():
+    """Every use derives from these constants; this pins what clusters and users already have."""
+    assert (GROUP, VERSION, API_VERSION) == ("streamrl.io", "v1alpha1", "streamrl.io/v1alpha1")
+    assert (rljob_crd()["metadata"]["name"], rlcluster_crd()["metadata"]["name"]) == \
+        (f"rljobs.{GROUP}", f"rlclusters.{GROUP}")
+
+
 def _walk(node: dict, path: str = "$"):
     yield path, node
     for key, sub in node.get("properties", {}).items():

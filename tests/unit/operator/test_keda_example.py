@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from streamrl import metrics
-from streamrl.operator.crd import GROUP, KIND, VERSION
 from streamrl.prometheus import RULES_FILE
+from streamrl.spec import GROUP, KIND, VERSION
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "deploy" / "examples" / "keda-scaledobject.yaml"

@@ -8,6 +8,7 @@ import ssl
 import pytest
 
 from streamrl.operator.kube import KubeClient, contains, kubeconfig_problems, path_of
+from streamrl.spec import API_VERSION
 
 GOOD = {
     "apiVersion": "v1", "kind": "Config", "current-context": "west",
@@ -57,7 +58,7 @@ async def test_a_good_kubeconfig_builds_a_client_for_its_server():
 def test_paths():
     assert path_of("v1", "ConfigMap", "rl", "x-spec") == "/api/v1/namespaces/rl/configmaps/x-spec"
     assert path_of("apps/v1", "Deployment", "rl") == "/apis/apps/v1/namespaces/rl/deployments"
-    assert path_of("streamrl.io/v1alpha1", "RLCluster", None, "west") == "/apis/streamrl.io/v1alpha1/rlclusters/west"
+    assert path_of(API_VERSION, "RLCluster", None, "west") == f"/apis/{API_VERSION}/rlclusters/west"
 
 
 def test_contains_decides_whether_an_apply_writes():

@@ -1,11 +1,12 @@
-"""The operator's autoscaler round, pure: window, waits (for the replicas to settle), decisions
-and what follows from them (spec patch, status.autoscaling, Events, the ScalingLimited reason)."""
+"""The operator's scaling driver (operator/scaling.py), one round, pure: window, waits (for the
+replicas to settle), decisions and what follows from them (spec patch, status.autoscaling,
+Events, the ScalingLimited reason)."""
 
 import pytest
 
-from streamrl.operator import scaling as autoscaler
+from streamrl.operator import scaling
+from streamrl.operator.phases import JobPhase, Observed, derive
 from streamrl.operator.scaling import Memory, plan, scale_patch, status_patch
-from streamrl.operator.status import Observed, derive
 from streamrl.scaling.inputs import Inputs, query_window_s
 from streamrl.scaling.policy import Observation
 from streamrl.spec import SpecError, parse_job
@@ -43,10 +44,10 @@ def test_query_window_is_since_the_replicas_settled_within_two_to_four_rounds(se
 
 
 def test_prometheus_url_from_the_job_then_the_operator_else_a_clear_error():
-    assert autoscaler.prometheus_url(job(prometheusUrl="http://mine:9090"), URL) == "http://mine:9090"
-    assert autoscaler.prometheus_url(job(), URL) == URL
+    assert scaling.prometheus_url(job(prometheusUrl="http://mine:9090"), URL) == "http://mine:9090"
+    assert scaling.prometheus_url(job(), URL) == URL
     with pytest.raises(ValueError, match=r"spec.autoscaling.prometheusUrl or the operator's --prometheus-url"):
-        autoscaler.prometheus_url(job(), "")
+        scaling.prometheus_url(job(), "")
     with pytest.raises(SpecError, match=r"spec.autoscaling.prometheusUrl: String should match pattern '\^https\?://'"):
         job(prometheusUrl="prometheus:9090")  # refused with the spec (and so by the CRD, at admission)
 
@@ -60,7 +61,7 @@ def test_generation_bound_adds_a_replica_with_an_event_and_a_recorded_decision()
     assert message.startswith("scaled pool l4 from 1 to 2: generation-bound")
     s = r.status
     assert s["mode"] == "Internal" and s["prometheusUrl"] == URL
-    assert s["desiredReplicas"] == {"l4": 2} and s["lastScaleTime"] == autoscaler.timestamp(NOW)
+    assert s["desiredReplicas"] == {"l4": 2} and s["lastScaleTime"] == scaling.timestamp(NOW)
     assert s["lastDecision"]["step"] == 1 and s["lastDecision"]["pool"] == "l4"
     assert s["inputs"] == {"windowSeconds": 60.0, "generationSeconds": 10.0, "trainSeconds": 2.0, "idleNoWork": 0.0,
                            "connected": {"l4": 1}, "samplesPerSecond": {"l4": 20.0}}
@@ -148,21 +149,23 @@ def test_status_patch_replaces_autoscaling_and_skips_no_ops():
     assert status_patch(new, dict(new)) is None
     assert status_patch(old, None) == {"status": {"autoscaling": None}}
     assert status_patch(None, None) is None
-    assert status_patch(None, autoscaler.external_status()) == {"status": {"autoscaling": {
-        "mode": "External", "message": autoscaler.EXTERNAL}}}
+    assert status_patch(None, scaling.external_status()) == {"status": {"autoscaling": {
+        "mode": "External", "message": scaling.EXTERNAL}}}
 
 
 def test_memory_after_a_restart_is_unsettled_and_remembers_trainer_bound():
-    memory = Memory.from_status({"lastScaleTime": autoscaler.timestamp(NOW - 5000), "trainerBound": True})
+    memory = Memory.from_status({"lastScaleTime": scaling.timestamp(NOW - 5000), "trainerBound": True})
     assert memory == Memory(settled_at=None, trainer_bound=True)  # re-settles in two rounds
     assert Memory.from_status(None) == Memory()
 
 
 def test_skip_suspended_and_finished_jobs():
-    assert autoscaler.skip_reason(job(), "Running") is None
+    assert scaling.skip_reason(job(), JobPhase.RUNNING) is None
+    assert scaling.skip_reason(job(), None) is None  # before the first status
     suspended = parse_job({"spec": {"model": {"source": "builtin-tiny"}, "suspend": True}})
-    assert "suspend" in autoscaler.skip_reason(suspended, "Suspended")
-    assert autoscaler.skip_reason(job(), "Succeeded") == "the job is Succeeded: nothing to scale"
+    assert "suspend" in scaling.skip_reason(suspended, JobPhase.SUSPENDED)
+    for phase in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.INVALID):
+        assert scaling.skip_reason(job(), phase) == f"the job is {phase.value}: nothing to scale"
 
 
 def test_scaling_limited_condition_carries_the_reason():
@@ -172,10 +175,3 @@ def test_scaling_limited_condition_carries_the_reason():
     c = limited(derive(Observed(1, scaling_limited=("AtMaxReplicas", "every pool at max")), None, "t"))
     assert (c["status"], c["reason"], c["message"]) == ("True", "AtMaxReplicas", "every pool at max")
     assert limited(derive(Observed(1), None, "t"))["status"] == "False"
-
-
-def test_operator_refuses_a_prometheus_url_that_is_not_http(capsys):
-    from streamrl.cli import main
-
-    assert main(["operator", "--prometheus-url", "prometheus:9090"]) == 2
-    assert "--prometheus-url (STREAMRL_PROMETHEUS_URL) must be an http:// or https:// URL" in capsys.readouterr().err

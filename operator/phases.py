@@ -1,0 +1,144 @@
+"""The RLJob phase machine, in one place: observations in, status out. Pure (no I/O, the
+clock passed in), so every transition is a table test. Knows the trainer only through its
+typed /status (streamrl.records.TrainerStatus)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from streamrl.records import TrainerPhase, TrainerStatus
+
+
+class JobPhase(StrEnum):
+    """Where an RLJob is in its life (status.phase; the CRD's enum)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INVALID = "Invalid"
+    """The spec cannot run (a new spec brings a new attempt)."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """Nothing more happens to this generation of the job (nothing to scale or refresh)."""
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.INVALID)
+
+    @classmethod
+    def of(cls, value: str | None) -> JobPhase | None:
+        """The phase a status records; None before the first status (or an unknown string)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator saw of one RLJob and its children."""
+
+    generation: int
+    invalid: str | None = None
+    """Why the spec cannot run (the field and the problem); None = valid."""
+    suspended: bool = False
+    trainer_job: dict | None = None
+    """The trainer Job's status (batch/v1), None before it exists."""
+    trainer: TrainerStatus | None = None
+    """The trainer's own /status; None when it cannot be reached or did not parse."""
+    trainer_unreadable: str | None = None
+    """Why the trainer's /status body did not parse as a TrainerStatus (each field and its
+    problem: a trainer of another version); None = parsed, or not reached."""
+    pools: list[dict] = field(default_factory=list)
+    """[{name, cluster, replicas, readyReplicas}] per generator pool."""
+    cluster_problem: str | None = None
+    """Why a pool's cluster cannot be used; None = all usable (or none remote)."""
+    ranker: dict | None = None
+    """{ready, recall} when the job has a ranker."""
+    label_selector: str = ""
+    scaling_limited: tuple[str, str] | None = None
+    """(reason, message) when the autoscaler cannot help (trainer-bound, every pool at its
+    maximum while generation-bound); None = not limited or not autoscaled."""
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str, generation: int, previous: dict, now: str) -> dict:
+    status = "True" if ok else "False"
+    old = previous.get(kind)
+    since = old["lastTransitionTime"] if old and old.get("status") == status and old.get("lastTransitionTime") else now
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since, "observedGeneration": generation}
+
+
+def _job_finished(job_status: dict | None, kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True" for c in (job_status or {}).get("conditions") or [])
+
+
+def _phase(obs: Observed) -> tuple[JobPhase, str]:
+    trainer = obs.trainer
+    if obs.invalid:
+        return JobPhase.INVALID, obs.invalid
+    if _job_finished(obs.trainer_job, "Complete") or (obs.trainer_job or {}).get("succeeded"):
+        return JobPhase.SUCCEEDED, "the trainer finished every iteration"
+    if _job_finished(obs.trainer_job, "Failed"):
+        return JobPhase.FAILED, "the trainer failed; see its pod's log"
+    if obs.suspended:
+        return JobPhase.SUSPENDED, "spec.suspend is true: every role is scaled to zero"
+    if trainer is not None and trainer.phase == TrainerPhase.RUNNING:
+        return JobPhase.RUNNING, f"iteration {trainer.iteration} of {trainer.num_iterations}"
+    if obs.trainer_unreadable:
+        return JobPhase.PENDING, f"the trainer's /status is unreadable: {obs.trainer_unreadable}"
+    return JobPhase.PENDING, trainer.phase.value if trainer else "waiting for the trainer and generators to start"
+
+
+def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> dict:
+    """The status to write: phase, message, conditions and per-role progress."""
+    previous = {c["type"]: c for c in previous_conditions or []}
+    ready_generators = sum(p.get("readyReplicas", 0) for p in obs.pools)
+    replicas = sum(p.get("replicas", 0) for p in obs.pools)
+    phase, message = _phase(obs)
+    g = obs.generation
+    trainer = obs.trainer
+    trainer_ready = trainer is not None and trainer.phase == TrainerPhase.RUNNING
+    all_ready = trainer_ready and ready_generators > 0
+    generators = f"{ready_generators}/{replicas} generators ready"
+    if obs.trainer_unreadable and not trainer_ready:
+        ready_reason, ready_message = ("TrainerStatusUnreadable",
+                                       f"the trainer's /status is unreadable: {obs.trainer_unreadable}; {generators}")
+    else:
+        ready_reason = "AllRolesReady" if all_ready else "RolesStarting"
+        ready_message = f"trainer {'running' if trainer_ready else 'not running'}, {generators}"
+    terminal_failure = phase in (JobPhase.FAILED, JobPhase.INVALID)
+    conditions = [
+        _condition("Ready", all_ready, ready_reason, ready_message, g, previous, now),
+        _condition("Progressing", phase == JobPhase.RUNNING, phase.value, message, g, previous, now),
+        _condition("Suspended", phase == JobPhase.SUSPENDED, "SpecSuspend" if obs.suspended else "NotSuspended", "",
+                   g, previous, now),
+        _condition("Complete", phase == JobPhase.SUCCEEDED, phase.value, "", g, previous, now),
+        _condition("Failed", terminal_failure, "InvalidSpec" if obs.invalid else phase.value,
+                   message if terminal_failure else "", g, previous, now),
+        _condition("ScalingLimited", obs.scaling_limited is not None,
+                   obs.scaling_limited[0] if obs.scaling_limited else "NotLimited",
+                   obs.scaling_limited[1] if obs.scaling_limited else "", g, previous, now),
+        _condition("ClustersReady", obs.cluster_problem is None,
+                   "ClustersReachable" if obs.cluster_problem is None else "ClusterUnavailable",
+                   obs.cluster_problem or "", g, previous, now),
+    ]
+    status = {
+        "phase": phase.value,
+        "message": message,
+        "observedGeneration": g,
+        "conditions": conditions,
+        "generators": {"replicas": replicas, "readyReplicas": ready_generators, "labelSelector": obs.label_selector,
+                       "pools": obs.pools},
+    }
+    if trainer is not None:
+        last = trainer.last
+        status["trainer"] = {
+            "ready": trainer_ready, "iteration": trainer.iteration, "policyVersion": trainer.policy_version,
+            **({"reward": last.reward_mean, "pipelineBubbleRatio": last.pipeline_bubble_ratio} if last else {}),
+            "samplesPerSecond": trainer.samples_per_s,
+        }
+    if obs.ranker is not None:
+        status["ranker"] = obs.ranker
+    return status

@@ -1,0 +1,104 @@
+"""The operator's settings: what it knows besides the RLJobs (chart values and flags).
+Loaded once, at startup (`load_settings`); nothing reads the environment after that, and
+importing any operator module reads none."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+IMAGE, IMAGE_PULL_POLICY = "STREAMRL_JOB_IMAGE", "STREAMRL_JOB_IMAGE_PULL_POLICY"
+TRAINER_BACKOFF_LIMIT = "STREAMRL_TRAINER_BACKOFF_LIMIT"
+NAMESPACE = "STREAMRL_OPERATOR_NAMESPACE"
+STATUS_INTERVAL_S = "STREAMRL_OPERATOR_STATUS_INTERVAL_S"
+PROMETHEUS_URL = "STREAMRL_PROMETHEUS_URL"
+METRICS_PORT = "STREAMRL_OPERATOR_METRICS_PORT"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the operator is told at startup (the Helm chart passes most in its
+    environment); the defaults are a local run's."""
+
+    image: str = "ghcr.io/streamrl/streamrl:0.1.0"
+    """Default image of every role (spec.image overrides it). Env STREAMRL_JOB_IMAGE."""
+    image_pull_policy: str = "IfNotPresent"
+    """Of every role's container. Env STREAMRL_JOB_IMAGE_PULL_POLICY."""
+    trainer_backoff_limit: int = 2
+    """Restarts of a failed trainer before the job is Failed. Env STREAMRL_TRAINER_BACKOFF_LIMIT."""
+    namespace: str = "default"
+    """The operator's own namespace (kubeconfig Secrets of RLClusters live there).
+    Env STREAMRL_OPERATOR_NAMESPACE."""
+    status_interval_s: float = 10.0
+    """How often each RLJob's status is refreshed from its children and its trainer, and how
+    long the autoscaler waits after a failed API call. Env STREAMRL_OPERATOR_STATUS_INTERVAL_S."""
+    prometheus_url: str = ""
+    """The Prometheus HTTP API autoscaled jobs read unless they name their own ("" = none).
+    Flag --prometheus-url, env STREAMRL_PROMETHEUS_URL."""
+    health_port: int = 8080
+    """Port of the /healthz liveness endpoint. Flag --health-port."""
+    metrics_port: int = 8081
+    """Port of the autoscaler's Prometheus /metrics (0 = none). Flag --metrics-port, env
+    STREAMRL_OPERATOR_METRICS_PORT."""
+    watch_namespaces: tuple[str, ...] = ()
+    """Namespaces whose RLJobs the operator manages (empty = all). Flag --namespace."""
+
+
+def _checked(what: str, raw: str, kind: Callable[[str], T], ok: Callable[[T], bool], expected: str) -> T:
+    """`raw` as `kind`, when `ok`; else ValueError naming `what` and what it must be."""
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ValueError(f"{what} must be {expected}, got {raw!r}")
+    return value
+
+
+def _is_port(v: int) -> bool:
+    return 0 <= v <= 65535
+
+
+_PORT_RANGE = "a port number in 0..65535"
+
+
+def _port(what: str, raw: str) -> int:
+    return _checked(what, raw, int, _is_port, _PORT_RANGE)
+
+
+def load_settings(environ: Mapping[str, str], *, namespaces: list[str] | tuple[str, ...] = (),
+                  health_port: int | None = None, metrics_port: int | None = None,
+                  prometheus_url: str | None = None) -> Settings:
+    """The settings from the command line's flags (None = not given), else the environment
+    (unset or empty = the default). ValueError naming the flag or variable and the problem."""
+    d = Settings()
+
+    def env(name: str, kind: Callable[[str], T], ok: Callable[[T], bool], expected: str, default: T) -> T:
+        raw = environ.get(name)
+        return _checked(name, raw, kind, ok, expected) if raw else default
+
+    if prometheus_url is None:
+        prometheus_url = environ.get(PROMETHEUS_URL, "")
+    if prometheus_url:
+        _checked(f"--prometheus-url ({PROMETHEUS_URL})", prometheus_url, str,
+                 lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL")
+    return Settings(
+        image=environ.get(IMAGE) or d.image,
+        image_pull_policy=env(IMAGE_PULL_POLICY, str, lambda v: v in PULL_POLICIES,
+                              "one of " + ", ".join(PULL_POLICIES), d.image_pull_policy),
+        trainer_backoff_limit=env(TRAINER_BACKOFF_LIMIT, int, lambda v: v >= 0, "an integer >= 0",
+                                  d.trainer_backoff_limit),
+        namespace=environ.get(NAMESPACE) or d.namespace,
+        status_interval_s=env(STATUS_INTERVAL_S, float, lambda v: 0 < v < math.inf, "a number of seconds > 0",
+                              d.status_interval_s),
+        prometheus_url=prometheus_url,
+        health_port=d.health_port if health_port is None else _port("--health-port", str(health_port)),
+        metrics_port=_port(f"--metrics-port ({METRICS_PORT})", str(metrics_port)) if metrics_port is not None
+        else env(METRICS_PORT, int, _is_port, _PORT_RANGE, d.metrics_port),
+        watch_namespaces=tuple(namespaces),
+    )

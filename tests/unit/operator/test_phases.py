@@ -1,0 +1,81 @@
+"""The phase machine, transition by transition, over the trainer's typed /status."""
+
+import pytest
+
+from streamrl.operator.crd import rljob_crd
+from streamrl.operator.phases import JobPhase, Observed, derive
+from streamrl.records import TrainerPhase
+from tests.unit.operator.trainer_bodies import last_iteration, trainer_status
+
+NOW, LATER = "2026-12-02T10:00:00Z", "2026-12-02T10:05:00Z"
+POOLS = [{"name": "l4", "cluster": "", "replicas": 2, "readyReplicas": 2}]
+RUNNING = trainer_status(TrainerPhase.RUNNING, iteration=3, num_iterations=10, samples_per_s=100.0,
+                         last=last_iteration(3, reward_mean=0.5, pipeline_bubble_ratio=0.1))
+
+
+def conditions(status):
+    return {c["type"]: c["status"] for c in status["conditions"]}
+
+
+@pytest.mark.parametrize("phase, terminal", [
+    (JobPhase.PENDING, False), (JobPhase.RUNNING, False), (JobPhase.SUSPENDED, False),
+    (JobPhase.SUCCEEDED, True), (JobPhase.FAILED, True), (JobPhase.INVALID, True),
+])
+def test_job_phase_is_terminal(phase, terminal):
+    assert phase.is_terminal is terminal
+
+
+def test_job_phases_are_the_crds_enum_and_read_back_from_status():
+    status = rljob_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["properties"]["phase"]["enum"] == ["Pending", "Running", "Suspended", "Succeeded", "Failed",
+                                                     "Invalid"]
+    assert JobPhase.of("Succeeded") is JobPhase.SUCCEEDED
+    assert JobPhase.of(None) is None and JobPhase.of("Done") is None
+
+
+@pytest.mark.parametrize("obs, phase, true_conditions", [
+    (Observed(1, invalid="spec.algorithm.groupSize: too small"), "Invalid", {"Failed", "ClustersReady"}),
+    (Observed(1, pools=POOLS), "Pending", {"ClustersReady"}),
+    (Observed(1, pools=POOLS, trainer=RUNNING), "Running", {"Ready", "Progressing", "ClustersReady"}),
+    (Observed(1, pools=POOLS, trainer=RUNNING, suspended=True), "Suspended", {"Suspended", "Ready", "ClustersReady"}),
+    (Observed(1, trainer_job={"succeeded": 1}), "Succeeded", {"Complete", "ClustersReady"}),
+    (Observed(1, trainer_job={"conditions": [{"type": "Failed", "status": "True"}]}), "Failed",
+     {"Failed", "ClustersReady"}),
+    (Observed(1, pools=POOLS, cluster_problem="RLCluster 'west' is not registered"), "Pending", set()),
+])
+def test_phases(obs, phase, true_conditions):
+    status = derive(obs, None, NOW)
+    assert status["phase"] == phase
+    assert {k for k, v in conditions(status).items() if v == "True"} == true_conditions
+    assert status["observedGeneration"] == 1
+
+
+def test_progress_and_transition_times():
+    first = derive(Observed(4, pools=POOLS, trainer=RUNNING), None, NOW)
+    assert first["trainer"] == {"ready": True, "iteration": 3, "policyVersion": 3, "reward": 0.5,
+                                "pipelineBubbleRatio": 0.1, "samplesPerSecond": 100.0}
+    assert first["generators"]["readyReplicas"] == 2 and first["message"] == "iteration 3 of 10"
+    # An unchanged condition keeps its transition time; a changed one gets the new time.
+    again = derive(Observed(4, pools=POOLS, trainer=RUNNING), first["conditions"], LATER)
+    assert {c["type"]: c["lastTransitionTime"] for c in again["conditions"]}["Ready"] == NOW
+    done = derive(Observed(4, pools=POOLS, trainer_job={"succeeded": 1}), again["conditions"], LATER)
+    times = {c["type"]: c["lastTransitionTime"] for c in done["conditions"]}
+    assert times["Complete"] == LATER and times["ClustersReady"] == NOW
+
+
+def test_a_trainer_before_its_first_iteration_reports_no_reward_and_its_phase():
+    waiting = trainer_status(TrainerPhase.WAITING_FOR_GENERATORS, iteration=0)
+    status = derive(Observed(1, pools=POOLS, trainer=waiting), None, NOW)
+    assert (status["phase"], status["message"]) == ("Pending", "WaitingForGenerators")
+    assert status["trainer"] == {"ready": False, "iteration": 0, "policyVersion": 0, "samplesPerSecond": 100.0}
+
+
+def test_an_unreadable_trainer_status_is_said_in_the_message_and_the_ready_condition():
+    why = "policy_version: Field required"
+    status = derive(Observed(2, pools=POOLS, trainer_unreadable=why), None, NOW)
+    assert status["phase"] == "Pending"
+    assert status["message"] == f"the trainer's /status is unreadable: {why}"
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "TrainerStatusUnreadable")
+    assert why in ready["message"] and "2/2 generators ready" in ready["message"]
+    assert "trainer" not in status  # nothing half-read
