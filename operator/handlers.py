@@ -86,8 +86,9 @@ async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
                 logger.warning("autoscaler: the API server failed: %s; next try in %.0fs", err, retry_s)
                 delay = retry_s
             await stopped.wait(delay)
-    finally:
+    finally:  # the job is gone (or the operator stops): forget what was kept for it
         runtime.scaling.pop(f"{namespace}/{name}", None)
+        runtime.unreadable.pop(f"{namespace}/{name}", None)
 
 
 def _has_remote_pools(spec, **_) -> bool:
