@@ -15,7 +15,7 @@ from streamrl.operator.validate import check
 from streamrl.spec import API_VERSION, GROUP, VERSION, SpecError, parse_job
 
 ROOT = Path(__file__).resolve().parents[3]
-CRD_FILE = ROOT / "helm" / "streamrl" / "files" / "crds" / "streamrl.io_rljobs.yaml"
+CRD_FILE = ROOT / "helm" / "streamrl" / "files" / "crds" / f"{GROUP}_rljobs.yaml"
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("rljob-*.yaml"))
 CRD = rljob_crd()
 
