@@ -9,13 +9,12 @@ relay. Prints tables and, as the last line, a JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import tempfile
-import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -24,40 +23,42 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamrl.generator.agent import GeneratorAgent  # noqa: E402
+from streamrl.generator.relay import Relay  # noqa: E402
 from streamrl.generator.torch_engine import TorchEngine  # noqa: E402
+from streamrl.messages import WeightsNotice  # noqa: E402
 from streamrl.metrics import ServiceMetrics  # noqa: E402
 from streamrl.models import build_tiny_model, load_model  # noqa: E402
-from streamrl.samples import WeightsNotice  # noqa: E402
-from streamrl.transfer import RelayServer, WeightSource, fetch_blob  # noqa: E402
 from streamrl.weights import WeightStore  # noqa: E402
-from streamrl.wire import GRPC_OPTIONS  # noqa: E402
-from tests.integration.inproc import TrainerServer  # noqa: E402
+from streamrl.wire.channels import GRPC_OPTIONS  # noqa: E402
+from streamrl.wire.transfer import WeightSource, fetch_blob  # noqa: E402
+from tests.integration.inproc import AgentThread, LoopThread, TrainerServer  # noqa: E402
 from tests.linkproxy import LinkProxy  # noqa: E402
 
 CHUNK = 1 << 20
 RAW_METHOD = "/bench.Raw/Stream"
 
 
-def raw_server(blob: bytes) -> tuple[grpc.Server, int]:
-    """A gRPC server streaming the blob as raw 1 MiB messages: no protobuf, no checksums."""
+async def raw_server(blob: bytes) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server (asyncio, like the product's) streaming the blob as raw 1 MiB messages:
+    no protobuf, no checksums."""
 
-    def stream(request, context):
+    async def stream(request, context):
         view = memoryview(blob)
         for o in range(0, len(blob), CHUNK):
             yield bytes(view[o : o + CHUNK])
 
     handler = grpc.method_handlers_generic_handler(
         "bench.Raw", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=GRPC_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    await server.start()
     return server, port
 
 
-def timed(fn) -> float:
+async def timed(make) -> float:
     t0 = time.perf_counter()
-    fn()
+    await make()
     return time.perf_counter() - t0
 
 
@@ -66,18 +67,28 @@ def throughput(size_mb: int, repeats: int) -> dict:
     trainer = TrainerServer(WeightStore(1, CHUNK))
     version = trainer.store.publish(1, tensors)
     notice = WeightsNotice(1, version.size_bytes, version.num_chunks, version.sha256)
-    raw, raw_port = raw_server(version.blob)
-    # Interleaved, best of `repeats` each, so drift on a shared machine hits both alike.
-    with grpc.insecure_channel(f"127.0.0.1:{raw_port}", options=GRPC_OPTIONS) as raw_ch, \
-            grpc.insecure_channel(f"127.0.0.1:{trainer.port}", options=GRPC_OPTIONS) as ch:
-        call = raw_ch.unary_stream(RAW_METHOD)
-        source = WeightSource(ch)
-        raw_times, ours_times = [], []
-        for _ in range(repeats):
-            raw_times.append(timed(lambda: b"".join(call(b""))))
-            ours_times.append(timed(lambda: fetch_blob(source, notice)))
-        raw_s, ours_s = min(raw_times), min(ours_times)
-    raw.stop(0)
+    raw_loop = LoopThread()
+    raw, raw_port = raw_loop.call(raw_server(version.blob))
+
+    async def measure() -> tuple[float, float]:
+        # Interleaved, best of `repeats` each, so drift on a shared machine hits both alike.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{raw_port}", options=GRPC_OPTIONS) as raw_ch, \
+                grpc.aio.insecure_channel(f"127.0.0.1:{trainer.port}", options=GRPC_OPTIONS) as ch:
+            call = raw_ch.unary_stream(RAW_METHOD)
+            source = WeightSource(ch)
+
+            async def raw_fetch():
+                return b"".join([m async for m in call(b"")])
+
+            raw_times, ours_times = [], []
+            for _ in range(repeats):
+                raw_times.append(await timed(raw_fetch))
+                ours_times.append(await timed(lambda: fetch_blob(source, notice)))
+            return min(raw_times), min(ours_times)
+
+    raw_s, ours_s = asyncio.run(measure())
+    raw_loop.call(raw.stop(0))
+    raw_loop.close()
     trainer.stop()
     mb = version.size_bytes / 1e6
     return {"size_mb": round(mb, 1), "raw_mb_per_s": round(mb / raw_s, 1), "fetch_mb_per_s": round(mb / ours_s, 1),
@@ -92,9 +103,8 @@ def time_to_version(model_dir: Path, num_generators: int, relay: bool, link_mbps
     for i in range(num_generators):
         engine = TorchEngine(load_model(model_dir), 1, eos_token_id=2)
         agent = GeneratorAgent(engine, link.address, f"remote-{i}", "remote", ServiceMetrics("generator"),
-                               relay=RelayServer(2, CHUNK) if relay else None)
-        threading.Thread(target=agent.run, daemon=True).start()
-        agents.append(agent)
+                               relay=Relay(2, CHUNK) if relay else None)
+        agents.append(AgentThread(agent))
     while trainer.num_connected() < num_generators:
         time.sleep(0.01)
     base = {k: v.detach().clone() for k, v in load_model(model_dir).named_parameters()}
@@ -103,7 +113,7 @@ def time_to_version(model_dir: Path, num_generators: int, relay: bool, link_mbps
         before = link.bytes["down"]
         t0 = time.perf_counter()
         notice = trainer.publish(v, {k: t + 0.001 * v for k, t in base.items()})
-        while not all(a.engine.policy_version == v for a in agents):
+        while not all(a.agent.engine.policy_version == v for a in agents):
             time.sleep(0.002)
         latencies.append(time.perf_counter() - t0)
         crossed.append((link.bytes["down"] - before) / notice.size_bytes)

@@ -6,11 +6,9 @@ chosen port is known before anything dials it.
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -98,12 +96,3 @@ class AdminServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=5)
-
-
-def write_endpoint(path: Path | None, endpoint: dict[str, Any]) -> None:
-    """Tell whoever started this process where it listens (atomically: the file appears whole)."""
-    if path is None:
-        return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(endpoint))
-    tmp.rename(path)

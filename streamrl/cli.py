@@ -35,18 +35,24 @@ def cmd_trainer(args) -> int:
     import asyncio
 
     from streamrl.models import resolve_model_dir
-    from streamrl.spec import load_job
+    from streamrl.spec import PipelineMode, load_job
 
     job = load_job(args.job)
     _threads(args.threads or job.spec.trainer.threads)
     model_dir = Path(args.model_dir) if args.model_dir else resolve_model_dir(job.spec)
-    from streamrl.trainer.main import serve
+    if job.spec.pipeline.mode == PipelineMode.colocated:
+        from streamrl.local.colocated import serve
+    else:
+        from streamrl.trainer.main import serve
 
-    return asyncio.run(serve(job, model_dir, Path(args.out), args.host,
-                             Path(args.endpoint_file) if args.endpoint_file else None, args.ranker, args.admin_port))
+    return asyncio.run(serve(job, model_dir, Path(args.out), host=args.host,
+                             endpoint_file=Path(args.endpoint_file) if args.endpoint_file else None,
+                             ranker_address=args.ranker, admin_port=args.admin_port))
 
 
 def cmd_generator(args) -> int:
+    import asyncio
+
     from streamrl.models import resolve_model_dir
     from streamrl.spec import load_job
 
@@ -56,18 +62,21 @@ def cmd_generator(args) -> int:
     model_dir = Path(args.model_dir) if args.model_dir else resolve_model_dir(job.spec)
     from streamrl.generator.main import serve
 
-    return serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port, args.relay_port,
-                 args.advertise_host, Path(args.endpoint_file) if args.endpoint_file else None,
-                 Path(args.timeline) if args.timeline else None)
+    return asyncio.run(serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port,
+                             args.relay_port, args.advertise_host,
+                             Path(args.endpoint_file) if args.endpoint_file else None,
+                             Path(args.timeline) if args.timeline else None))
 
 
 def cmd_ranker(args) -> int:
+    import asyncio
+
     from streamrl.ranker.main import serve
     from streamrl.spec import load_job
 
     job = load_job(args.job)
-    return serve(job, Path(args.state) if args.state else None, args.host,
-                 Path(args.endpoint_file) if args.endpoint_file else None, args.admin_port)
+    return asyncio.run(serve(job, Path(args.state) if args.state else None, args.host,
+                             Path(args.endpoint_file) if args.endpoint_file else None, args.admin_port))
 
 
 def cmd_operator(args) -> int:
@@ -137,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", help="initial policy directory (default: resolved from the spec)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--threads", type=int, help="torch threads (default: spec.trainer.threads)")
-    p.add_argument("--endpoint-file", help="write {grpc_port, admin_port} here once listening")
+    p.add_argument("--endpoint-file", help="write {admin_port, grpc_port, pid} here once listening")
     p.add_argument("--ranker", help="ranker gRPC address host:port (skewness-aware dispatch)")
     p.add_argument("--admin-port", type=int, help="admin HTTP port (default: spec.trainer.adminPort)")
     p.set_defaults(fn=cmd_trainer)
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--admin-port", type=int, default=0, help="admin HTTP port (0 = any)")
     p.add_argument("--relay-port", type=int, default=0, help="port serving held weights to pool peers (0 = any)")
     p.add_argument("--advertise-host", help="address peers use to reach the relay (default: --host)")
-    p.add_argument("--endpoint-file", help="write {admin_port, relay_port} here once listening")
+    p.add_argument("--endpoint-file", help="write {admin_port, grpc_port (its relay), pid} here once listening")
     p.add_argument("--timeline", help="append this replica's busy/idle spans to this JSONL file (run report)")
     p.set_defaults(fn=cmd_generator)
 
@@ -161,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", help="state file (default: spec.ranker.statePath; none = in memory)")
     p.add_argument("--admin-port", type=int, help="admin HTTP port (default: spec.ranker.adminPort)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--endpoint-file", help="write {grpc_port, admin_port} here once listening")
+    p.add_argument("--endpoint-file", help="write {admin_port, grpc_port, pid} here once listening")
     p.set_defaults(fn=cmd_ranker)
 
     args = parser.parse_args(argv)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+from streamrl.samples import Sample
+
 RewardFn = Callable[[str, str], float]
 
 
@@ -67,3 +69,23 @@ def get_reward(name: str) -> RewardFn:
     if not callable(fn):
         raise ValueError(f"reward.function {name!r}: {module_name} has no callable {attr}")
     return fn
+
+
+class RewardError(RuntimeError):
+    """The job's reward function raised on a completion (the message names it and the sample)."""
+
+
+def sample_scorer(name: str, decode: Callable[[tuple[int, ...]], str]) -> Callable[[Sample, str], float]:
+    """(sample, answer) -> reward with the reward called `name`, the completion decoded by
+    `decode`; whatever the function raises becomes a RewardError naming it and the sample."""
+    fn = get_reward(name)
+
+    def score(sample: Sample, answer: str) -> float:
+        text = decode(sample.completion_token_ids)
+        try:
+            return float(fn(text, answer))
+        except Exception as err:  # the user's code: anything it raises is reported, typed
+            raise RewardError(f"reward.function {name!r} raised on prompt {sample.prompt_id} sample "
+                              f"{sample.sample_index} (completion {text[:60]!r}): {type(err).__name__}: {err}") from err
+
+    return score

@@ -1,4 +1,5 @@
-"""In-process types of the data flow: a finished sample and a scored group."""
+"""In-process types of the data flow: a finished sample, a scored sample and a scored group,
+and GRPO advantages."""
 
 from __future__ import annotations
 
@@ -64,36 +65,3 @@ def group_advantages(rewards: list[float], scale: bool = True, eps: float = 1e-6
         return centred
     std = (sum(c * c for c in centred) / (n - 1)) ** 0.5 if n > 1 else 0.0
     return [c / (std + eps) for c in centred]
-
-
-@dataclass(frozen=True)
-class Work:
-    """Samples of one prompt to generate (the domain form of an Assign)."""
-
-    prompt_id: str
-    prompt_token_ids: tuple[int, ...]
-    """[P] prompt ids, BOS included."""
-    sample_indices: tuple[int, ...]
-    """Which samples of the group to generate."""
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
-    """Sample i uses seed + i."""
-    min_policy_version: int
-    """Do not start before holding this weight version."""
-    priority: float = 0.0
-    """Higher starts first."""
-
-
-@dataclass(frozen=True)
-class WeightsNotice:
-    """A new weight version is available to fetch."""
-
-    policy_version: int
-    size_bytes: int
-    num_chunks: int
-    sha256: str
-    """Hex SHA-256 of the whole serialized version."""
-    source: str = ""
-    """host:port to fetch from; empty = the trainer."""

@@ -102,6 +102,10 @@ class RewardSpec(_Model):
     function: str = "exact-match"
     """A registered reward (`exact-match`, `numeric`, `prefix-match`) or `module:function`
     taking (completion: str, answer: str) and returning a float."""
+    on_error: Literal["fail", "zero"] = "fail"
+    """When the function raises on a completion: `fail` stops the run with the error, the
+    prompt and the completion named (nothing is trained on a sample that was not scored);
+    `zero` scores that sample 0, counts it (`num_samples_reward_failed`) and logs it."""
 
 
 class AlgorithmSpec(_Model):

@@ -1,119 +1,116 @@
-"""`streamrl generator`: a replica that dials the trainer, takes work, streams every
-sample back the moment it finishes, and pulls new weights in the background.
+"""A generator replica's link to the trainer: dials it, takes work, streams every sample back
+the moment it finishes, pulls new weights in the background (from a pool peer when told),
+reports its load, and drains when asked to leave.
 
-Threads: the engine worker (main loop), a reader of the trainer's stream, a weight
-fetcher per new version, a load reporter, and the relay server that hands the versions
-this replica holds to its pool peers. gRPC <-> domain conversion happens here.
+asyncio on the gRPC side (the stream's reader and writer, weight fetches, load reports);
+the engine runs on its own thread (Worker), whose callbacks hop onto the event loop.
+Queues carry domain messages; streamrl.wire converts at the stream's edge.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 
 from streamrl.generator.engine import Engine
-from streamrl.generator.worker import Cancel, LoadWeights, SetBatchCap, Worker
+from streamrl.generator.relay import Relay
+from streamrl.generator.worker import LoadWeights, Worker
+from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice, Welcome, Work
 from streamrl.metrics import ServiceMetrics
-from streamrl.samples import WeightsNotice
-from streamrl.transfer import RelayServer, WeightSource, fetch_blob
-from streamrl.v1 import rollout_pb2 as pb
+from streamrl.samples import Sample
+from streamrl.spec import SecuritySpec
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightsCorruptError, deserialize
-from streamrl.wire import GRPC_OPTIONS, notice_from_pb, sample_to_pb, work_from_pb
+from streamrl.wire.channels import open_channel
+from streamrl.wire.convert import request_to_pb, response_from_pb
+from streamrl.wire.transfer import WeightSource, fetch_blob
 
 log = logging.getLogger("streamrl.generator")
 
 _CLOSE = object()
 
 
-def _latency_points(points: list[tuple[int, float]]) -> list[pb.LatencyPoint]:
-    return [pb.LatencyPoint(batch_size=b, seconds_per_step=s) for b, s in points]
+def _on_thread(fn: Callable[[], None], name: str) -> asyncio.Future:
+    """Run `fn` on a daemon thread; the future completes when it returns."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(done.set_exception, err)
+        else:
+            loop.call_soon_threadsafe(done.set_result, None)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return done
 
 
 class GeneratorAgent:
     def __init__(self, engine: Engine, trainer_address: str, generator_id: str, pool: str,
-                 metrics: ServiceMetrics, engine_type: str = "torch", relay: RelayServer | None = None,
-                 channel_factory=None):
+                 metrics: ServiceMetrics, engine_type: str = "torch", relay: Relay | None = None,
+                 security: SecuritySpec | None = None, low_occupancy: float = 0.5):
         self.engine = engine
+        self.trainer_address = trainer_address
         self.generator_id = generator_id
         self.pool = pool
         self.engine_type = engine_type
         self.metrics = metrics
         self.relay = relay
-        # Opens an authenticated channel to the trainer or a relay peer (streamrl.security).
-        self._channel_factory = channel_factory or (lambda addr: grpc.insecure_channel(addr, options=GRPC_OPTIONS))
-        self.channel = self._channel_factory(trainer_address)
-        self.stub = rollout_pb2_grpc.RolloutStub(self.channel)
-        self._weights = WeightSource(self.channel)
-        self._outbox: queue.Queue = queue.Queue()
-        self._fetching: set[int] = set()
+        self.security = security or SecuritySpec()
+        self.worker = Worker(engine, generator_id, metrics, on_sample=self._from_engine, on_loaded=self._loaded,
+                             waiting_weights=lambda: bool(self._fetching), low_occupancy=low_occupancy)
         self.connected = threading.Event()
-        self._stopping = threading.Event()
-        self._draining = threading.Event()
+        """Set once the trainer welcomed this replica (readiness)."""
         self.drain_timeout_s = 120.0
         """A drain that takes longer stops at once (the trainer re-dispatches what is left)."""
         self.report_interval_s = 0.5
-        self.worker = Worker(engine, generator_id, metrics, on_sample=self._send_sample,
-                             on_loaded=self._send_loaded, waiting_weights=lambda: bool(self._fetching))
         self.exit_code = 0
+        self._fetching: set[int] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: asyncio.Queue | None = None
+        self._stopping: asyncio.Event | None = None
+        self._draining = False
+        self._left_early = False
 
-    # ---- outgoing -------------------------------------------------------------------
-    def _requests(self):
-        yield pb.ConnectRequest(hello=pb.Hello(
-            generator_id=self.generator_id, pool=self.pool, capacity=self.engine.stats().capacity,
-            engine=self.engine_type, policy_version=self.engine.policy_version,
-            weights_address=self.relay.address if self.relay else "",
-            latency_profile=_latency_points(self.engine.latency_profile()),
-        ))
-        while True:
-            msg = self._outbox.get()
-            if msg is _CLOSE:
-                return
-            yield msg
+    # ---- from the engine thread -------------------------------------------------------
+    def _from_engine(self, msg: Sample | WeightsLoaded) -> None:
+        self._loop.call_soon_threadsafe(self._outbox.put_nowait, msg)
 
-    def _send_sample(self, sample) -> None:
-        self._outbox.put(pb.ConnectRequest(sample=sample_to_pb(sample)))
+    def _loaded(self, msg: LoadWeights, sync_s: float) -> None:
+        self._from_engine(WeightsLoaded(msg.policy_version, sync_s, msg.size_bytes, msg.source))
 
-    def _send_loaded(self, msg: LoadWeights, sync_s: float) -> None:
-        self._outbox.put(pb.ConnectRequest(weights_loaded=pb.WeightsLoaded(
-            policy_version=msg.policy_version, sync_s=sync_s, size_bytes=msg.size_bytes, source=msg.source)))
+    # ---- the stream -------------------------------------------------------------------
+    async def _requests(self):
+        yield request_to_pb(Hello(
+            self.generator_id, self.pool, self.engine.stats().capacity, self.engine_type, self.engine.policy_version,
+            self.relay.address if self.relay else "", tuple(self.engine.latency_profile())))
+        while (msg := await self._outbox.get()) is not _CLOSE:
+            yield request_to_pb(msg)
 
-    def _report_load(self, interval_s: float) -> None:
-        last_tokens, last_t = 0, time.monotonic()
-        while not self._stopping.wait(interval_s):
-            st = self.engine.stats()
-            now = time.monotonic()
-            rate = (st.num_generated_tokens - last_tokens) / (now - last_t)
-            last_tokens, last_t = st.num_generated_tokens, now
-            self._outbox.put(pb.ConnectRequest(load=pb.LoadReport(
-                num_running=st.num_running, num_waiting=st.num_waiting,
-                num_generated_tokens=st.num_generated_tokens, tokens_per_s=rate,
-                latency_profile=_latency_points(self.engine.latency_profile()),
-                skewness_bubble_s=self.worker.skewness_bubble_s)))
-
-    # ---- incoming -------------------------------------------------------------------
-    def _read(self, responses) -> None:
+    async def _read(self, call) -> None:
         try:
-            for resp in responses:
-                kind = resp.WhichOneof("kind")
-                if kind == "welcome":
-                    self.connected.set()
-                    log.info("connected to trainer run %s (v%d)", resp.welcome.run_id, resp.welcome.policy_version)
-                elif kind == "assign":
-                    self.worker.inbox.put(work_from_pb(resp.assign))
-                elif kind == "cancel":
-                    self.worker.inbox.put(Cancel(tuple(resp.cancel.prompt_ids)))
-                elif kind == "new_weights":
-                    self._start_fetch(notice_from_pb(resp.new_weights))
-                elif kind == "configure":
-                    self.worker.inbox.put(SetBatchCap(resp.configure.max_batch_size))
-            log.info("drained: the trainer has every sample this replica held" if self._draining.is_set()
+            async for response in call:
+                match response_from_pb(response):
+                    case Work() as work:
+                        self.worker.inbox.put(work)
+                    case WeightsNotice() as notice:
+                        self._start_fetch(notice)
+                    case BatchCap() as cap:
+                        self.worker.inbox.put(cap)
+                    case Welcome() as welcome:
+                        self.connected.set()
+                        log.info("connected to trainer run %s (v%d)", welcome.run_id, welcome.policy_version)
+            log.info("drained: the trainer has every sample this replica held" if self._draining
                      else "trainer closed the stream")
-        except grpc.RpcError as err:
+        except grpc.aio.AioRpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:
                 log.error("stream to trainer failed: %s %s", err.code().name, err.details())
                 self.exit_code = 1
@@ -121,88 +118,122 @@ class GeneratorAgent:
             self._stopping.set()
             self.worker.stop()
 
-    def _fetch(self, notice: WeightsNotice) -> tuple[bytes, str]:
+    async def _report_load(self) -> None:
+        last_tokens, last_t = 0, time.monotonic()
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.report_interval_s)
+            except TimeoutError:
+                pass
+            st = self.engine.stats()
+            now = time.monotonic()
+            rate = (st.num_generated_tokens - last_tokens) / (now - last_t)
+            last_tokens, last_t = st.num_generated_tokens, now
+            self._outbox.put_nowait(LoadReport(st.num_running, st.num_waiting, st.num_generated_tokens, rate,
+                                               tuple(self.engine.latency_profile()), self.worker.skewness_bubble_s))
+
+    # ---- weights ----------------------------------------------------------------------
+    def _start_fetch(self, notice: WeightsNotice) -> None:
+        if notice.policy_version <= self.engine.policy_version or notice.policy_version in self._fetching:
+            return
+        self._fetching.add(notice.policy_version)
+        task = asyncio.create_task(self._fetch_and_load(notice, time.monotonic()),
+                                   name=f"fetch-v{notice.policy_version}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, notice: WeightsNotice, source: WeightSource) -> tuple[bytes, str]:
         """The version's bytes from the named peer, or from the trainer when there is none
         or it fails; returns (blob, "peer" | "trainer")."""
         if notice.source:
-            channel = self._channel_factory(notice.source)
+            channel = open_channel(notice.source, self.security)
             try:
-                return fetch_blob(WeightSource(channel), notice, max_attempts=2, stopping=self._stopping), "peer"
-            except grpc.RpcError as err:
+                return await fetch_blob(WeightSource(channel), notice, max_attempts=2, stopping=self._stopping), "peer"
+            except grpc.aio.AioRpcError as err:
                 if self._stopping.is_set():
                     raise
                 log.warning("peer %s could not serve v%d (%s); fetching from the trainer", notice.source,
                             notice.policy_version, err.code().name)
             finally:
-                channel.close()
-        return fetch_blob(self._weights, notice, stopping=self._stopping), "trainer"
+                await channel.close()
+        return await fetch_blob(source, notice, stopping=self._stopping), "trainer"
 
-    def _start_fetch(self, notice: WeightsNotice) -> None:
-        if notice.policy_version <= self.engine.policy_version or notice.policy_version in self._fetching:
-            return
-        self._fetching.add(notice.policy_version)
-        t0 = time.monotonic()
-
-        def run():
-            try:
-                blob, source = self._fetch(notice)
-                if self.relay:
-                    self.relay.hold(notice.policy_version, blob)
-                self.metrics.weight_sync_bytes.labels(source).inc(len(blob))
-                self.metrics.weight_fetch_seconds.labels(source).observe(time.monotonic() - t0)
-                self.worker.inbox.put(LoadWeights(notice.policy_version, deserialize(blob), t0, len(blob), source))
-            except (WeightsCorruptError, grpc.RpcError) as err:
-                if not self._stopping.is_set():
-                    log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
-                              self.engine.policy_version, err)
-            finally:
-                self._fetching.discard(notice.policy_version)
-
-        threading.Thread(target=run, name=f"fetch-v{notice.policy_version}", daemon=True).start()
-
-    # ---- lifecycle ------------------------------------------------------------------
-    def run(self, connect_timeout_s: float = 60.0) -> int:
-        """Connect and serve until the trainer closes the stream or stop() is called."""
+    async def _fetch_and_load(self, notice: WeightsNotice, t0: float) -> None:
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
-        except grpc.FutureTimeoutError:
-            log.error("trainer unreachable after %.0fs", connect_timeout_s)
-            return 1
-        if self.relay:
-            self.relay.start()
-        capacity = self.engine.stats().capacity
-        self.engine.measure_latency([1 << k for k in range(capacity.bit_length())] + [capacity])
-        responses = self.stub.Connect(self._requests())
-        reader = threading.Thread(target=self._read, args=(responses,), name="reader", daemon=True)
-        reader.start()
-        threading.Thread(target=self._report_load, args=(self.report_interval_s,), name="load", daemon=True).start()
-        self.worker.run()
-        self._stopping.set()
-        self._outbox.put(_CLOSE)
-        if self._draining.is_set():  # let the last samples reach the trainer and its stream end
-            reader.join(timeout=10)
-        responses.cancel()
-        reader.join(timeout=5)
-        self.channel.close()
-        if self.relay:
-            self.relay.stop()
-        return self.exit_code
+            blob, source = await self._fetch(notice, self._weights)
+            if self.relay:
+                self.relay.hold(await asyncio.to_thread(self.relay.chunked, notice.policy_version, blob))
+            self.metrics.weight_sync_bytes.labels(source).inc(len(blob))
+            self.metrics.weight_fetch_seconds.labels(source).observe(time.monotonic() - t0)
+            tensors = await asyncio.to_thread(deserialize, blob)
+            self.worker.inbox.put(LoadWeights(notice.policy_version, tensors, t0, len(blob), source))
+        except (WeightsCorruptError, grpc.aio.AioRpcError) as err:
+            if not self._stopping.is_set():
+                log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
+                          self.engine.policy_version, err)
+        finally:
+            self._fetching.discard(notice.policy_version)
+
+    # ---- lifecycle --------------------------------------------------------------------
+    async def run(self, connect_timeout_s: float = 60.0) -> int:
+        """Connect and serve until the trainer closes the stream (0), the link breaks (1) or
+        stop() is called (0)."""
+        if self._left_early:
+            return 0
+        self._loop = asyncio.get_running_loop()
+        self._outbox = asyncio.Queue()
+        self._stopping = asyncio.Event()
+        channel = open_channel(self.trainer_address, self.security)
+        self._weights = WeightSource(channel)
+        try:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), connect_timeout_s)
+            except TimeoutError:
+                log.error("trainer %s unreachable after %.0fs", self.trainer_address, connect_timeout_s)
+                return 1
+            capacity = self.engine.stats().capacity
+            sizes = [1 << k for k in range(capacity.bit_length())] + [capacity]
+            await asyncio.to_thread(self.engine.measure_latency, sizes)
+            call = rollout_pb2_grpc.RolloutStub(channel).Connect(self._requests())
+            reader = asyncio.create_task(self._read(call), name="reader")
+            reporter = asyncio.create_task(self._report_load(), name="load")
+            await _on_thread(self.worker.run, "engine")
+            self._stopping.set()
+            self._outbox.put_nowait(_CLOSE)
+            if self._draining:  # let the last samples reach the trainer and its stream end
+                await asyncio.wait({reader}, timeout=10)
+            call.cancel()
+            await asyncio.wait({reader, reporter, *self._tasks}, timeout=5)
+            return self.exit_code
+        finally:
+            await channel.close()
 
     def stop(self) -> None:
+        """Stop at once (thread-safe); the trainer re-dispatches what this replica held."""
+        self._call_soon(self._stop)
+
+    def drain(self, reason: str = "") -> None:
+        """Leave gracefully (thread-safe): the trainer assigns nothing more, what is held is
+        finished, then the stream closes; a second call, or drain_timeout_s, stops at once."""
+        self._call_soon(self._drain, reason)
+
+    def _call_soon(self, fn, *args) -> None:
+        if self._loop is None:  # asked to leave before it ran: it will not start
+            self._left_early = True
+            return
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def _stop(self) -> None:
         self._stopping.set()
         self.worker.stop()
 
-    def drain(self, reason: str = "") -> None:
-        """Leave gracefully: tell the trainer to assign nothing more, finish what is held,
-        then close (a second call, or drain_timeout_s, stops at once)."""
-        if self._draining.is_set():
-            self.stop()
+    def _drain(self, reason: str) -> None:
+        if self._draining:
+            self._stop()
             return
-        self._draining.set()
+        self._draining = True
         log.info("draining (%s): finishing the samples this replica holds", reason or "asked")
         # The trainer ends the stream once every sample assigned here has arrived (assignments
         # still on the wire included); then this replica exits.
-        self._outbox.put(pb.ConnectRequest(draining=pb.Draining(reason=reason)))
-        timer = threading.Timer(self.drain_timeout_s, self.stop)
-        timer.daemon = True
-        timer.start()
+        self._outbox.put_nowait(Draining(reason))
+        self._loop.call_later(self.drain_timeout_s, self._stop)

@@ -2,7 +2,7 @@
 sample the moment it finishes, swaps weights between steps.
 
 Transport-agnostic: the gRPC agent (remote replicas) and the colocated trainer (in-process)
-feed the same inbox and receive the same callbacks.
+feed the same inbox (Work, BatchCap, LoadWeights, Stop) and receive the same callbacks.
 """
 
 from __future__ import annotations
@@ -17,15 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from streamrl.generator.engine import Engine, GenerationRequest
+from streamrl.messages import BatchCap, Work
 from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS, ServiceMetrics
-from streamrl.samples import Sample, Work
+from streamrl.samples import Sample
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Cancel:
-    prompt_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -37,12 +33,6 @@ class LoadWeights:
     size_bytes: int = 0
     source: str = "trainer"
     """Where the bytes came from: "trainer" or "peer"."""
-
-
-@dataclass(frozen=True)
-class SetBatchCap:
-    max_batch_size: int
-    """0 = the engine's full capacity."""
 
 
 class Stop:
@@ -123,13 +113,6 @@ class Worker:
     def _handle(self, msg) -> None:
         if isinstance(msg, Work):
             self._deferred.append(msg)
-        elif isinstance(msg, Cancel):
-            ids = set(msg.prompt_ids)
-            self._deferred = [w for w in self._deferred if w.prompt_id not in ids]
-            dropped = [r for r, (p, _) in self._sample_of.items() if p in ids]
-            self.engine.abort(dropped)
-            for rid in dropped:
-                del self._sample_of[rid]
         elif isinstance(msg, LoadWeights):
             if msg.policy_version <= self.engine.policy_version:
                 return
@@ -138,7 +121,7 @@ class Worker:
             self.metrics.policy_version.set(msg.policy_version)
             self.metrics.weight_sync_seconds.observe(sync_s)
             self._on_loaded(msg, sync_s)
-        elif isinstance(msg, SetBatchCap):
+        elif isinstance(msg, BatchCap):
             self.engine.set_batch_cap(msg.max_batch_size)
         elif isinstance(msg, Stop):
             self._stopped.set()

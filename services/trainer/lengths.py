@@ -11,10 +11,11 @@ from pathlib import Path
 
 import grpc
 
-from streamrl.spec import RLJobSpec
-from streamrl.v1 import ranker_pb2 as pb
+from streamrl.messages import LengthObservation
+from streamrl.spec import RLJobSpec, SecuritySpec
 from streamrl.v1 import ranker_pb2_grpc
-from streamrl.wire import GRPC_OPTIONS
+from streamrl.wire.channels import open_channel
+from streamrl.wire.convert import observation_to_pb, predictions_from_pb, rank_request_to_pb
 
 log = logging.getLogger(__name__)
 
@@ -34,24 +35,23 @@ class LengthSource(ABC):
 class RankerLengths(LengthSource):
     """The ranker service: Rank before dispatch, a standing Observe stream of what was seen."""
 
-    def __init__(self, address: str):
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+    def __init__(self, address: str, security: SecuritySpec):
+        self._channel = open_channel(address, security)
         self._stub = ranker_pb2_grpc.RankerStub(self._channel)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._stream = asyncio.ensure_future(self._observe_forever())
 
     async def predict(self, prompts):
-        reply = await self._stub.Rank(pb.RankRequest(prompts=[
-            pb.RankedPrompt(prompt_key=str(index), text=text) for _, index, text in prompts]), timeout=30)
-        return {pid: p.predicted_length for (pid, _, _), p in zip(prompts, reply.predictions)}
+        reply = await self._stub.Rank(rank_request_to_pb([(str(index), text) for _, index, text in prompts]),
+                                      timeout=30)
+        return {pid: length for (pid, _, _), length in zip(prompts, predictions_from_pb(reply))}
 
     def observe(self, dataset_index, text, policy_version, lengths):
-        self._queue.put_nowait(pb.ObserveRequest(prompt=pb.RankedPrompt(prompt_key=str(dataset_index), text=text),
-                                                 policy_version=policy_version, lengths=lengths))
+        self._queue.put_nowait(LengthObservation(str(dataset_index), text, policy_version, tuple(lengths)))
 
     async def _requests(self):
-        while (req := await self._queue.get()) is not None:
-            yield req
+        while (obs := await self._queue.get()) is not None:
+            yield observation_to_pb(obs)
 
     async def _observe_forever(self) -> None:
         try:
@@ -92,5 +92,5 @@ def setup_lengths(spec: RLJobSpec, ranker_address: str | None) -> LengthSource |
     if policy == "skewness-aware":
         if not ranker_address:
             raise ValueError("generators.dispatch.policy 'skewness-aware' needs a ranker (--ranker host:port)")
-        return RankerLengths(ranker_address)
+        return RankerLengths(ranker_address, spec.security)
     return None

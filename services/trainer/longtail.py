@@ -1,4 +1,4 @@
-"""Skewness-aware dispatch planning: how many replicas serve the long tail, at what batch cap.
+"""The long-tail planner: how many replicas serve the predicted long tail, at what batch cap.
 
 Pure functions over numbers (no I/O, no gRPC). One replica's time for M samples of
 length L at batch size BS is PTL(BS) * L * ceil(M / BS), with PTL the measured per-token
@@ -39,14 +39,28 @@ class LatencyProfile:
 
 
 @dataclass(frozen=True)
-class Replica:
+class ReplicaProfile:
+    """A replica as the planner sees it."""
+
     replica_id: str
     profile: LatencyProfile
     max_batch_size: int
 
 
 @dataclass(frozen=True)
-class DispatchPlan:
+class LongTailDemand:
+    """An iteration's work, split by prediction: how many samples of which length."""
+
+    num_long_samples: int
+    num_regular_samples: int
+    long_length: float
+    """L_long: P90 of recent output lengths (tokens)."""
+    regular_length: float
+    """L_reg: P50 of recent output lengths (tokens)."""
+
+
+@dataclass(frozen=True)
+class LongTailPlan:
     long_replicas: tuple[str, ...]
     """Replicas that serve the long tail, at long_batch_cap."""
     regular_replicas: tuple[str, ...]
@@ -70,19 +84,12 @@ def group_time(profile: LatencyProfile, num_samples: int, num_replicas: int, len
     return profile.ptl(bs) * length * math.ceil(per_replica / bs)
 
 
-def _slowest(replicas: list[Replica], batch_size: int) -> LatencyProfile:
+def _slowest(replicas: list[ReplicaProfile], batch_size: int) -> LatencyProfile:
     return max((r.profile for r in replicas), key=lambda p: p.ptl(batch_size))
 
 
-def plan_dispatch(
-    num_long_samples: int,
-    num_regular_samples: int,
-    replicas: list[Replica],
-    long_length: float,
-    regular_length: float,
-    long_batch_cap: int,
-    objective: Objective = "sum",
-) -> DispatchPlan:
+def plan_long_tail(demand: LongTailDemand, replicas: list[ReplicaProfile], long_batch_cap: int,
+                   objective: Objective = "sum") -> LongTailPlan:
     """Choose N_long in 0..N minimising the estimated generation time.
 
     `sum` adds the two groups' times (as published); `max` takes the slower group (the
@@ -95,6 +102,8 @@ def plan_dispatch(
         raise ValueError("no replicas to dispatch to")
     if objective not in ("sum", "max"):
         raise ValueError(f"dispatch objective {objective!r}: expected 'sum' or 'max'")
+    num_long_samples, num_regular_samples = demand.num_long_samples, demand.num_regular_samples
+    long_length, regular_length = demand.long_length, demand.regular_length
     ordered = sorted(replicas, key=lambda r: (r.profile.ptl(long_batch_cap), r.replica_id))
     total = num_long_samples + num_regular_samples
     pace = long_length if num_long_samples else regular_length
@@ -114,7 +123,7 @@ def plan_dispatch(
             t = t_long + t_reg if objective == "sum" else max(t_long, t_reg)
         estimates.append(t)
     best = min(range(len(estimates)), key=lambda n: (estimates[n], n))
-    return DispatchPlan(
+    return LongTailPlan(
         tuple(r.replica_id for r in ordered[:best]),
         tuple(r.replica_id for r in ordered[best:]),
         long_batch_cap,

@@ -9,17 +9,27 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from streamrl.messages import WeightsNotice
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
 from streamrl.records import IterationRecord, StepStats, TrainerPhase
-from streamrl.samples import Group, WeightsNotice
+from streamrl.samples import Group
 from streamrl.spec import RLJobSpec
 from streamrl.tasks import Prompt, PromptCursor
 from streamrl.trainer.coordinator import Coordinator
+from streamrl.trainer.groups import PromptWork
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.lengths import LengthSource
-from streamrl.trainer.longtail import LatencyProfile, Replica, length_targets, plan_dispatch, split_long_tail
+from streamrl.trainer.longtail import (
+    LatencyProfile,
+    LongTailDemand,
+    ReplicaProfile,
+    length_targets,
+    plan_long_tail,
+    split_long_tail,
+)
 from streamrl.trainer.recorder import Recorder
 from streamrl.weights import WeightStore
 
@@ -41,10 +51,11 @@ class TrainLoop:
         self.save_model = save_model
         self.lengths = lengths
         self._texts: dict[str, str] = {}  # prompt_id -> text, until consumed (ranker observations)
-        self._predicted: dict[str, tuple[float, bool]] = {}  # prompt_id -> (length, long tail), until consumed
+        self._predicted: dict[str, PromptWork] = {}  # prompts dispatched with a prediction, until consumed
         self._length_pairs: list[tuple[float, float, bool]] = []  # this iteration: (predicted, actual, long)
         self._recent_lengths: deque[int] = deque(maxlen=4096)  # D: recent output lengths
-        self._plan_inputs: tuple[int, int, float, float] | None = None
+        self._demand: LongTailDemand | None = None
+        """The latest iteration's long-tail demand (re-planned when replicas join or leave)."""
         coordinator.on_membership_change = self._replan
         self.iteration = 0
         self._dispatched = -1
@@ -71,43 +82,40 @@ class TrainLoop:
             j = self._dispatched = self._dispatched + 1
             batch = [(f"{j}-{k}-{p.index}", p) for k, p in enumerate(self.cursor.take(algo.prompts_per_step))]
             self._texts.update((pid, p.text) for pid, p in batch)
-            predicted = await self._predict(batch) if self.lengths else None
-            self.coordinator.add_prompts(
-                j,
-                [(pid, p.index, p.answer, self.encode(p.text)) for pid, p in batch],
-                algo.group_size,
-                max(0, j - self.spec.pipeline.staleness),
-                predicted,
-            )
+            prompts = [PromptWork(pid, p.index, p.answer, self.encode(p.text)) for pid, p in batch]
+            if self.lengths:
+                prompts = await self._predict(prompts)
+            self.coordinator.add_prompts(j, prompts, algo.group_size, max(0, j - self.spec.pipeline.staleness))
 
-    async def _predict(self, batch: list[tuple[str, Prompt]]) -> dict[str, tuple[float, bool]]:
-        """Predicted lengths, the long-tail split, and a fresh replica plan for them."""
+    async def _predict(self, prompts: list[PromptWork]) -> list[PromptWork]:
+        """The prompts with predicted lengths and the long-tail split, and a fresh replica plan."""
         dispatch = self.spec.generators.dispatch
-        lengths = await self.lengths.predict([(pid, p.index, p.text) for pid, p in batch])
+        lengths = await self.lengths.predict([(p.prompt_id, p.dataset_index, self._texts[p.prompt_id])
+                                              for p in prompts])
         long_ids, regular_ids = split_long_tail(lengths, dispatch.long_tail_fraction)
         recent = list(self._recent_lengths) or [round(v) for v in lengths.values()]
         l_long, l_reg = length_targets(recent)
         g = self.spec.algorithm.group_size
-        self._plan_inputs = (len(long_ids) * g, len(regular_ids) * g, l_long, l_reg)
+        self._demand = LongTailDemand(len(long_ids) * g, len(regular_ids) * g, l_long, l_reg)
         self._replan()
         long_set = set(long_ids)
-        predicted = {pid: (length, pid in long_set) for pid, length in lengths.items()}
-        self._predicted.update(predicted)
+        predicted = [replace(p, predicted_length=lengths[p.prompt_id], long_tail=p.prompt_id in long_set)
+                     for p in prompts]
+        self._predicted.update((p.prompt_id, p) for p in predicted)
         return predicted
 
     def _replan(self) -> None:
-        """Choose the long-tail replicas for the current inputs (also when replicas join or leave)."""
-        if self._plan_inputs is None or not self.coordinator.generators:
+        """Choose the long-tail replicas for the current demand (also when replicas join or leave)."""
+        if self._demand is None or not self.coordinator.replicas:
             return
         dispatch = self.spec.generators.dispatch
-        replicas = [Replica(h.generator_id, LatencyProfile(h.latency_profile or ((1, 1.0),)), h.capacity)
-                    for h in self.coordinator.generators.values() if not h.draining]
+        replicas = [ReplicaProfile(r.generator_id, LatencyProfile(r.latency_profile or ((1, 1.0),)), r.capacity)
+                    for r in self.coordinator.replicas.values() if not r.draining]
         if not replicas:
             return
-        plan = plan_dispatch(*self._plan_inputs[:2], replicas, *self._plan_inputs[2:],
-                             dispatch.long_tail_batch_cap, dispatch.objective)
+        plan = plan_long_tail(self._demand, replicas, dispatch.long_tail_batch_cap, dispatch.objective)
         self.coordinator.set_long_tail_replicas(set(plan.long_replicas), dispatch.long_tail_batch_cap)
-        log.info("dispatch plan: %d of %d replicas on the long tail (estimated %.2fs)", len(plan.long_replicas),
+        log.info("long-tail plan: %d of %d replicas on the long tail (estimated %.2fs)", len(plan.long_replicas),
                  len(replicas), plan.estimated_s)
 
     async def publish(self) -> WeightsNotice:
@@ -172,7 +180,7 @@ class TrainLoop:
             await asyncio.to_thread(self.save_model, self.recorder.out_dir / "checkpoints" / f"iter-{it + 1:05d}")
         clock.idle(WAITING_SAMPLES)
         wall = time.monotonic() - t0
-        replicas = max(1, len(self.coordinator.generators))
+        replicas = max(1, len(self.coordinator.replicas))
         skew_ratio = min(1.0, (self.coordinator.skewness_bubble_seconds() - skew0) / (replicas * wall))
         self._record(it, groups, stats, wall, clock.seconds("idle", WAITING_SAMPLES) - idle0, generation_s, skew_ratio)
 
@@ -186,8 +194,8 @@ class TrainLoop:
         self._recent_lengths.extend(lengths)
         text = self._texts.pop(group.prompt_id, "")
         if group.prompt_id in self._predicted:
-            length, long_tail = self._predicted.pop(group.prompt_id)
-            self._length_pairs.append((length, sum(lengths) / len(lengths), long_tail))
+            p = self._predicted.pop(group.prompt_id)
+            self._length_pairs.append((p.predicted_length, sum(lengths) / len(lengths), p.long_tail))
         if self.lengths:
             self.lengths.observe(group.dataset_index, text, self.learner.policy_version, lengths)
         self.recorder.lengths(group.prompt_id, group.dataset_index, lengths)
@@ -213,6 +221,7 @@ class TrainLoop:
         lengths = [len(s.sample.completion_token_ids) for s in samples]
         # The learner's version before this step is what consumed the samples.
         staleness = [self.learner.policy_version - 1 - s.sample.policy_version for s in samples]
+        sync = self.coordinator.version_sync(it)
         record = IterationRecord(
             iteration=it,
             policy_version=self.learner.policy_version,
@@ -233,10 +242,12 @@ class TrainLoop:
             num_micro_batches=stats.num_micro_batches,
             staleness_mean=sum(staleness) / len(staleness),
             staleness_max=max(staleness),
-            num_samples_stale_dropped=self.coordinator.num_samples_stale_dropped,
+            num_samples_stale_dropped=self.coordinator.counters.num_samples_stale_dropped,
             **self._length_prediction_record(),
             # How the version this iteration started from (= it) reached the generators.
-            **self.coordinator.weight_sync_summary(it),
+            weight_sync_s_max=sync.sync_s_max,
+            weight_bytes_from_trainer=sync.bytes_from_trainer,
+            weight_bytes_from_peers=sync.bytes_from_peers,
             elapsed_s=time.monotonic() - self.recorder.started,
             time_unix=time.time(),
         )

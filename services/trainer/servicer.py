@@ -1,5 +1,5 @@
-"""gRPC edge of the trainer: converts streamrl.v1 messages, calls the coordinator and the
-weight store, maps errors to status codes. No domain logic here."""
+"""gRPC edge of the trainer: converts streamrl.v1 messages (streamrl.wire.convert), calls the
+coordinator and the weight store, maps errors to status codes. No domain logic here."""
 
 from __future__ import annotations
 
@@ -8,91 +8,78 @@ import logging
 
 import grpc
 
-from streamrl.samples import WeightsNotice, Work
-from streamrl.trainer.coordinator import BatchCap, Coordinator
-from streamrl.transfer import chunk_responses
-from streamrl.v1 import rollout_pb2 as pb
-from streamrl.v1 import rollout_pb2_grpc
+from streamrl.messages import Hello, Welcome
+from streamrl.trainer.coordinator import Coordinator
+from streamrl.trainer.replica import Replica
 from streamrl.weights import WeightStore
-from streamrl.wire import notice_to_pb, sample_from_pb, work_to_pb
+from streamrl.wire.convert import request_from_pb, response_to_pb
+from streamrl.wire.transfer import rollout_handler, serve_version
 
 log = logging.getLogger(__name__)
 
 
-def _points(points) -> tuple[tuple[int, float], ...]:
-    return tuple((p.batch_size, p.seconds_per_step) for p in points)
-
-
-class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
+class RolloutServicer:
     def __init__(self, coordinator: Coordinator, store: WeightStore, run_id: str):
         self.coordinator = coordinator
         self.store = store
         self.run_id = run_id
 
+    def handler(self) -> grpc.GenericRpcHandler:
+        return rollout_handler(self.Connect, self.FetchWeights)
+
     async def Connect(self, request_iterator, context):
         try:
-            first = await anext(request_iterator)
+            first = request_from_pb(await anext(request_iterator), "")
         except StopAsyncIteration:
             return
-        if first.WhichOneof("kind") != "hello":
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if not isinstance(first, Hello):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of Connect must be a Hello")
-        h = first.hello
         try:
-            handle = self.coordinator.connect(h.generator_id, h.pool, h.capacity, h.engine, h.policy_version,
-                                              h.weights_address, _points(h.latency_profile))
+            replica = self.coordinator.connect(first)
         except KeyError as err:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err.args[0]))
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         latest = self.store.latest
-        yield pb.ConnectResponse(welcome=pb.Welcome(run_id=self.run_id,
-                                                    policy_version=latest.policy_version if latest else 0))
-        reader = asyncio.create_task(self._read(handle, request_iterator))
+        yield response_to_pb(Welcome(self.run_id, latest.policy_version if latest else 0))
+        reader = asyncio.create_task(self._read(replica, request_iterator), name=f"read-{replica.generator_id}")
         try:
-            while True:
-                msg = await handle.outbox.get()
-                if msg is None:
-                    break
-                if isinstance(msg, Work):
-                    yield pb.ConnectResponse(assign=work_to_pb(msg))
-                elif isinstance(msg, WeightsNotice):
-                    yield pb.ConnectResponse(new_weights=notice_to_pb(msg))
-                elif isinstance(msg, BatchCap):
-                    yield pb.ConnectResponse(configure=pb.Configure(max_batch_size=msg.max_batch_size))
-                else:
-                    raise TypeError(f"unexpected outbox message {msg!r}")
+            while (msg := await replica.outbox.get()) is not None:
+                yield response_to_pb(msg)
         finally:
-            reader.cancel()
-            self.coordinator.disconnect(h.generator_id)
+            read_all = reader.done()
+            if not read_all:
+                reader.cancel()
+            self.coordinator.disconnect(replica.generator_id)
+        if read_all and not reader.cancelled() and (err := reader.exception()) is not None:
+            # Surfaced, never swallowed: the replica sees the error and its samples go elsewhere.
+            if isinstance(err, ValueError):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            await context.abort(grpc.StatusCode.INTERNAL, f"the trainer failed on a message of "
+                                                          f"{replica.generator_id}: {err!r}")
 
-    async def _read(self, handle, request_iterator) -> None:
-        gid = handle.generator_id
+    async def _read(self, replica: Replica, request_iterator) -> None:
+        """Every message after Hello to the coordinator. A message that does not convert
+        ends the stream with INVALID_ARGUMENT; anything else raised ends it with INTERNAL
+        (the reader's exception is read by Connect). Either way the replica's stream ends
+        and what it held is re-dispatched."""
+        gid = replica.generator_id
         try:
             async for req in request_iterator:
-                kind = req.WhichOneof("kind")
-                if kind == "sample":
-                    self.coordinator.on_sample(gid, sample_from_pb(req.sample, gid))
-                elif kind == "weights_loaded":
-                    w = req.weights_loaded
-                    self.coordinator.on_loaded(gid, w.policy_version, w.sync_s, w.size_bytes, w.source)
-                elif kind == "draining":
-                    self.coordinator.drain(gid, req.draining.reason)
-                elif kind == "load":
-                    handle.load = req.load
-                    if req.load.latency_profile:
-                        handle.latency_profile = _points(req.load.latency_profile)
+                self.coordinator.on_message(gid, request_from_pb(req, gid))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            pass
+            pass  # the replica went away
+        except ValueError as err:
+            log.warning("generator %s sent a bad message: %s", gid, err)
+            raise
+        except Exception:
+            log.exception("stream of generator %s failed", gid)
+            raise
         finally:
-            handle.outbox.put_nowait(None)  # the replica is gone: end its response stream
+            replica.close()  # end its response stream
 
     async def FetchWeights(self, request, context):
-        version = self.store.get(request.policy_version)
-        if version is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"weight version {request.policy_version} is not held")
-        try:
-            responses = chunk_responses(version, request.offset_bytes)
-        except ValueError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        for resp in responses:
-            yield resp
+        async for response in serve_version(self.store.get(request.policy_version), request, context):
+            yield response

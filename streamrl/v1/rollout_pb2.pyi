@@ -111,18 +111,16 @@ class WeightsLoaded(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., sync_s: _Optional[float] = ..., size_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("welcome", "assign", "cancel", "new_weights", "configure")
+    __slots__ = ("welcome", "assign", "new_weights", "configure")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
-    CANCEL_FIELD_NUMBER: _ClassVar[int]
     NEW_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     CONFIGURE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assign: Assign
-    cancel: Cancel
     new_weights: NewWeights
     configure: Configure
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., new_weights: _Optional[_Union[NewWeights, _Mapping]] = ..., configure: _Optional[_Union[Configure, _Mapping]] = ...) -> None: ...
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., new_weights: _Optional[_Union[NewWeights, _Mapping]] = ..., configure: _Optional[_Union[Configure, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("run_id", "policy_version")
@@ -165,12 +163,6 @@ class Configure(_message.Message):
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     max_batch_size: int
     def __init__(self, max_batch_size: _Optional[int] = ...) -> None: ...
-
-class Cancel(_message.Message):
-    __slots__ = ("prompt_ids",)
-    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
-    prompt_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, prompt_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NewWeights(_message.Message):
     __slots__ = ("policy_version", "size_bytes", "num_chunks", "sha256", "source")

@@ -52,7 +52,7 @@ class RolloutServicer:
     def Connect(self, request_iterator, context):
         """Bidirectional stream, one per generator replica for as long as it lives.
         The first ConnectRequest must be a Hello; the trainer answers with a Welcome,
-        then sends Assign / Cancel / NewWeights as work and weights appear, while the
+        then sends Assign / NewWeights / Configure as work and weights appear, while the
         generator sends a Sample the moment each one finishes and a LoadReport now and then.
         A stream that ends (or breaks) means the replica is gone: its unfinished samples
         are dispatched again elsewhere.

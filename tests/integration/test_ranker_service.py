@@ -17,7 +17,7 @@ from streamrl.ranker.ranker import recall_at
 from streamrl.tasks import counting_prompts
 from streamrl.v1 import ranker_pb2 as pb
 from streamrl.v1 import ranker_pb2_grpc
-from streamrl.wire import GRPC_OPTIONS
+from streamrl.wire.channels import GRPC_OPTIONS
 from tests.conftest import EXAMPLE, child_env
 
 

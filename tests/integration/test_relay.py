@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import torch
 
 from streamrl.generator.agent import GeneratorAgent
+from streamrl.generator.relay import Relay
 from streamrl.generator.torch_engine import TorchEngine
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
-from streamrl.transfer import RelayServer
 from streamrl.weights import WeightStore
-from tests.integration.inproc import TrainerServer
+from tests.integration.inproc import AgentThread, TrainerServer
 from tests.linkproxy import LinkProxy
 
 NUM_REMOTE = 3
@@ -25,9 +24,8 @@ def _start_agents(tiny_model_dir, address: str, relay: bool, n: int):
     for i in range(n):
         engine = TorchEngine(load_model(tiny_model_dir), 2, eos_token_id=2)
         agent = GeneratorAgent(engine, address, f"remote-{i}", "remote", ServiceMetrics("generator"),
-                               relay=RelayServer(2, 64 * 1024) if relay else None)
-        threading.Thread(target=agent.run, daemon=True).start()
-        agents.append(agent)
+                               relay=Relay(2, 64 * 1024) if relay else None)
+        agents.append(AgentThread(agent))
     return agents
 
 
@@ -55,11 +53,11 @@ def test_bytes_over_the_slow_link_per_version(tiny_model_dir, relay, copies):
             before = link.bytes["down"]
             tensors = _new_weights(tiny_model_dir, v)
             notice = trainer.publish(v, tensors)
-            _wait(lambda v=v: all(a.engine.policy_version == v for a in agents))
+            _wait(lambda v=v: all(a.agent.engine.policy_version == v for a in agents))
             crossed = link.bytes["down"] - before
             assert crossed == pytest.approx(copies * notice.size_bytes, rel=0.05), (v, crossed, notice.size_bytes)
             for a in agents:  # every replica runs exactly the published tensors
-                params = dict(a.engine.model.named_parameters())
+                params = dict(a.agent.engine.model.named_parameters())
                 assert all(torch.equal(params[k], t) for k, t in tensors.items())
     finally:
         for a in agents:

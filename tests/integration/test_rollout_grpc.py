@@ -6,13 +6,12 @@ import grpc
 import pytest
 import torch
 
-from streamrl.samples import WeightsNotice
-from streamrl.transfer import fetch_blob
+from streamrl.messages import WeightsNotice
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightsCorruptError, WeightStore, deserialize
-from streamrl.wire import GRPC_OPTIONS
-from tests.integration.inproc import TrainerServer
+from streamrl.wire.channels import GRPC_OPTIONS
+from tests.integration.inproc import TrainerServer, fetch
 
 
 @pytest.fixture
@@ -63,10 +62,10 @@ def test_second_connection_with_the_same_id_is_refused(stub, server):
     first.cancel()
 
 
-def test_weights_round_trip_over_grpc_in_chunks(stub, server):
+def test_weights_round_trip_over_grpc_in_chunks(server):
     version = server.store.publish(1, _weights())
     assert version.num_chunks > 10
-    got = deserialize(fetch_blob(stub, _notice(version)))
+    got = deserialize(fetch(f"127.0.0.1:{server.port}", _notice(version)))
     for k, v in _weights().items():
         assert torch.equal(got[k], v)
 
@@ -81,8 +80,25 @@ def test_unknown_version_and_bad_offset_have_clear_status(stub, server):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_corrupted_version_is_rejected(stub, server):
+def test_corrupted_version_is_rejected(server):
     version = server.store.publish(3, _weights())
     wrong = WeightsNotice(3, version.size_bytes, version.num_chunks, "0" * 64)
     with pytest.raises(WeightsCorruptError, match="whole-version checksum"):
-        fetch_blob(stub, wrong)
+        fetch(f"127.0.0.1:{server.port}", wrong)
+
+
+def test_a_message_the_trainer_cannot_take_ends_the_stream_with_the_reason(stub, server):
+    """A failure reading a replica's stream is never swallowed: the replica gets the status
+    and the reason, and its work goes back to the queue."""
+    import queue
+
+    q: queue.Queue = queue.Queue()
+    q.put(pb.ConnectRequest(hello=pb.Hello(generator_id="g1", pool="p", capacity=2, engine="torch")))
+    responses = stub.Connect(iter(q.get, None))
+    assert next(responses).WhichOneof("kind") == "welcome"
+    q.put(pb.ConnectRequest(hello=pb.Hello(generator_id="g1", capacity=2)))  # a second Hello mid-stream
+    with pytest.raises(grpc.RpcError) as err:
+        list(responses)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Hello" in err.value.details()
+    q.put(None)
+    assert server.num_connected() == 0

@@ -7,16 +7,16 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamrl.samples import WeightsNotice
-from streamrl.security import open_channel
+from streamrl.generator.relay import Relay
+from streamrl.messages import WeightsNotice
 from streamrl.spec import SecuritySpec
-from streamrl.transfer import RelayServer, fetch_blob
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightStore, deserialize
-from streamrl.wire import GRPC_OPTIONS
+from streamrl.wire.channels import GRPC_OPTIONS, open_channel
+from streamrl.wire.transfer import WeightSource, fetch_blob
 from tests.integration.certs import TestCA
-from tests.integration.inproc import TrainerServer
+from tests.integration.inproc import TrainerServer, serve_relay
 
 WEIGHTS = {"w": torch.arange(5000, dtype=torch.float32)}
 
@@ -26,15 +26,15 @@ def ca(tmp_path):
     return TestCA(tmp_path / "ca")
 
 
-def _fetch(channel: grpc.Channel, server: TrainerServer) -> dict:
+async def _fetch(channel: grpc.aio.Channel, server: TrainerServer) -> dict:
     version = server.store.get(1)
     notice = WeightsNotice(1, version.size_bytes, version.num_chunks, version.sha256)
-    return deserialize(fetch_blob(rollout_pb2_grpc.RolloutStub(channel), notice, max_attempts=1))
+    return deserialize(await fetch_blob(WeightSource(channel), notice, max_attempts=1))
 
 
-def _refused(channel: grpc.Channel, server: TrainerServer) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as err:
-        _fetch(channel, server)
+async def _refused(channel: grpc.aio.Channel, server: TrainerServer) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _fetch(channel, server)
     return err.value
 
 
@@ -46,76 +46,77 @@ def tls_trainer(ca):
     server.stop()
 
 
-def test_mutual_tls_peer_with_a_certificate_from_the_job_ca_is_served(ca, tls_trainer):
-    with open_channel(f"127.0.0.1:{tls_trainer.port}", ca.security("gen-0")) as channel:
-        assert torch.equal(_fetch(channel, tls_trainer)["w"], WEIGHTS["w"])
+async def test_mutual_tls_peer_with_a_certificate_from_the_job_ca_is_served(ca, tls_trainer):
+    async with open_channel(f"127.0.0.1:{tls_trainer.port}", ca.security("gen-0")) as channel:
+        assert torch.equal((await _fetch(channel, tls_trainer))["w"], WEIGHTS["w"])
 
 
-def test_plaintext_peer_is_refused_by_a_tls_service(tls_trainer):
-    with grpc.insecure_channel(f"127.0.0.1:{tls_trainer.port}", options=GRPC_OPTIONS) as channel:
-        assert _refused(channel, tls_trainer).code() == grpc.StatusCode.UNAVAILABLE
+async def test_plaintext_peer_is_refused_by_a_tls_service(tls_trainer):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{tls_trainer.port}", options=GRPC_OPTIONS) as channel:
+        assert (await _refused(channel, tls_trainer)).code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_tls_peer_without_a_client_certificate_is_refused(ca, tls_trainer):
+async def test_tls_peer_without_a_client_certificate_is_refused(ca, tls_trainer):
     creds = grpc.ssl_channel_credentials(root_certificates=ca.ca_file.read_bytes())
     options = GRPC_OPTIONS + [("grpc.ssl_target_name_override", "streamrl")]
-    with grpc.secure_channel(f"127.0.0.1:{tls_trainer.port}", creds, options=options) as channel:
-        assert _refused(channel, tls_trainer).code() == grpc.StatusCode.UNAVAILABLE
+    async with grpc.aio.secure_channel(f"127.0.0.1:{tls_trainer.port}", creds, options=options) as channel:
+        assert (await _refused(channel, tls_trainer)).code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_peer_with_a_certificate_from_another_ca_is_refused(tmp_path, ca, tls_trainer):
+async def test_peer_with_a_certificate_from_another_ca_is_refused(tmp_path, ca, tls_trainer):
     rogue = TestCA(tmp_path / "rogue", name="rogue-ca")
     sec = rogue.security("intruder")
     # It trusts the real CA (so it would accept the server) but presents a rogue certificate.
     sec = SecuritySpec(tls=sec.tls.model_copy(update={"ca_file": str(ca.ca_file)}))
-    with open_channel(f"127.0.0.1:{tls_trainer.port}", sec) as channel:
-        assert _refused(channel, tls_trainer).code() == grpc.StatusCode.UNAVAILABLE
+    async with open_channel(f"127.0.0.1:{tls_trainer.port}", sec) as channel:
+        assert (await _refused(channel, tls_trainer)).code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_bearer_token_is_required_when_tls_is_off(tmp_path):
+async def test_bearer_token_is_required_when_tls_is_off(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     server = TrainerServer(WeightStore(2, 4096), security=SecuritySpec(token_file=str(token)))
     server.store.publish(1, WEIGHTS)
     address = f"127.0.0.1:{server.port}"
     try:
-        with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
-            err = _refused(channel, server)
+        async with grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+            err = await _refused(channel, server)
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "missing bearer token" in err.details()
             # Health stays open for probes.
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         wrong = tmp_path / "wrong"
         wrong.write_text("guess")
-        with open_channel(address, SecuritySpec(token_file=str(wrong))) as channel:
-            err = _refused(channel, server)
+        async with open_channel(address, SecuritySpec(token_file=str(wrong))) as channel:
+            err = await _refused(channel, server)
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "invalid bearer token" in err.details()
-        with open_channel(address, SecuritySpec(token_file=str(token))) as channel:
-            assert torch.equal(_fetch(channel, server)["w"], WEIGHTS["w"])
+        async with open_channel(address, SecuritySpec(token_file=str(token))) as channel:
+            assert torch.equal((await _fetch(channel, server))["w"], WEIGHTS["w"])
             # Connect (a bidirectional stream) passes the same check.
-            responses = rollout_pb2_grpc.RolloutStub(channel).Connect(
-                iter([pb.ConnectRequest(hello=pb.Hello(generator_id="g", capacity=1))]))
-            assert next(responses).WhichOneof("kind") == "welcome"
-            responses.cancel()
+            call = rollout_pb2_grpc.RolloutStub(channel).Connect()
+            await call.write(pb.ConnectRequest(hello=pb.Hello(generator_id="g", capacity=1)))
+            assert (await call.read()).WhichOneof("kind") == "welcome"
+            call.cancel()
     finally:
         server.stop()
 
 
-def test_relay_server_applies_the_same_authentication(ca):
-    relay = RelayServer(2, 4096, security=ca.security("gen-1")).start()
+async def test_relay_applies_the_same_authentication(ca):
+    relay = Relay(2, 4096)
+    server = await serve_relay(relay, ca.security("gen-1"))
     try:
-        blob_version = WeightStore(1, 4096).publish(3, WEIGHTS)
-        relay.hold(3, blob_version.blob)
-        notice = WeightsNotice(3, blob_version.size_bytes, blob_version.num_chunks, blob_version.sha256)
-        with open_channel(relay.address, ca.security("gen-2")) as channel:
-            got = deserialize(fetch_blob(rollout_pb2_grpc.RolloutStub(channel), notice))
+        version = WeightStore(1, 4096).publish(3, WEIGHTS)
+        relay.hold(relay.chunked(3, version.blob))
+        notice = WeightsNotice(3, version.size_bytes, version.num_chunks, version.sha256)
+        async with open_channel(relay.address, ca.security("gen-2")) as channel:
+            got = deserialize(await fetch_blob(WeightSource(channel), notice))
             assert torch.equal(got["w"], WEIGHTS["w"])
-        with grpc.insecure_channel(relay.address, options=GRPC_OPTIONS) as channel:
-            with pytest.raises(grpc.RpcError) as err:
-                fetch_blob(rollout_pb2_grpc.RolloutStub(channel), notice, max_attempts=1)
+        async with grpc.aio.insecure_channel(relay.address, options=GRPC_OPTIONS) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await fetch_blob(WeightSource(channel), notice, max_attempts=1)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
-        relay.stop()
+        await server.stop(0)
 
 
 def test_unreadable_tls_file_names_the_field(tmp_path):

@@ -177,7 +177,7 @@ def test_skewness_aware_run_completes_every_prompt_when_a_replica_dies(write_job
     assert summary["num_samples_accepted"] == 4 * 12 * 4
     assert summary["num_samples_redispatched"] >= 1 and summary["num_samples_duplicate_dropped"] == 0
     ranked = (out / "logs/trainer.log").read_text()
-    assert "dispatch plan:" in ranked
+    assert "long-tail plan:" in ranked
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["actual_length_mean"] > 0 and "predicted_length_mean" in r for r in records)
     assert (out / "ranker.npz").is_file()  # the ranker learnt and saved its state on the way out

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import random
-import threading
 import time
 
-import grpc
 import torch
 
 from streamrl.generator.agent import GeneratorAgent
+from streamrl.generator.relay import Relay
 from streamrl.generator.torch_engine import TorchEngine
+from streamrl.messages import WeightsNotice
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
-from streamrl.samples import WeightsNotice
-from streamrl.transfer import RelayServer, fetch_blob
-from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightStore, WeightVersion, deserialize
-from streamrl.wire import GRPC_OPTIONS
-from tests.integration.inproc import TrainerServer
+from tests.integration.inproc import AgentThread, RelayThread, TrainerServer, fetch
 from tests.linkproxy import LinkProxy
 
 
@@ -30,15 +26,14 @@ def _perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
 
 def test_transfer_cut_at_a_random_chunk_resumes_with_identical_weights(tiny_model_dir, caplog):
     tensors = _perturbed(tiny_model_dir, 0)
-    relay = RelayServer(2, 64 * 1024).start()
+    relay = RelayThread(Relay(2, 64 * 1024))
     version = WeightStore(1, 64 * 1024).publish(5, tensors)
-    relay.hold(5, version.blob)
+    relay.relay.hold(version)
     cut = random.Random(7).randrange(version.size_bytes // 10, version.size_bytes * 9 // 10)
     link = LinkProxy("127.0.0.1", relay.port, cut_down_after=cut).start()
     try:
-        with grpc.insecure_channel(link.address, options=GRPC_OPTIONS) as channel:
-            notice = WeightsNotice(5, version.size_bytes, version.num_chunks, version.sha256)
-            got = deserialize(fetch_blob(rollout_pb2_grpc.RolloutStub(channel), notice, backoff_s=0.05))
+        notice = WeightsNotice(5, version.size_bytes, version.num_chunks, version.sha256)
+        got = deserialize(fetch(link.address, notice, backoff_s=0.05))
         assert link.num_connections == 2  # the first was cut, the second resumed
         [broke_at] = [int(r.getMessage().split("at byte ")[1].split()[0]) for r in caplog.records
                       if "broke at byte" in r.getMessage()]
@@ -56,7 +51,7 @@ def test_generator_refuses_a_corrupt_version_and_keeps_serving_the_old_one(tiny_
     trainer = TrainerServer(WeightStore(3, 64 * 1024))
     engine = TorchEngine(load_model(tiny_model_dir), 2, eos_token_id=2)
     agent = GeneratorAgent(engine, f"127.0.0.1:{trainer.port}", "g0", "default", ServiceMetrics("generator"))
-    threading.Thread(target=agent.run, daemon=True).start()
+    running = AgentThread(agent)
     try:
         deadline = time.monotonic() + 30
         while trainer.num_connected() < 1:
@@ -85,5 +80,5 @@ def test_generator_refuses_a_corrupt_version_and_keeps_serving_the_old_one(tiny_
         params = dict(engine.model.named_parameters())
         assert all(torch.equal(params[k], t) for k, t in tensors.items())
     finally:
-        agent.stop()
+        running.stop()
         trainer.stop()

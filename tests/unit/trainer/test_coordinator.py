@@ -2,9 +2,13 @@ import asyncio
 
 import pytest
 
+from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import ServiceMetrics
-from streamrl.samples import Sample, WeightsNotice, Work
-from streamrl.trainer.coordinator import Coordinator, SamplingConfig
+from streamrl.rewards import RewardError
+from streamrl.samples import Sample
+from streamrl.trainer.coordinator import Coordinator
+from streamrl.trainer.groups import PromptWork
+from streamrl.trainer.workqueue import SamplingConfig
 
 
 def _coordinator(group_size=4):
@@ -32,9 +36,9 @@ def run(coro):
 def test_prompts_are_dispatched_within_each_generators_room():
     async def go():
         c = _coordinator()
-        a = c.connect("a", "p", capacity=4, engine="torch", policy_version=0)
-        b = c.connect("b", "p", capacity=2, engine="torch", policy_version=0)
-        c.add_prompts(0, [(f"p{i}", i, "7", (1, 5)) for i in range(3)], group_size=4, min_policy_version=0)
+        a = c.connect(Hello("a", "p", capacity=4, engine="torch", policy_version=0))
+        b = c.connect(Hello("b", "p", capacity=2, engine="torch", policy_version=0))
+        c.add_prompts(0, [PromptWork(f"p{i}", i, "7", (1, 5)) for i in range(3)], group_size=4, min_policy_version=0)
         wa, wb = _drain(a), _drain(b)
         assert sum(len(w.sample_indices) for w in wa) == 4 and len(a.outstanding) == 4
         assert sum(len(w.sample_indices) for w in wb) == 2 and len(b.outstanding) == 2
@@ -47,13 +51,13 @@ def test_prompts_are_dispatched_within_each_generators_room():
 def test_duplicate_sample_is_accepted_once():
     async def go():
         c = _coordinator(group_size=2)
-        c.connect("a", "p", 8, "torch", 0)
-        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        c.connect(Hello("a", "p", 8, "torch", 0))
+        c.add_prompts(0, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
         assert c.on_sample("a", _sample("p0", 0)) is True
         assert c.on_sample("a", _sample("p0", 0)) is False
         assert c.on_sample("a", _sample("p0", 1, token=3)) is True
         assert c.on_sample("a", _sample("p0", 1)) is False  # after the group completed
-        assert (c.num_samples_accepted, c.num_samples_duplicate_dropped) == (2, 2)
+        assert (c.counters.num_samples_accepted, c.counters.num_samples_duplicate_dropped) == (2, 2)
         [group] = await c.take_groups(0, 1, 100)
         assert [s.reward for s in group.samples] == [1.0, 0.0]
         assert group.samples[0].advantage > 0 > group.samples[1].advantage
@@ -64,14 +68,14 @@ def test_duplicate_sample_is_accepted_once():
 def test_sample_from_dead_generator_is_redispatched_once():
     async def go():
         c = _coordinator(group_size=4)
-        a = c.connect("a", "p", 4, "torch", 0)
-        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=4, min_policy_version=0)
+        a = c.connect(Hello("a", "p", 4, "torch", 0))
+        c.add_prompts(0, [PromptWork("p0", 0, "7", (1,))], group_size=4, min_policy_version=0)
         _drain(a)
         c.on_sample("a", _sample("p0", 0))
         c.on_sample("a", _sample("p0", 2))
         c.disconnect("a")
-        assert c.num_samples_redispatched == 2
-        b = c.connect("b", "p", 4, "torch", 0)
+        assert c.counters.num_samples_redispatched == 2
+        b = c.connect(Hello("b", "p", 4, "torch", 0))
         [work] = _drain(b)
         assert work.prompt_id == "p0" and sorted(work.sample_indices) == [1, 3]
         c.on_sample("b", _sample("p0", 1, gid="b"))
@@ -79,8 +83,8 @@ def test_sample_from_dead_generator_is_redispatched_once():
         c.on_sample("a", _sample("p0", 1))  # a late copy from the dead replica
         [group] = await c.take_groups(0, 4, 4)
         assert [s.sample.generator_id for s in group.samples] == ["g", "b", "g", "b"]
-        assert c.num_samples_accepted == 4 and c.num_samples_duplicate_dropped == 1
-        assert c.num_samples_redispatched == 2
+        assert c.counters.num_samples_accepted == 4 and c.counters.num_samples_duplicate_dropped == 1
+        assert c.counters.num_samples_redispatched == 2
 
     run(go())
 
@@ -88,12 +92,12 @@ def test_sample_from_dead_generator_is_redispatched_once():
 def test_malformed_sample_is_rejected_and_reissued():
     async def go():
         c = _coordinator(group_size=2)
-        a = c.connect("a", "p", 4, "torch", 0)
-        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        a = c.connect(Hello("a", "p", 4, "torch", 0))
+        c.add_prompts(0, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
         _drain(a)
         bad = Sample("p0", 1, (7, 2), (-0.1,), 0, "stop", "a")
         assert c.on_sample("a", bad) is False
-        assert c.num_samples_rejected == 1
+        assert c.counters.num_samples_rejected == 1
         [work] = _drain(a)
         assert work.sample_indices == (1,)
 
@@ -104,13 +108,13 @@ def test_connect_validates_and_sends_latest_weights():
     async def go():
         c = _coordinator()
         with pytest.raises(ValueError, match="generator_id must not be empty"):
-            c.connect("", "p", 4, "torch", 0)
-        c.connect("a", "p", 4, "torch", 0)
+            c.connect(Hello("", "p", 4, "torch", 0))
+        c.connect(Hello("a", "p", 4, "torch", 0))
         with pytest.raises(KeyError, match="connected already"):
-            c.connect("a", "p", 4, "torch", 0)
+            c.connect(Hello("a", "p", 4, "torch", 0))
         notice = WeightsNotice(3, 100, 1, "ff")
         c.announce_weights(notice)
-        late = c.connect("b", "p", 4, "torch", 0)
+        late = c.connect(Hello("b", "p", 4, "torch", 0))
         assert _drain(late) == [notice]
 
     run(go())
@@ -119,8 +123,8 @@ def test_connect_validates_and_sends_latest_weights():
 def test_take_groups_waits_for_enough_samples():
     async def go():
         c = _coordinator(group_size=2)
-        c.connect("a", "p", 8, "torch", 0)
-        c.add_prompts(0, [(f"p{i}", i, "7", (1,)) for i in range(3)], group_size=2, min_policy_version=0)
+        c.connect(Hello("a", "p", 8, "torch", 0))
+        c.add_prompts(0, [PromptWork(f"p{i}", i, "7", (1,)) for i in range(3)], group_size=2, min_policy_version=0)
         waiter = asyncio.ensure_future(c.take_groups(0, 4, 4))
         for i in (0, 1):
             c.on_sample("a", _sample("p0", i))
@@ -137,9 +141,9 @@ def test_take_groups_waits_for_enough_samples():
 def test_groups_are_taken_by_iteration():
     async def go():
         c = _coordinator(group_size=2)
-        c.connect("a", "p", 8, "torch", 0)
-        c.add_prompts(0, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
-        c.add_prompts(1, [("p1", 1, "7", (1,))], group_size=2, min_policy_version=0)
+        c.connect(Hello("a", "p", 8, "torch", 0))
+        c.add_prompts(0, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        c.add_prompts(1, [PromptWork("p1", 1, "7", (1,))], group_size=2, min_policy_version=0)
         for i in (0, 1):
             c.on_sample("a", _sample("p1", i))
         waiter = asyncio.ensure_future(c.take_groups(0, 2, 2))
@@ -156,21 +160,21 @@ def test_groups_are_taken_by_iteration():
 def test_too_stale_sample_is_dropped_at_consumption_and_reissued():
     async def go():
         c = _coordinator(group_size=2)
-        a = c.connect("a", "p", 8, "torch", 0)
-        c.add_prompts(3, [("p0", 0, "7", (1,))], group_size=2, min_policy_version=2)
+        a = c.connect(Hello("a", "p", 8, "torch", 0))
+        c.add_prompts(3, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=2)
         _drain(a)
         c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 1, "stop", "a"))  # v1: too old for v2
         c.on_sample("a", Sample("p0", 1, (7, 2), (-0.1, -0.2), 2, "stop", "a"))
         waiter = asyncio.ensure_future(c.take_groups(3, 2, 2, min_policy_version=2))
         await asyncio.sleep(0)
         assert not waiter.done()
-        assert c.num_samples_stale_dropped == 1
+        assert c.counters.num_samples_stale_dropped == 1
         [work] = _drain(a)
         assert work.sample_indices == (0,) and work.min_policy_version == 2
         c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 2, "stop", "a"))
         [group] = await asyncio.wait_for(waiter, 1)
         assert [s.sample.policy_version for s in group.samples] == [2, 2]
-        assert c.num_samples_accepted == 3
+        assert c.counters.num_samples_accepted == 3
 
     run(go())
 
@@ -184,20 +188,20 @@ def _relay_coordinator():
 def test_relay_pool_gets_one_copy_from_the_trainer_and_the_rest_from_the_seed():
     async def go():
         c = _relay_coordinator()
-        seed = c.connect("r0", "remote", 4, "torch", 0, weights_address="10.0.0.1:7000")
-        peers = [c.connect(f"r{i}", "remote", 4, "torch", 0, weights_address=f"10.0.0.{i + 1}:7000")
+        seed = c.connect(Hello("r0", "remote", 4, "torch", 0, weights_address="10.0.0.1:7000"))
+        peers = [c.connect(Hello(f"r{i}", "remote", 4, "torch", 0, weights_address=f"10.0.0.{i + 1}:7000"))
                  for i in (1, 2)]
-        local = c.connect("l0", "local", 4, "torch", 0)  # pool without relay
+        local = c.connect(Hello("l0", "local", 4, "torch", 0))  # pool without relay
         notice = WeightsNotice(1, 100, 1, "ab")
         c.announce_weights(notice)
         assert _drain(seed) == [notice]  # from the trainer
         assert _drain(local) == [notice]
         assert all(_drain(p) == [] for p in peers)
-        c.on_loaded("r0", 1)
+        c.on_loaded("r0", WeightsLoaded(1, 0.0, 0, "trainer"))
         for p in peers:
             [told] = _drain(p)
             assert told.policy_version == 1 and told.source == "10.0.0.1:7000"
-        late = c.connect("r9", "remote", 4, "torch", 0, weights_address="10.0.0.9:7000")
+        late = c.connect(Hello("r9", "remote", 4, "torch", 0, weights_address="10.0.0.9:7000"))
         assert _drain(late)[0].source == "10.0.0.1:7000"
 
     run(go())
@@ -206,8 +210,8 @@ def test_relay_pool_gets_one_copy_from_the_trainer_and_the_rest_from_the_seed():
 def test_relay_seed_that_dies_before_loading_is_replaced():
     async def go():
         c = _relay_coordinator()
-        seed = c.connect("r0", "remote", 4, "torch", 0, weights_address="a:1")
-        peer = c.connect("r1", "remote", 4, "torch", 0, weights_address="b:1")
+        seed = c.connect(Hello("r0", "remote", 4, "torch", 0, weights_address="a:1"))
+        peer = c.connect(Hello("r1", "remote", 4, "torch", 0, weights_address="b:1"))
         c.announce_weights(WeightsNotice(1, 100, 1, "ab"))
         _drain(seed)
         assert _drain(peer) == []
@@ -219,17 +223,16 @@ def test_relay_seed_that_dies_before_loading_is_replaced():
 
 
 def test_long_tail_prompts_go_to_long_tail_replicas_longest_first():
-    from streamrl.trainer.coordinator import BatchCap
-
     async def go():
         c = _coordinator(group_size=2)
-        a = c.connect("a", "p", 8, "torch", 0)
-        b = c.connect("b", "p", 8, "torch", 0)
+        a = c.connect(Hello("a", "p", 8, "torch", 0))
+        b = c.connect(Hello("b", "p", 8, "torch", 0))
         c.set_long_tail_replicas({"a"}, batch_cap=2)
         assert _drain(a) == [BatchCap(2)] and _drain(b) == []
-        prompts = [(pid, i, "7", (1,)) for i, pid in enumerate(["s1", "L1", "s2", "L2"])]
         predicted = {"s1": (5.0, False), "L1": (90.0, True), "s2": (9.0, False), "L2": (60.0, True)}
-        c.add_prompts(0, prompts, group_size=2, min_policy_version=0, predicted=predicted)
+        prompts = [PromptWork(pid, i, "7", (1,), length, long_tail)
+                   for i, (pid, (length, long_tail)) in enumerate(predicted.items())]
+        c.add_prompts(0, prompts, group_size=2, min_policy_version=0)
         to_a, to_b = _drain(a), _drain(b)
         assert [(w.prompt_id, w.priority) for w in to_a] == [("L1", 90.0), ("L2", 60.0)]
         assert [(w.prompt_id, w.priority) for w in to_b] == [("s2", 9.0), ("s1", 5.0)]
@@ -242,12 +245,11 @@ def test_long_tail_prompts_go_to_long_tail_replicas_longest_first():
 def test_late_binding_gives_the_longest_waiting_prompt_to_the_replica_that_frees_first():
     async def go():
         c = _coordinator(group_size=4)  # queue_factor 1: a replica holds one batch
-        a = c.connect("a", "p", 4, "torch", 0)
-        b = c.connect("b", "p", 4, "torch", 0)
+        a = c.connect(Hello("a", "p", 4, "torch", 0))
+        b = c.connect(Hello("b", "p", 4, "torch", 0))
         lengths = {"p0": 10.0, "p1": 80.0, "p2": 5.0, "p3": 60.0, "p4": 40.0}
-        prompts = [(pid, i, "7", (1,)) for i, pid in enumerate(lengths)]
-        c.add_prompts(0, prompts, group_size=4, min_policy_version=0,
-                      predicted={pid: (n, False) for pid, n in lengths.items()})
+        prompts = [PromptWork(pid, i, "7", (1,), n) for i, (pid, n) in enumerate(lengths.items())]
+        c.add_prompts(0, prompts, group_size=4, min_policy_version=0)
         assert [w.prompt_id for w in _drain(a)] == ["p1"] and [w.prompt_id for w in _drain(b)] == ["p3"]
         for i in range(4):  # b finishes first: it takes the longest still waiting
             c.on_sample("b", _sample("p3", i, gid="b"))
@@ -263,10 +265,52 @@ def test_late_binding_gives_the_longest_waiting_prompt_to_the_replica_that_frees
 def test_early_binding_hands_each_replica_its_share_up_front():
     async def go():
         c = Coordinator(SamplingConfig(1.0, 1.0, 16, 0), lambda s, a: 0.0, ServiceMetrics("trainer"), queue_factor=4)
-        a = c.connect("a", "p", 4, "torch", 0)
-        b = c.connect("b", "p", 4, "torch", 0)
-        c.add_prompts(0, [(f"p{i}", i, "7", (1,)) for i in range(8)], group_size=4, min_policy_version=0)
+        a = c.connect(Hello("a", "p", 4, "torch", 0))
+        b = c.connect(Hello("b", "p", 4, "torch", 0))
+        c.add_prompts(0, [PromptWork(f"p{i}", i, "7", (1,)) for i in range(8)], group_size=4, min_policy_version=0)
         assert len(a.outstanding) == len(b.outstanding) == 16
         assert c.status()["num_samples_pending"] == 0
+
+    run(go())
+
+
+def _raising_coordinator(on_reward_error: str):
+    def scorer(sample, answer):
+        if sample.completion_token_ids[0] == 13:
+            raise RewardError(f"reward.function 'mine:f' raised on prompt {sample.prompt_id}: ValueError: 13")
+        return 1.0
+
+    return Coordinator(SamplingConfig(1.0, 1.0, 16, 0), scorer, ServiceMetrics("trainer"), queue_factor=1,
+                       on_reward_error=on_reward_error)
+
+
+def test_a_raising_reward_fails_the_run_with_the_error_and_loses_no_sample():
+    async def go():
+        c = _raising_coordinator("fail")
+        a = c.connect(Hello("a", "p", 4, "torch", 0))
+        c.add_prompts(0, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        waiter = asyncio.ensure_future(c.take_groups(0, 2, 2))
+        assert c.on_sample("a", _sample("p0", 0)) is True
+        assert c.on_sample("a", _sample("p0", 1, token=13)) is False
+        # Nothing was counted or forgotten: the unscored sample is still owed by its replica.
+        assert c.counters.num_samples_accepted == 1 and ("p0", 1) in a.outstanding
+        with pytest.raises(RewardError, match="mine:f.*p0.*ValueError: 13"):
+            await asyncio.wait_for(waiter, 1)
+        with pytest.raises(RewardError):  # and whoever asks next
+            await c.take_groups(0, 2, 2)
+
+    run(go())
+
+
+def test_a_raising_reward_scores_zero_when_the_spec_says_so():
+    async def go():
+        c = _raising_coordinator("zero")
+        c.connect(Hello("a", "p", 4, "torch", 0))
+        c.add_prompts(0, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
+        assert c.on_sample("a", _sample("p0", 0)) is True
+        assert c.on_sample("a", _sample("p0", 1, token=13)) is True
+        [group] = await asyncio.wait_for(c.take_groups(0, 2, 2), 1)
+        assert [s.reward for s in group.samples] == [1.0, 0.0]
+        assert c.counters.num_samples_reward_failed == 1 and c.counters.num_samples_accepted == 2
 
     run(go())

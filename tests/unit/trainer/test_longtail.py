@@ -2,10 +2,11 @@ import pytest
 
 from streamrl.trainer.longtail import (
     LatencyProfile,
-    Replica,
+    LongTailDemand,
+    ReplicaProfile,
     group_time,
     length_targets,
-    plan_dispatch,
+    plan_long_tail,
     split_long_tail,
 )
 
@@ -14,7 +15,7 @@ LINEAR = LatencyProfile(((1, 0.011), (64, 0.074)))
 
 
 def _replicas(n, profile=LINEAR, max_batch=64):
-    return [Replica(f"r{i}", profile, max_batch) for i in range(n)]
+    return [ReplicaProfile(f"r{i}", profile, max_batch) for i in range(n)]
 
 
 def test_latency_profile_interpolates_and_extrapolates():
@@ -42,36 +43,37 @@ def test_two_replicas_one_for_the_long_tail():
     # N_long=0: 64 per replica at bs 64 paced by the long ones: 0.074*80 = 5.92
     # N_long=1: long 0.018*80*2 = 2.88, regular 0.074*10*2 = 1.48 -> sum 4.36, max 2.88
     # N_long=2: 64 per replica at bs 8: 0.018*80*8 = 11.52
-    plan = plan_dispatch(16, 112, _replicas(2), 80, 10, 8, "sum")
+    plan = plan_long_tail(LongTailDemand(16, 112, 80, 10), _replicas(2), 8, "sum")
     assert plan.estimates_s == pytest.approx((5.92, 4.36, 11.52))
     assert (plan.long_replicas, plan.regular_replicas) == (("r0",), ("r1",))
     assert plan.estimated_s == pytest.approx(4.36)
-    assert plan_dispatch(16, 112, _replicas(2), 80, 10, 8, "max").estimates_s == pytest.approx((5.92, 2.88, 11.52))
+    slowest = plan_long_tail(LongTailDemand(16, 112, 80, 10), _replicas(2), 8, "max")
+    assert slowest.estimates_s == pytest.approx((5.92, 2.88, 11.52))
 
 
 def test_sum_and_max_objectives_can_disagree():
     # 4 replicas, 32 long samples (L 80), 224 regular (L 30), cap 8.
     # N_long: 0 -> 5.92; 1 -> long 5.76 + reg 4.44; 2 -> 2.88 + 4.44; 3 -> 2.88 + 8.88; 4 -> 11.52
-    total = plan_dispatch(32, 224, _replicas(4), 80, 30, 8, "sum")
+    total = plan_long_tail(LongTailDemand(32, 224, 80, 30), _replicas(4), 8, "sum")
     assert total.estimates_s == pytest.approx((5.92, 10.20, 7.32, 11.76, 11.52))
     assert total.long_replicas == ()
-    slowest = plan_dispatch(32, 224, _replicas(4), 80, 30, 8, "max")
+    slowest = plan_long_tail(LongTailDemand(32, 224, 80, 30), _replicas(4), 8, "max")
     assert slowest.estimates_s == pytest.approx((5.92, 5.76, 4.44, 8.88, 11.52))
     assert len(slowest.long_replicas) == 2
 
 
 def test_long_tail_goes_to_the_replicas_fastest_at_small_batches():
     slow = LatencyProfile(((1, 0.03), (64, 0.09)))
-    replicas = [Replica("slow", slow, 64), Replica("fast", LINEAR, 64)]
-    plan = plan_dispatch(16, 112, replicas, 80, 10, 8, "max")
+    replicas = [ReplicaProfile("slow", slow, 64), ReplicaProfile("fast", LINEAR, 64)]
+    plan = plan_long_tail(LongTailDemand(16, 112, 80, 10), replicas, 8, "max")
     assert plan.long_replicas == ("fast",)
 
 
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="no replicas"):
-        plan_dispatch(1, 1, [], 10, 5, 8)
+        plan_long_tail(LongTailDemand(1, 1, 10, 5), [], 8)
     with pytest.raises(ValueError, match="expected 'sum' or 'max'"):
-        plan_dispatch(1, 1, _replicas(1), 10, 5, 8, "min")
+        plan_long_tail(LongTailDemand(1, 1, 10, 5), _replicas(1), 8, "min")
 
 
 def test_split_long_tail_and_length_targets():

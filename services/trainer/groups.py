@@ -1,0 +1,196 @@
+"""Sample intake and group assembly: prompts in flight, each finished sample checked and
+scored on arrival (before any bookkeeping changes, so a sample that cannot be scored is
+neither lost nor counted), complete groups handed to the learner by iteration, samples
+older than the staleness contract dropped and re-issued at consumption."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from streamrl.rewards import RewardError
+from streamrl.samples import Group, Sample, ScoredSample, group_advantages
+from streamrl.trainer.counters import RolloutCounters
+
+log = logging.getLogger(__name__)
+
+Scorer = Callable[[Sample, str], float]
+"""Reward of a sample given its prompt's answer; raises RewardError when it cannot."""
+
+
+@dataclass(frozen=True)
+class PromptWork:
+    """One prompt of an iteration, ready to be dispatched."""
+
+    prompt_id: str
+    """Unique within the run: `<iteration>-<position>-<dataset index>`."""
+    dataset_index: int
+    answer: str
+    token_ids: tuple[int, ...]
+    """[P] prompt ids, BOS included."""
+    predicted_length: float = 0.0
+    """The ranker's prediction, tokens (0 = none); also the in-replica priority (longest first)."""
+    long_tail: bool = False
+    """Predicted to be in the long tail: served by the long-tail replicas when there are any."""
+
+
+@dataclass
+class InFlight:
+    """A prompt whose group is not complete yet."""
+
+    prompt: PromptWork
+    iteration: int
+    group_size: int
+    seed: int
+    """Sample i is drawn with seed + i, on whichever replica."""
+    min_policy_version: int
+    received: dict[int, tuple[Sample, float]] = field(default_factory=dict)
+    """sample_index -> (sample, reward)."""
+
+    @property
+    def prompt_id(self) -> str:
+        return self.prompt.prompt_id
+
+    def missing(self, indices: list[int]) -> list[int]:
+        return [i for i in indices if i not in self.received]
+
+
+class Intake(Enum):
+    """What became of a sample that arrived."""
+
+    ACCEPTED = auto()
+    DUPLICATE = auto()
+    """Already received, or its prompt is unknown or complete: dropped."""
+    MALFORMED = auto()
+    """Index out of range or log-probs not matching its tokens: re-issue it."""
+    UNSCORED = auto()
+    """The reward function raised and reward.onError is `fail`: the run fails."""
+
+
+class GroupAssembler:
+    def __init__(self, scorer: Scorer, counters: RolloutCounters, scale_advantages: bool = True,
+                 on_reward_error: str = "fail", seed: int = 0):
+        self.scorer = scorer
+        self.counters = counters
+        self.scale_advantages = scale_advantages
+        self.on_reward_error = on_reward_error
+        self.seed = seed
+        """The run's sampling seed; each prompt derives its own from it."""
+        self.requeue: Callable[[InFlight, list[int]], None] = lambda task, indices: None
+        """Called with samples to generate again (stale, malformed)."""
+        self.failure: RewardError | None = None
+        """Why the run must stop (raised to whoever waits for groups)."""
+        self._inflight: dict[str, InFlight] = {}
+        self._ready: dict[int, deque[InFlight]] = {}  # iteration -> complete, not yet consumed
+        self._ready_event = asyncio.Event()
+
+    def open(self, iteration: int, prompts: list[PromptWork], group_size: int,
+             min_policy_version: int) -> list[InFlight]:
+        tasks = []
+        for p in prompts:
+            seed = (self.seed << 32) + zlib.crc32(p.prompt_id.encode())
+            task = self._inflight[p.prompt_id] = InFlight(p, iteration, group_size, seed, min_policy_version)
+            tasks.append(task)
+        return tasks
+
+    def get(self, prompt_id: str) -> InFlight | None:
+        return self._inflight.get(prompt_id)
+
+    def receive(self, sample: Sample) -> Intake:
+        """Check and score a sample; only an ACCEPTED one changes the group."""
+        task = self._inflight.get(sample.prompt_id)
+        if task is None or sample.sample_index in task.received:
+            self.counters.duplicate()
+            return Intake.DUPLICATE
+        if sample.sample_index >= task.group_size or len(sample.logprobs) != len(sample.completion_token_ids):
+            self.counters.rejected()
+            log.warning("rejected malformed sample %s/%d from %s", sample.prompt_id, sample.sample_index,
+                        sample.generator_id)
+            return Intake.MALFORMED
+        try:
+            reward = self.scorer(sample, task.prompt.answer)
+        except RewardError as err:
+            if self.on_reward_error != "zero":
+                self.fail(err)
+                return Intake.UNSCORED
+            log.warning("%s; scored 0 (reward.onError zero)", err)
+            self.counters.reward_failed()
+            reward = 0.0
+        task.received[sample.sample_index] = (sample, reward)
+        self.counters.accepted()
+        if len(task.received) == task.group_size:
+            del self._inflight[task.prompt_id]
+            self._ready.setdefault(task.iteration, deque()).append(task)
+            self._ready_event.set()
+        return Intake.ACCEPTED
+
+    def fail(self, err: RewardError) -> None:
+        """Stop handing out groups: whoever waits for them gets the error."""
+        if self.failure is None:
+            log.error("%s: the run stops (reward.onError fail)", err)
+            self.failure = err
+        self._ready_event.set()
+
+    def _score(self, task: InFlight) -> Group:
+        ordered = [task.received[i] for i in range(task.group_size)]
+        advantages = group_advantages([r for _, r in ordered], self.scale_advantages)
+        scored = tuple(ScoredSample(s, r, a) for (s, r), a in zip(ordered, advantages))
+        p = task.prompt
+        return Group(p.prompt_id, task.iteration, p.dataset_index, p.token_ids, scored)
+
+    def _drop_stale(self, task: InFlight, min_policy_version: int) -> bool:
+        """Re-issue the samples older than min_policy_version; True when any were."""
+        stale = sorted(i for i, (s, _) in task.received.items() if s.policy_version < min_policy_version)
+        if not stale:
+            return False
+        for i in stale:
+            del task.received[i]
+        task.min_policy_version = max(task.min_policy_version, min_policy_version)
+        self._inflight[task.prompt_id] = task
+        self.counters.stale(len(stale))
+        log.warning("dropped %d samples of %s older than v%d; re-issued", len(stale), task.prompt_id,
+                    min_policy_version)
+        self.requeue(task, stale)
+        return True
+
+    def _ready_samples(self, iteration: int) -> int:
+        return sum(t.group_size for t in self._ready.get(iteration, ()))
+
+    async def take(self, iteration: int, min_samples: int, max_samples: int,
+                   min_policy_version: int = 0) -> list[Group]:
+        """Wait until complete groups of `iteration` hold at least min_samples samples;
+        return groups (at least one) holding at most max_samples unless a single group is
+        larger. Samples older than min_policy_version are dropped and re-issued instead.
+        Raises the RewardError that stopped the run."""
+        while True:
+            while self._ready_samples(iteration) < min_samples and self.failure is None:
+                self._ready_event.clear()
+                await self._ready_event.wait()
+            if self.failure is not None:
+                raise self.failure
+            queue = self._ready[iteration]
+            out: list[Group] = []
+            total = 0
+            while queue and (not out or total + queue[0].group_size <= max_samples):
+                task = queue.popleft()
+                if self._drop_stale(task, min_policy_version):
+                    continue
+                out.append(self._score(task))
+                total += task.group_size
+            if not queue:
+                del self._ready[iteration]
+            if out:
+                return out
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def num_groups_ready(self) -> int:
+        return sum(len(q) for q in self._ready.values())

@@ -1,0 +1,52 @@
+"""One connected generator replica as the coordinator tracks it: who it is, what it holds,
+what it was sent, and its queue of messages out (domain messages; the servicer converts)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from streamrl.messages import LatencyPoints, LoadReport
+
+SampleKey = tuple[str, int]
+"""(prompt_id, sample_index): how a sample is identified, and accepted at most once."""
+
+
+@dataclass
+class Replica:
+    generator_id: str
+    pool: str
+    capacity: int
+    engine: str
+    policy_version: int
+    """The weight version it holds."""
+    weights_address: str = ""
+    """Where it relays the versions it holds to pool peers; empty = it does not."""
+    latency_profile: LatencyPoints = ()
+    """PTL(BS), from Hello, refreshed by load reports."""
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    """Messages for it: Work, WeightsNotice, BatchCap; None ends its stream."""
+    outstanding: set[SampleKey] = field(default_factory=set)
+    """Samples assigned to it and not yet received."""
+    num_samples: int = 0
+    """Samples accepted from it."""
+    load: LoadReport | None = None
+    """Its latest load report."""
+    awaiting_weights: int | None = None
+    """A version it will be told about once a pool peer holds it (relay)."""
+    long_tail: bool = False
+    """Serves the long tail (at a small batch cap) under skewness-aware dispatch."""
+    draining: bool = False
+    """It is leaving: assigned nothing more; what it holds it finishes."""
+    skewness_bubble_s: Callable[[], float] | None = None
+    """Its skewness-bubble seconds so far, read in-process (colocated); else from load reports."""
+
+    def skewness_seconds(self) -> float:
+        if self.skewness_bubble_s is not None:
+            return self.skewness_bubble_s()
+        return self.load.skewness_bubble_s if self.load is not None else 0.0
+
+    def close(self) -> None:
+        """End its stream (it exits, or, draining, it is done)."""
+        self.outbox.put_nowait(None)

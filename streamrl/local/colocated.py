@@ -1,0 +1,88 @@
+"""Colocated mode's composition: the trainer with a generator inside its own process (one
+device alternates generating a batch and training on it). The one module that imports
+both the trainer and the generator (an import contract declares it); `streamrl trainer`
+comes here when the job's pipeline mode is colocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from streamrl.generator.engine import Engine, setup_engine
+from streamrl.generator.worker import LoadWeights, Worker
+from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
+from streamrl.metrics import ServiceMetrics
+from streamrl.models import load_tokenizer
+from streamrl.samples import Sample
+from streamrl.spec import RLJob
+from streamrl.trainer import main as trainer
+from streamrl.trainer.coordinator import Coordinator
+from streamrl.weights import WeightStore, deserialize
+
+
+class LocalGenerator:
+    """The same worker and coordinator as a remote replica, the replica's queue pumped in
+    memory and weights taken from the trainer's store."""
+
+    def __init__(self, engine: Engine, coordinator: Coordinator, store: WeightStore, metrics: ServiceMetrics,
+                 generator_id: str = "local-0"):
+        self.coordinator = coordinator
+        self.store = store
+        self.metrics = metrics
+        self.loop = asyncio.get_running_loop()
+        self.worker = Worker(engine, generator_id, metrics, on_sample=self._on_sample, on_loaded=self._on_loaded)
+        self.replica = coordinator.connect(Hello(generator_id, "local", engine.stats().capacity, "torch",
+                                                 engine.policy_version))
+        self.replica.skewness_bubble_s = lambda: self.worker.skewness_bubble_s
+        self._thread = threading.Thread(target=self.worker.run, name="engine", daemon=True)
+        self._pump_task: asyncio.Task | None = None
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.metrics.registry
+
+    def start(self) -> None:
+        self._thread.start()
+        self._pump_task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        while (msg := await self.replica.outbox.get()) is not None:
+            if isinstance(msg, Work | BatchCap):
+                self.worker.inbox.put(msg)
+            elif isinstance(msg, WeightsNotice):
+                version = self.store.get(msg.policy_version)
+                if version is not None:
+                    self.worker.inbox.put(LoadWeights(msg.policy_version, deserialize(version.blob),
+                                                      time.monotonic(), version.size_bytes, "local"))
+
+    def _on_sample(self, sample: Sample) -> None:
+        self.loop.call_soon_threadsafe(self.coordinator.on_sample, self.replica.generator_id, sample)
+
+    def _on_loaded(self, msg: LoadWeights, sync_s: float) -> None:
+        loaded = WeightsLoaded(msg.policy_version, sync_s, msg.size_bytes, msg.source)
+        self.loop.call_soon_threadsafe(self.coordinator.on_loaded, self.replica.generator_id, loaded)
+
+    def stop(self) -> None:
+        self.worker.stop()
+        if self._pump_task:
+            self._pump_task.cancel()
+        self._thread.join(timeout=10)
+        self.metrics.clock.close()
+
+
+async def serve(job: RLJob, model_dir: Path, out_dir: Path, **options) -> int:
+    """`streamrl trainer` for a colocated job: the trainer with its in-process generator."""
+    pool = job.spec.generators.pools[0]
+
+    def in_process(coordinator: Coordinator, store: WeightStore) -> LocalGenerator:
+        # Its own metrics: the engine's busy time must not count as the trainer's.
+        metrics = ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl")
+        engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, load_tokenizer(model_dir).eos_token_id)
+        return LocalGenerator(engine, coordinator, store, metrics)
+
+    return await trainer.serve(job, model_dir, out_dir, in_process=in_process, **options)
