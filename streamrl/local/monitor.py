@@ -45,7 +45,10 @@ class RunMonitor:
     def start(self) -> str:
         """Start Prometheus scraping every planned process (before any listens); returns its URL."""
         self._set(self.planned)
-        return self.server.start()
+        try:
+            return self.server.start()
+        except RuntimeError as err:  # it exited, or never got ready
+            raise RunFailed(f"{err}; its last error: {self.server.last_error() or 'none logged'}") from None
 
     def add(self, name: str, address: str, labels: dict[str, str]) -> None:
         """Scrape a server of this process too (the autoscaler's)."""
@@ -57,25 +60,29 @@ class RunMonitor:
                   + list(self.extra.values()))
 
     def wait_until_scraped(self, children: Callable[[], list[Child]], say: Callable[[str], None],
-                           timeout_s: float = SCRAPE_TIMEOUT_S, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> float:
-        """Wait until Prometheus reports every running child (and this process's servers) up;
-        returns the seconds it took. RunFailed when one answers on its admin port and is not
-        up `timeout_s` later, or has not answered within `startup_timeout_s`. Returns early
-        when the trainer exits (the caller reports that)."""
+                           warn: Callable[[str], None], timeout_s: float = SCRAPE_TIMEOUT_S,
+                           startup_timeout_s: float = STARTUP_TIMEOUT_S) -> float | None:
+        """Wait until Prometheus has reported every running child (and this process's servers)
+        up; returns the seconds it took. RunFailed when one answers on its admin port and is
+        not up `timeout_s` later, or has not answered within `startup_timeout_s`. A child that
+        exits unscraped is the supervisor's business, unless it is the trainer: then the run is
+        over (shorter than the bound) and it `warn`s what was never scraped; None."""
         t0 = time.monotonic()
-        names = [c.name for c in children() if c.running()] + list(self.extra)
-        say(f"prometheus: waiting until it scrapes {', '.join(names)} (up to {timeout_s:.0f} s after each "
+        waiting_for = [c.name for c in children() if c.running()] + list(self.extra)
+        say(f"prometheus: waiting until it scrapes {', '.join(waiting_for)} (up to {timeout_s:.0f} s after each "
             "answers on its admin port)")
+        names = {self._target(c).address: c.name for c in children() if c.admin_port is not None}
+        """Address -> process name, of every target waited for."""
         answered: dict[str, float] = {}
         """Address -> when it first answered us on /metrics."""
+        seen_up: set[str] = set()
         with httpx.Client(timeout=2.0) as http:
             while True:
                 running = [c for c in children() if c.running()]
-                if not any(c.role == "trainer" for c in running):
-                    return time.monotonic() - t0
                 self.update(running)
                 expected = {self._target(c).address: c.name for c in running if c.admin_port is not None}
                 expected.update({t.address: name for name, t in self.extra.items()})
+                names.update(expected)
                 if self.server.proc.poll() is not None:
                     raise RunFailed(f"prometheus exited with {self.server.proc.returncode}: "
                                     f"{self.server.last_error() or 'no error logged'}; see {self.server.log_path}")
@@ -83,8 +90,15 @@ class RunMonitor:
                     health, unlisted = self.server.target_health(), ""
                 except PrometheusError as err:
                     health, unlisted = {}, str(err)
-                pending = [a for a in expected if health.get(a, ("",))[0] != "up"]
+                seen_up.update(a for a, (status, _) in health.items() if status == "up")
                 now = time.monotonic()
+                if not any(c.role == "trainer" for c in running):
+                    never = [a for a in names if a not in seen_up]
+                    if never:
+                        warn(f"warning: the run ended before Prometheus at {self.url} scraped every process: "
+                             + self._why(never, names, answered, health, unlisted, now))
+                        return None
+                pending = [a for a in expected if a not in seen_up]
                 if not pending:
                     say(f"prometheus: scraping all {len(expected)} processes, {now - t0:.1f} s after they started")
                     return now - t0
@@ -94,28 +108,28 @@ class RunMonitor:
                 late = [a for a in pending if a in answered and now - answered[a] > timeout_s]
                 silent = [a for a in pending if a not in answered and now - t0 > startup_timeout_s]
                 if late or silent:
-                    raise RunFailed(self._why(late, silent, expected, health, unlisted, timeout_s, startup_timeout_s))
+                    raise RunFailed(f"Prometheus at {self.url} has not scraped every process within {timeout_s:.0f} s "
+                                    f"of it answering on its admin port ({startup_timeout_s:.0f} s for it to answer): "
+                                    + self._why(pending, names, answered, health, unlisted, now))
                 time.sleep(POLL_S)
 
-    def _why(self, late: list[str], silent: list[str], names: dict[str, str], health: dict[str, tuple[str, str]],
-             unlisted: str, timeout_s: float, startup_timeout_s: float) -> str:
+    def _why(self, pending: list[str], names: dict[str, str], answered: dict[str, float],
+             health: dict[str, tuple[str, str]], unlisted: str, now: float) -> str:
+        """Every target not seen up: what Prometheus says of it, how long it has answered us,
+        and Prometheus's own last error."""
         def state(address: str) -> str:
             if address not in health:
-                return "not among its targets"
-            status, error = health[address]
-            return f"{status}{f': {error}' if error else ''}"
+                seen = "not among its targets"
+            else:
+                status, error = health[address]
+                seen = f"{status}{f': {error}' if error else ''}"
+            return f"{names[address]} ({address}: {seen}; " + (
+                f"answering on its admin port for {now - answered[address]:.0f} s)" if address in answered
+                else "not answering on its admin port)")
 
-        parts = []
-        if late:
-            parts.append(f"Prometheus at {self.url} has not scraped "
-                         + ", ".join(f"{names[a]} ({a}: {state(a)})" for a in late)
-                         + f" within {timeout_s:.0f} s of it answering on its admin port")
-        if silent:
-            parts.append(", ".join(f"{names[a]} ({a})" for a in silent)
-                         + f" did not answer on its admin port within {startup_timeout_s:.0f} s")
         last = unlisted or self.server.last_error()
-        return "; ".join(parts) + (f"; Prometheus's last error: {last}" if last else "") \
-            + f"; its config and log are in {self.server.directory}"
+        return (", ".join(state(a) for a in pending) + (f"; Prometheus's last error: {last}" if last else "")
+                + f"; its config and log are in {self.server.directory}")
 
     def stop(self) -> None:
         self.server.stop()

@@ -19,11 +19,18 @@ from streamrl.models import resolve_model_dir
 from streamrl.records import LOCAL_RUN_FILE, METRICS_FILE, SUMMARY_FILE, LocalRun, RunSummary, write_json
 from streamrl.spec import load_job
 
+Say = Callable[[str], None]
+Keeper = ReplicaRestarts | LocalAutoscaler
+"""What looks after the generators each tick: the restart policy, or the autoscaler."""
+
 
 def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, prometheus: bool = False,
         cores: int | None = None) -> int:
     """Run the job to its end (or Ctrl-C, or a failure of the run itself); returns the exit status."""
-    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    def warn(msg: str) -> None:  # failures are said even with --quiet
+        print(msg, file=sys.stderr, flush=True)
+
+    say = (lambda msg: None) if quiet else warn
     plan = plan_run(load_job(job_file), out_dir, prometheus, cores, say)
     monitor = RunMonitor(plan) if plan.prometheus_for else None  # no binary: nothing starts
     plan.prepare()
@@ -36,13 +43,13 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
         services = start_services(plan, model_dir)
         keeper = autoscale(plan, services, monitor, say) if plan.elastic else ReplicaRestarts(services.launcher)
         if monitor is not None:
-            monitor.wait_until_scraped(services.children, say)
+            monitor.wait_until_scraped(services.children, say, warn)
         show_progress(plan, services, quiet, _ticks(keeper, monitor, services))
     except KeyboardInterrupt:
         say("interrupted: stopping services (the trainer writes its summary and model first)")
     except RunFailed as err:
         failure = str(err)
-        say(f"run failed: {failure}")
+        warn(f"run failed: {failure}")
     finally:
         if services is not None:
             services.stop()
@@ -56,13 +63,13 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
     _report(plan, say)
     code = services.trainer.proc.returncode
     if code not in (0, 130):
-        say(f"trainer failed (exit {code}):\n{services.trainer.tail()}")
+        warn(f"trainer failed (exit {code}):\n{services.trainer.tail()}")
     return 1 if record.failure else 0 if code == 0 else code or 1
 
 
-def _ticks(keeper, monitor: RunMonitor | None, services: Services) -> Callable[[Callable[[str], None]], None]:
+def _ticks(keeper: Keeper, monitor: RunMonitor | None, services: Services) -> Callable[[Say], None]:
     """What runs every progress poll: the supervisor or autoscaler, then Prometheus's targets."""
-    def tick(say: Callable[[str], None]) -> None:
+    def tick(say: Say) -> None:
         keeper.tick(say)
         if monitor is not None:
             monitor.update(services.children())
@@ -70,8 +77,8 @@ def _ticks(keeper, monitor: RunMonitor | None, services: Services) -> Callable[[
     return tick
 
 
-def _write_records(plan: RunPlan, services: Services, keeper, failure: str | None,
-                   say: Callable[[str], None]) -> LocalRun:
+def _write_records(plan: RunPlan, services: Services, keeper: Keeper | None, failure: str | None,
+                   say: Say) -> LocalRun:
     """run.json, what only this runner knows; then the done line from the trainer's summary.json."""
     record = LocalRun(
         generator_replica_seconds=round(sum(c.seconds() for c in services.launcher.children), 2),
@@ -83,12 +90,12 @@ def _write_records(plan: RunPlan, services: Services, keeper, failure: str | Non
     if (plan.out_dir / SUMMARY_FILE).exists():
         s = RunSummary.read(plan.out_dir / SUMMARY_FILE)
         say(f"done: {s.num_iterations} iterations, {s.num_samples} samples, {s.samples_per_s:.1f} samples/s, "
-              f"reward {s.reward_first or 0:.3f} -> {s.reward_last or 0:.3f}, pipeline bubble "
-              f"{s.pipeline_bubble_ratio:.2f}; results in {plan.out_dir}")
+            f"reward {s.reward_first or 0:.3f} -> {s.reward_last or 0:.3f}, pipeline bubble "
+            f"{s.pipeline_bubble_ratio:.2f}; results in {plan.out_dir}")
     return record
 
 
-def _report(plan: RunPlan, say: Callable[[str], None]) -> None:
+def _report(plan: RunPlan, say: Say) -> None:
     if not (plan.out_dir / METRICS_FILE).exists():
         return
     try:
