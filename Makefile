@@ -70,14 +70,16 @@ $(BIN)/python:
 	  $(PYTHON) -m venv $(VENV); \
 	fi
 
+# pip's own script, not `python -m pip`: with -m the working directory comes first on sys.path,
+# and this repository's operator/ would shadow the standard library's `operator` in a fresh venv.
 $(VENV)/.installed-run: $(BIN)/python pyproject.toml constraints.txt
 	@echo "==> pip install -c constraints.txt -e . (what running needs; torch pinned by constraints.txt)"
-	$(BIN)/python -m pip install $(PIP_ARGS) -c constraints.txt -e .
+	$(BIN)/pip install $(PIP_ARGS) -c constraints.txt -e .
 	@touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
 	@echo "==> pip install -c constraints.txt -e \".[dev]\" (everything the test suite imports)"
-	$(BIN)/python -m pip install $(PIP_ARGS) -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install $(PIP_ARGS) -c constraints.txt -e ".[dev]"
 	@touch $@ $(VENV)/.installed-run
 
 prometheus:
