@@ -47,10 +47,13 @@ def test_every_example_is_valid_and_other_kinds_are_skipped():
 
 
 @pytest.mark.parametrize("obj, message", INVALID, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in enumerate(INVALID)])
-def test_every_job_the_crd_refuses_is_refused_with_its_field_named(obj, message):
+def test_every_job_the_crd_refuses_is_refused_with_its_field_named(obj, message, tmp_path):
     verdict = validate_job(obj, "job.yaml", CRD)
     assert verdict.job is None
     assert _field(message) in [where for where, _ in verdict.problems], verdict.problems
+    path, out = _write(tmp_path, "job.yaml", obj), io.StringIO()
+    assert run([str(path)], False, out) == 1
+    assert f"{path}: {_field(message)}: " in out.getvalue()
 
 
 def test_the_command_prints_each_problem_with_file_and_field_and_exits_non_zero(tmp_path):
