@@ -53,7 +53,7 @@ async def serve(settings: Settings) -> None:
              settings.status_interval_s)
     try:
         await kopf.operator(registry=operator_registry(settings), standalone=True, clusterwide=not namespaces,
-                            namespaces=namespaces or None, memo=kopf.Memo(runtime=runtime),
+                            namespaces=namespaces, memo=kopf.Memo(runtime=runtime),
                             liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz")
     finally:
         await runtime.kube.close()
