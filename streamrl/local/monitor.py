@@ -25,6 +25,8 @@ POLL_S = 0.5
 
 
 class RunMonitor:
+    """The run's LocalPrometheus, its targets (planned, then the processes running) and the scrape check."""
+
     def __init__(self, plan: RunPlan):
         """Fails (ValueError naming what asked for it) without a Prometheus binary, before anything starts."""
         try:

@@ -13,11 +13,14 @@ from pathlib import Path
 
 from streamrl.local.ports import free_port
 from streamrl.models import model_spec_summary
+from streamrl.records import LOCAL_RUN_FILE, SCALING_FILE
 from streamrl.spec import PipelineMode, RLJob, dump_job
 
 
 @dataclass(frozen=True)
 class RunPlan:
+    """Everything decided before a process starts; the launcher, monitor and autoscaler read it."""
+
     job: RLJob
     out_dir: Path
     """The run directory, absolute (a relative --out is resolved once, against the cwd)."""
@@ -39,10 +42,11 @@ class RunPlan:
         return self.out_dir / "job.yaml"
 
     def prepare(self) -> None:
-        """The run directory, with the job written out and no autoscaling log of an earlier run."""
+        """The run directory, with the job written out and none of the runner's records of an earlier run."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.job_file.write_text(dump_job(self.job))
-        (self.out_dir / "autoscaling.jsonl").unlink(missing_ok=True)
+        for name in (SCALING_FILE, LOCAL_RUN_FILE):
+            (self.out_dir / name).unlink(missing_ok=True)
 
     def describe(self) -> str:
         spec = self.job.spec

@@ -70,6 +70,9 @@ class Fleet:
 
 
 class LocalAutoscaler:
+    """One round every `intervalSeconds` (tick), over the fleet's replicas; its own /metrics
+    and /status (serve) are scraped by the run's Prometheus like any process's."""
+
     def __init__(self, job: RLJob, prometheus: PrometheusAPI, fleet: Fleet, cores: int, out_dir: Path,
                  say: Callable[[str], None], metrics: AutoscalerMetrics | None = None,
                  no_inputs_timeout_s: float = NO_INPUTS_TIMEOUT_S):

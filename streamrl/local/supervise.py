@@ -14,6 +14,8 @@ MAX_REPLICA_RESTARTS = 3
 
 
 class ReplicaRestarts:
+    """Each tick, replaces the replicas that crashed since the last, while restarts are left."""
+
     def __init__(self, launcher: GeneratorLauncher, max_restarts: int = MAX_REPLICA_RESTARTS):
         self.launcher = launcher
         self.max_restarts = max_restarts
