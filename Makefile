@@ -55,9 +55,6 @@ test: prometheus npm-tools dev-venv
 venv: $(VENV)/.installed-run
 dev-venv: $(VENV)/.installed-dev
 
-# `python -P -m venv` and pip's own script, not `python -m ...`: -m puts the working directory
-# first on sys.path, where this repository's operator/ shadows the standard library's `operator`
-# until something has imported the real one (in the venv, the editable install's .pth does).
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null || { \
 	  echo "make: $(PYTHON) not found. StreamRL needs Python 3.11: on Debian 12, apt-get install python3.11 python3.11-venv (or make ... PYTHON=/path/to/python3.11)" >&2; \
@@ -66,11 +63,11 @@ $(BIN)/python:
 	  echo "make: $(PYTHON) is $$($(PYTHON) -V 2>&1); StreamRL needs Python 3.11 or newer (make ... PYTHON=python3.11)" >&2; \
 	  exit 1; }
 	@echo "==> creating the virtual environment $(VENV) with $$($(PYTHON) -V)"
-	@if ! $(PYTHON) -P -m venv $(VENV) 2>/dev/null; then \
+	@if ! $(PYTHON) -m venv $(VENV) 2>/dev/null; then \
 	  rm -rf $(VENV); \
 	  venv_pkg=python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv; \
 	  $(call apt_install,$$venv_pkg,creating a virtual environment); \
-	  $(PYTHON) -P -m venv $(VENV); \
+	  $(PYTHON) -m venv $(VENV); \
 	fi
 
 $(VENV)/.installed-run: $(BIN)/python pyproject.toml constraints.txt

@@ -1,5 +1,5 @@
 """Write the RLJob and RLCluster CustomResourceDefinitions, generated from their typed models
-(streamrl/spec.py, operator/clusters.py).
+(streamrl/spec/, operator/src/clusters.py).
 
     python scripts/gen_crd.py [OUT_DIR]     # default: helm/streamrl/files/crds
 
@@ -27,9 +27,9 @@ def _header(source: str) -> str:
 
 def render() -> dict[str, str]:
     """{file name: YAML text}."""
-    return {f"{GROUP}_{PLURAL}.yaml": _header("streamrl/spec.py") + yaml.safe_dump(rljob_crd(), sort_keys=False,
+    return {f"{GROUP}_{PLURAL}.yaml": _header("streamrl/spec/") + yaml.safe_dump(rljob_crd(), sort_keys=False,
                                                                                   width=100),
-            f"{GROUP}_rlclusters.yaml": _header("operator/clusters.py") + yaml.safe_dump(rlcluster_crd(),
+            f"{GROUP}_rlclusters.yaml": _header("operator/src/clusters.py") + yaml.safe_dump(rlcluster_crd(),
                                                                                         sort_keys=False, width=100)}
 
 

@@ -44,7 +44,7 @@ def test_rlcluster_crd_is_valid_and_cluster_scoped():
 
 
 def test_rlcluster_crd_is_generated_from_the_typed_spec():
-    """kubectl explain shows the docstrings of operator/clusters.py's model."""
+    """kubectl explain shows the docstrings of operator/src/clusters.py's model."""
     spec = rlcluster_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["required"] == ["kubeconfigSecretRef"]
     assert spec["properties"]["kubeconfigSecretRef"]["properties"]["key"] == {

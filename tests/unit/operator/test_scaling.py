@@ -1,4 +1,4 @@
-"""The operator's scaling driver (operator/scaling.py), one round, pure: window, waits (for the
+"""The operator's scaling driver (operator/src/scaling.py), one round, pure: window, waits (for the
 replicas to settle), decisions and what follows from them (spec patch, status.autoscaling,
 Events, the ScalingLimited reason)."""
 

@@ -1,5 +1,5 @@
 """The RLJob and RLCluster CustomResourceDefinitions, generated from their typed models
-(streamrl/spec.py, operator/clusters.py).
+(streamrl/spec/, operator/src/clusters.py).
 
 pydantic's JSON schema becomes a *structural* OpenAPI v3 schema: references inlined,
 `X | None` as nullable, exclusive bounds in OpenAPI 3.0 form, free-form objects kept
@@ -22,7 +22,7 @@ from streamrl.spec import GROUP, KIND, VERSION, RLJobSpec
 PLURAL, SHORT = "rljobs", "rlj"
 CONDITIONS = ("Ready", "Progressing", "Suspended", "Complete", "Failed", "ScalingLimited", "ClustersReady")
 
-# Cross-field rules, by the spec path of the object they sit on (mirroring spec.py's validators).
+# Cross-field rules, by the spec path of the object they sit on (mirroring the spec models' validators).
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "": [
         {"rule": "!has(self.generators) || !has(self.generators.pools) || "

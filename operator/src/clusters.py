@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import Field, ValidationError
 
 from streamrl.operator.kube import KubeClient, KubeError, kubeconfig_problems, path_of
+from streamrl.spec import SpecModel
 
 if TYPE_CHECKING:
     from streamrl.operator.runtime import Runtime
@@ -27,12 +27,7 @@ class ClusterPhase(StrEnum):
     INACTIVE = "Inactive"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True,
-                              use_attribute_docstrings=True)
-
-
-class SecretKeyRef(_Model):
+class SecretKeyRef(SpecModel):
     """A key of a Secret in the operator's namespace."""
 
     name: str = Field(max_length=253)
@@ -41,7 +36,7 @@ class SecretKeyRef(_Model):
     """The key of its data holding the kubeconfig."""
 
 
-class RLClusterSpec(_Model):
+class RLClusterSpec(SpecModel):
     """How to reach the cluster."""
 
     kubeconfig_secret_ref: SecretKeyRef

@@ -1,0 +1,37 @@
+"""How every gRPC channel is secured: mutual TLS from files, a shared bearer token."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from streamrl.spec.base import SpecModel
+
+TLS_MOUNT = "/etc/streamrl/tls"
+"""Where pods find the job's TLS Secret."""
+
+
+class TLSSpec(SpecModel):
+    """Mutual TLS: every service presents a certificate signed by the job's CA and
+    requires one from its peers (files, e.g. mounted from a Kubernetes Secret)."""
+
+    ca_file: str = f"{TLS_MOUNT}/ca.crt"
+    """PEM file of the CA that signs every service's certificate."""
+    cert_file: str = f"{TLS_MOUNT}/tls.crt"
+    """PEM certificate of this service."""
+    key_file: str = f"{TLS_MOUNT}/tls.key"
+    """PEM private key of this service."""
+    server_name: str = Field("streamrl", min_length=1, max_length=253)
+    """Name every certificate carries (subjectAltName DNS) and clients verify, so peers
+    can be dialled by IP address."""
+    secret_name: str | None = Field(None, max_length=253)
+    """Kubernetes: the Secret (keys `ca.crt`, `tls.crt`, `tls.key`) the operator mounts at
+    /etc/streamrl/tls in every pod, where the default file paths point."""
+
+
+class SecuritySpec(SpecModel):
+    """Authentication of every gRPC channel (trainer, generators, weight relays)."""
+
+    tls: TLSSpec | None = None
+    """Mutual TLS; plaintext and unauthenticated peers are refused."""
+    token_file: str | None = None
+    """File holding a shared bearer token, required on every call (used with or without TLS)."""

@@ -1,0 +1,69 @@
+"""The trainer and the ranker: where they run and how they serve."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from streamrl.spec.base import SpecModel
+from streamrl.spec.generators import PlacementSpec
+
+
+class TrainerSpec(SpecModel):
+    """Training side."""
+
+    device: str = "cpu"
+    """torch device of the learner."""
+    threads: int = Field(1, ge=1)
+    """torch threads of the trainer process."""
+    port: int = Field(0, ge=0, le=65535)
+    """gRPC port generators dial (0 = any free port; local runs)."""
+    admin_port: int = Field(0, ge=0, le=65535)
+    """HTTP admin port (/healthz, /readyz, /metrics, /status; 0 = any free port)."""
+    min_generators: int = Field(1, ge=1)
+    """Generators that must be connected before the first iteration starts."""
+    keep_versions: int = Field(2, ge=1)
+    """Weight versions kept in memory for generators to fetch."""
+    weight_chunk_bytes: int = Field(1 << 20, ge=1024, le=3 << 20)
+    """Size of one FetchWeights chunk, bytes (below gRPC's 4 MiB message limit)."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Kubernetes: node pool, tolerations, GPUs and pod template of the trainer."""
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """Kubernetes Service type of the trainer's gRPC endpoint; pools in other clusters
+    need `NodePort` or `LoadBalancer`."""
+    external_host: str | None = Field(None, max_length=253)
+    """With `NodePort`: the host other clusters reach this cluster's nodes at (a node's
+    address, or a gateway in front of them); they dial it on the Service's node port."""
+
+
+class RankerSpec(SpecModel):
+    """The output-length ranker service."""
+
+    predictor: Literal["features", "causal-lm"] = "features"
+    """`features`: ridge regression on prompt n-grams and numbers, learnt online (CPU,
+    milliseconds). `causal-lm`: a small causal LM (modelPath) fine-tuned online with a
+    ranking objective; the heavier option, for a GPU."""
+    model_path: str | None = None
+    """Hugging Face model directory of the `causal-lm` predictor."""
+    device: str = "cpu"
+    """torch device of the `causal-lm` predictor (e.g. `cuda`)."""
+    state_path: str | None = None
+    """File the ranker saves its state to and restores it from (local runs default to
+    <out>/ranker.npz)."""
+    window: int = Field(512, ge=10)
+    """Observations over which the ranker reports its own recall."""
+    min_observations: int = Field(32, ge=1)
+    """Observations before the learned predictor is trusted (history and the mean before)."""
+    port: int = Field(0, ge=0, le=65535)
+    """gRPC port (0 = any free port; local runs)."""
+    admin_port: int = Field(0, ge=0, le=65535)
+    """HTTP admin port (0 = any free port)."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Kubernetes: node pool, tolerations, GPUs and pod template of the ranker."""
+
+    @model_validator(mode="after")
+    def _lm_needs_model(self) -> RankerSpec:
+        if self.predictor == "causal-lm" and not self.model_path:
+            raise ValueError("modelPath is required when predictor is 'causal-lm'")
+        return self
