@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from streamrl.records import LocalRun, RunSummary
 from tests.conftest import child_env
 
 ITERATIONS, PROMPTS, GROUP = 14, 32, 8
@@ -48,12 +49,12 @@ def test_sigterm_drains_a_generator_without_losing_or_repeating_work(write_job, 
     out = tmp_path / "run"
     code, _, stderr = _start_and_kill_at(job, out, 3, "default-1", signal.SIGTERM)
     assert code == 0, stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_iterations"] == ITERATIONS
-    assert summary["num_samples"] == ITERATIONS * PROMPTS * GROUP
-    assert summary["num_samples_accepted"] == ITERATIONS * PROMPTS * GROUP  # each sample once
-    assert summary["num_samples_redispatched"] == 0  # the drained replica finished what it held
-    assert summary["num_samples_duplicate_dropped"] == 0
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.num_iterations == ITERATIONS
+    assert summary.num_samples == ITERATIONS * PROMPTS * GROUP
+    assert summary.num_samples_accepted == ITERATIONS * PROMPTS * GROUP  # each sample once
+    assert summary.num_samples_redispatched == 0  # the drained replica finished what it held
+    assert summary.num_samples_duplicate_dropped == 0
     log = (out / "logs" / "generator-default-1.log").read_text()
     assert "draining (SIGTERM)" in log and "drained: the trainer has every sample this replica held" in log
     trainer_log = (out / "logs" / "trainer.log").read_text()
@@ -73,9 +74,9 @@ def test_a_crashed_generator_is_replaced_and_its_work_redone_once(write_job, tmp
     code, stdout, stderr = _start_and_kill_at(job, out, 2, "default-0", signal.SIGKILL, quiet=False)
     assert code == 0, stderr[-3000:]
     assert "generator-default-0 exited with -9; started generator-default-1 in its place" in stdout + stderr
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_iterations"] == iterations
-    assert summary["num_samples_accepted"] == iterations * prompts * GROUP  # each sample once
-    assert summary["num_samples_duplicate_dropped"] == 0
-    assert json.loads((out / "run.json").read_text())["generator_replicas_started"] == 2  # the runner's record
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.num_iterations == iterations
+    assert summary.num_samples_accepted == iterations * prompts * GROUP  # each sample once
+    assert summary.num_samples_duplicate_dropped == 0
+    assert LocalRun.read(out / "run.json").generator_replicas_started == 2  # the runner's record
     assert "generator default-1 joined" in (out / "logs" / "trainer.log").read_text()

@@ -5,7 +5,6 @@ Ctrl-C stops every process and keeps the run's records."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import stat
@@ -18,7 +17,7 @@ import pytest
 
 from streamrl.local.monitor import SCRAPE_TIMEOUT_S
 from streamrl.prometheus.server import MISSING, LocalPrometheus
-from streamrl.records import LocalRun, RunSummary, ScalingRecord, TrainerPhase
+from streamrl.records import IterationRecord, LocalRun, RunSummary, ScalingRecord, TrainerPhase
 from tests.conftest import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("prometheus"), reason=MISSING)]
@@ -55,8 +54,8 @@ def test_every_process_of_a_run_with_a_relative_out_is_scraped(write_job, tmp_pa
     prom = LocalPrometheus(tmp_path / "prom", rules=None)
     prom.start()
     try:
-        end = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["time_unix"]
-        up = {(r["metric"]["role"], r["metric"].get("replica", "")): float(r["value"][1])
+        end = IterationRecord.read_lines(out / "metrics.jsonl")[-1].time_unix
+        up = {(r.metric["role"], r.metric.get("replica", "")): float(r.value[1])
               for r in prom.query('max by (role, replica) (max_over_time(up{rljob="relative"}[10m]))', at=end)}
     finally:
         prom.stop()

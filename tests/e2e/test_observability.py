@@ -4,7 +4,6 @@ run's own metrics.jsonl, and the run report draws what metrics.jsonl holds."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import yaml
 from matplotlib import image
 
 from streamrl.prometheus.server import LocalPrometheus
+from streamrl.records import IterationRecord
 from streamrl.report import load_run, plot_bubbles, plot_progress, plot_timeline
 from tests.conftest import EXAMPLE, _merge, child_env
 from tests.unit.test_dashboards import dashboard_queries
@@ -35,14 +35,14 @@ RULES = {"streamrl:pipeline_bubble_ratio:rate1m": "pipeline_bubble_ratio",
          "streamrl:skewness_bubble_ratio:rate1m": "skewness_bubble_ratio"}
 
 
-def windowed(records: list[dict], key: str, lo: float, hi: float) -> float:
+def windowed(records: list[IterationRecord], key: str, lo: float, hi: float) -> float:
     """What a 1m rate() of the bubble-seconds counter reads at `hi`: the bubble seconds of
     the iterations overlapping [lo, hi] (spread evenly over each iteration) / (hi - lo)."""
     total = 0.0
     for r in records:
-        end, start = r["time_unix"], r["time_unix"] - r["wall_s"]
+        end, start = r.time_unix, r.time_unix - r.wall_s
         overlap = max(0.0, min(end, hi) - max(start, lo))
-        total += r[key] * overlap
+        total += getattr(r, key) * overlap
     return total / (hi - lo)
 
 
@@ -61,14 +61,14 @@ def observed_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_dashboards_and_rules_against_prometheus(observed_run, tmp_path):
-    records = [json.loads(line) for line in (observed_run / "metrics.jsonl").read_text().splitlines()]
+    records = IterationRecord.read_lines(observed_run / "metrics.jsonl")
     assert len(records) == ITERATIONS
     # The run's Prometheus stopped with the run; its data, reopened, is what it scraped.
     shutil.copytree(observed_run / "prometheus" / "data", tmp_path / "data")
     prom = LocalPrometheus(tmp_path, rules=None)
     prom.start()
     try:
-        end = records[-1]["time_unix"]
+        end = records[-1].time_unix
         empty = [f"{name} / {title}: {expr}" for name, items in dashboard_queries().items()
                  for title, expr in items if not prom.query(expr, at=end - 1)]
         assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
@@ -90,7 +90,7 @@ def test_dashboards_and_rules_against_prometheus(observed_run, tmp_path):
 
 @pytest.mark.slow
 def test_report_draws_what_metrics_jsonl_holds(observed_run):
-    records = [json.loads(line) for line in (observed_run / "metrics.jsonl").read_text().splitlines()]
+    records = IterationRecord.read_lines(observed_run / "metrics.jsonl")
     report = observed_run / "report"
     for name in ("progress.png", "bubbles.png", "timeline.png"):
         pixels = image.imread(report / name)
@@ -102,12 +102,12 @@ def test_report_draws_what_metrics_jsonl_holds(observed_run):
     run = load_run(observed_run)
     progress, bubbles, timeline = plot_progress(run), plot_bubbles(run), plot_timeline(run)
     reward, throughput = progress.axes[0].lines[0], progress.axes[1].lines[0]
-    assert list(reward.get_xdata()) == [r["iteration"] for r in records]
-    assert np.allclose(reward.get_ydata(), [r["reward_mean"] for r in records])
-    assert np.allclose(throughput.get_ydata(), [r["samples_per_s"] for r in records])
+    assert list(reward.get_xdata()) == [r.iteration for r in records]
+    assert np.allclose(reward.get_ydata(), [r.reward_mean for r in records])
+    assert np.allclose(throughput.get_ydata(), [r.samples_per_s for r in records])
     pipeline, skewness = bubbles.axes[0].lines
-    assert np.allclose(pipeline.get_ydata(), [r["pipeline_bubble_ratio"] for r in records])
-    assert np.allclose(skewness.get_ydata(), [r["skewness_bubble_ratio"] for r in records])
+    assert np.allclose(pipeline.get_ydata(), [r.pipeline_bubble_ratio for r in records])
+    assert np.allclose(skewness.get_ydata(), [r.skewness_bubble_ratio for r in records])
     # The Gantt chart: one row per process, and the trainer's drawn busy time is its timeline's.
     assert [t.get_text() for t in timeline.axes[0].get_yticklabels()] == \
         ["trainer", "generator-default-0", "generator-default-1"]
@@ -116,7 +116,7 @@ def test_report_draws_what_metrics_jsonl_holds(observed_run):
     spans = [s for s in run.timelines["trainer"] if s["state"] == "busy" and s["reason"] == ""]
     assert drawn == pytest.approx(sum(s["end"] - s["start"] for s in spans), rel=1e-6)
     # Training happened inside the iterations: most of the trainer's iteration time is drawn busy or waiting.
-    assert drawn > 0.3 * sum(r["train_s"] for r in records)
+    assert drawn > 0.3 * sum(r.train_s for r in records)
 
 
 def _bar_extents(collection) -> list[tuple[float, float]]:

@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamrl.generator.relay import Relay
 from streamrl.messages import WeightsNotice
+from streamrl.records import RunSummary
 from streamrl.spec import SecuritySpec
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.v1 import rollout_pb2_grpc
@@ -128,7 +129,6 @@ def test_unreadable_tls_file_names_the_field(tmp_path):
 
 
 def test_run_with_mutual_tls_and_a_token_end_to_end(ca, tmp_path, write_job, tiny_model_dir):
-    import json
     import subprocess
     import sys
 
@@ -150,9 +150,9 @@ def test_run_with_mutual_tls_and_a_token_end_to_end(ca, tmp_path, write_job, tin
     proc = subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), "--quiet"],
                           env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_samples_accepted"] == 4 * 4 * 4
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.num_samples_accepted == 4 * 4 * 4
     # Each version reached one replica from the trainer and the other from it (relay, over mTLS).
-    assert summary["weight_bytes_from_peers"] > 0 and summary["weight_bytes_from_trainer"] > 0
+    assert summary.weight_bytes_from_peers > 0 and summary.weight_bytes_from_trainer > 0
     logs = "".join(p.read_text() for p in (out / "logs").glob("generator-*.log"))
     assert "connected to trainer" in logs and "rejected" not in logs

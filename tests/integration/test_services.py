@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from streamrl.records import IterationRecord, RunSummary, TrainerStatus
 from tests.conftest import child_env
 
 
@@ -72,25 +73,25 @@ def test_generator_that_dies_mid_iteration_has_its_samples_redispatched_and_none
     deadline = time.monotonic() + 120
     with httpx.Client(timeout=2) as http:
         while not killed and time.monotonic() < deadline:
-            st = http.get(f"{admin}/status").json()
-            b = st["generators"].get("gen-b")
+            st = TrainerStatus.model_validate(http.get(f"{admin}/status").json())
+            b = st.generators.get("gen-b")
             # Kill gen-b once it has delivered some samples and still holds unfinished ones.
-            if b and b["num_samples"] >= 2 and b["outstanding"] > 0:
+            if b and b.num_samples >= 2 and b.outstanding > 0:
                 gens["gen-b"].send_signal(signal.SIGKILL)
                 killed = True
             time.sleep(0.02)
     assert killed, "gen-b never had work in flight"
     assert trainer.wait(timeout=180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
-    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    summary = RunSummary.read(tmp_path / "out/summary.json")
     expected = 3 * 12 * 4
-    assert summary["phase"] == "Succeeded"
-    assert summary["num_samples_accepted"] == expected
-    assert summary["num_samples_redispatched"] >= 1
-    assert summary["num_samples_duplicate_dropped"] == 0
-    assert summary["num_prompts_dispatched"] > 3 * 12  # the re-dispatches are extra assignments
-    records = [json.loads(line) for line in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
-    assert [r["num_samples"] for r in records] == [48, 48, 48]
-    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert summary.phase == "Succeeded"
+    assert summary.num_samples_accepted == expected
+    assert summary.num_samples_redispatched >= 1
+    assert summary.num_samples_duplicate_dropped == 0
+    assert summary.num_prompts_dispatched > 3 * 12  # the re-dispatches are extra assignments
+    records = IterationRecord.read_lines(tmp_path / "out/metrics.jsonl")
+    assert [r.num_samples for r in records] == [48, 48, 48]
+    assert [r.policy_version for r in records] == [1, 2, 3]
 
 
 def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_path):
@@ -111,10 +112,10 @@ def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_
         assert 'streamrl_phase{phase="Running"} 1.0' in metrics
         assert 'streamrl_phase{phase="WaitingForGenerators"} 0.0' in metrics
         assert "streamrl_max_staleness 0.0" in metrics  # stream-sync: the contract is 0
-        st = http.get(f"{admin}/status").json()
-        assert st["mode"] == "stream-sync" and st["num_iterations"] == 2 and "gen-a" in st["generators"]
+        st = TrainerStatus.model_validate(http.get(f"{admin}/status").json())
+        assert st.mode == "stream-sync" and st.num_iterations == 2 and "gen-a" in st.generators
         # The replica measured PTL(BS) at start-up and said so in its Hello.
-        profile = st["generators"]["gen-a"]["latency_profile"]
+        profile = st.generators["gen-a"].latency_profile
         assert [b for b, _ in profile] == [1, 2, 4] and all(s > 0 for _, s in profile)
     assert trainer.wait(timeout=120) == 0
     assert gens["gen-a"].wait(timeout=30) == 0  # the trainer closed its stream: a clean exit
@@ -136,9 +137,9 @@ def test_ctrl_c_stops_every_process_and_keeps_the_summary_and_model(write_job, t
     runner.send_signal(signal.SIGINT)
     output, _ = runner.communicate(timeout=60)
     assert runner.returncode == 130, output[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["phase"] == "Interrupted"
-    assert summary["num_iterations"] >= 2
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.phase == "Interrupted"
+    assert summary.num_iterations >= 2
     assert (out / "model/model.safetensors").is_file()
     assert "interrupted" in output
     # No trainer or generator is left behind (their command lines name the run directory).
@@ -164,20 +165,21 @@ def test_skewness_aware_run_completes_every_prompt_when_a_replica_dies(write_job
         assert runner.poll() is None and time.monotonic() < deadline, "never saw default-1 with work in flight"
         try:
             admin = json.loads((out / "trainer.json").read_text())["admin_port"]
-            gen = httpx.get(f"http://127.0.0.1:{admin}/status", timeout=2).json()["generators"].get("default-1")
+            st = TrainerStatus.model_validate(httpx.get(f"http://127.0.0.1:{admin}/status", timeout=2).json())
+            gen = st.generators.get("default-1")
         except (OSError, ValueError, httpx.HTTPError):
             gen = None
-        if gen and gen["num_samples"] >= 2 and gen["outstanding"] > 0:
+        if gen and gen.num_samples >= 2 and gen.outstanding > 0:
             subprocess.run(["pkill", "-KILL", "-f", f"generator .*{out}.* --id default-1"], check=True)
             killed = True
         time.sleep(0.02)
     output, _ = runner.communicate(timeout=180)
     assert runner.returncode == 0, output[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_samples_accepted"] == 4 * 12 * 4
-    assert summary["num_samples_redispatched"] >= 1 and summary["num_samples_duplicate_dropped"] == 0
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.num_samples_accepted == 4 * 12 * 4
+    assert summary.num_samples_redispatched >= 1 and summary.num_samples_duplicate_dropped == 0
     ranked = (out / "logs/trainer.log").read_text()
     assert "long-tail plan:" in ranked
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["actual_length_mean"] > 0 and "predicted_length_mean" in r for r in records)
+    records = IterationRecord.read_lines(out / "metrics.jsonl")
+    assert all(r.actual_length_mean > 0 and "predicted_length_mean" in r for r in records)
     assert (out / "ranker.npz").is_file()  # the ranker learnt and saved its state on the way out
