@@ -56,6 +56,7 @@ class Service:
         self._services: tuple[str, ...] = ()
         self._serving = False
         self._signals = 0
+        self._leaving: asyncio.Task | None = None
 
     # ---- start ------------------------------------------------------------------------
     def start_admin(self) -> None:
@@ -100,7 +101,7 @@ class Service:
         def signalled(signum: int) -> None:
             self._signals += 1
             log.info("%s: %s (%d)", self.role, signal.Signals(signum).name, self._signals)
-            loop.create_task(self.leave())
+            self._leaving = loop.create_task(self.leave())  # held: the loop keeps only a weak reference
             on_signal(self._signals)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
