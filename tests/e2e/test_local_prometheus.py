@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from streamrl.local.monitor import SCRAPE_TIMEOUT_S
 from streamrl.prometheus.server import MISSING, LocalPrometheus
 from streamrl.records import IterationRecord, LocalRun, RunSummary, ScalingRecord, TrainerPhase
+from tests.blind_prometheus import blind_prometheus_dir
 from tests.conftest import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("prometheus"), reason=MISSING)]
@@ -55,7 +55,7 @@ def test_every_process_of_a_run_with_a_relative_out_is_scraped(write_job, tmp_pa
     prom.start()
     try:
         end = IterationRecord.read_lines(out / "metrics.jsonl")[-1].time_unix
-        up = {(r.metric["role"], r.metric.get("replica", "")): float(r.value[1])
+        up = {(r["metric"]["role"], r["metric"].get("replica", "")): float(r["value"][1])
               for r in prom.query('max by (role, replica) (max_over_time(up{rljob="relative"}[10m]))', at=end)}
     finally:
         prom.stop()
@@ -85,20 +85,7 @@ def test_internal_autoscaling_with_a_relative_out_decides(write_job, tmp_path):
 
 
 def test_a_prometheus_that_cannot_see_its_targets_fails_the_run_naming_them(write_job, tmp_path):
-    # The real Prometheus behind a wrapper that moves its targets file where Prometheus
-    # cannot find it (what a relative path did): it runs, answers, and discovers nothing.
-    real = shutil.which("prometheus")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "prometheus"
-    wrapper.write_text(f"""#!/bin/sh
-for arg in "$@"; do
-  case "$arg" in --config.file=*) sed -i 's#- /.*/targets.json#- missing/targets.json#' "${{arg#--config.file=}}";;
-  esac
-done
-exec {real} "$@"
-""")
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    bin_dir = blind_prometheus_dir(tmp_path)  # runs and answers, and discovers nothing
     job = write_job({"spec": {"algorithm": {"numIterations": 10_000}}})  # it would run long past the bound
     cwd = tmp_path / "cwd"
     cwd.mkdir()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from streamrl.local.monitor import RunMonitor
 from streamrl.local.plan import plan_run
 from streamrl.prometheus.server import MISSING
 from streamrl.spec import parse_job
+from tests.blind_prometheus import blind_prometheus_dir
 
 pytestmark = pytest.mark.skipif(not shutil.which("prometheus"), reason=MISSING)
 
@@ -49,21 +49,7 @@ def run_parts(tmp_path, monkeypatch):
 
 
 def _broken_prometheus(tmp_path, monkeypatch) -> None:
-    """Put the real Prometheus behind a wrapper that points its config at a targets file
-    that is not there (what a relative path did): it runs and discovers nothing."""
-    real = shutil.which("prometheus")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "prometheus"
-    wrapper.write_text(f"""#!/bin/sh
-for arg in "$@"; do
-  case "$arg" in --config.file=*) sed -i 's#- /.*/targets.json#- missing/targets.json#' "${{arg#--config.file=}}";;
-  esac
-done
-exec {real} "$@"
-""")
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{blind_prometheus_dir(tmp_path)}:{os.environ['PATH']}")
 
 
 def test_every_process_is_seen_up_and_the_wait_says_so(run_parts):
