@@ -41,6 +41,7 @@ WEIGHT_SERVED_BYTES = "streamrl_weight_served_bytes"
 WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
 BATCH_OCCUPANCY = "streamrl_batch_occupancy"
 SKEWNESS_BUBBLE_SECONDS = "streamrl_skewness_bubble_seconds"
+GENERATION_BARRIER_SECONDS = "streamrl_generation_barrier_seconds"
 CONNECTED_GENERATORS = "streamrl_connected_generators"
 POOL_REPLICAS = "streamrl_pool_replicas"
 PHASE = "streamrl_phase"
@@ -135,6 +136,10 @@ class ServiceMetrics:
             "Generator decode seconds spent below the low-occupancy fraction of its batch cap with work unfinished",
             registry=r,
         )
+        self.generation_barrier_seconds = Counter(
+            GENERATION_BARRIER_SECONDS,
+            "Trainer: seconds with no work pending or out on any generator (each must wait for the trainer)",
+            registry=r)
         self.connected_generators = Gauge(CONNECTED_GENERATORS, "Generators connected to the trainer", registry=r)
         self.pool_replicas = Gauge(POOL_REPLICAS, "Generators connected to the trainer, by pool", ["pool"], registry=r)
         self.phase = Gauge(PHASE, "1 for the run's current phase, 0 for the others", ["phase"], registry=r)

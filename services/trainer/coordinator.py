@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice
@@ -42,6 +43,8 @@ class Coordinator:
         self._change = asyncio.Event()
         self._pools_seen: set[str] = set()
         self._departed_skewness_s = 0.0
+        self._barrier_since: float | None = time.monotonic()
+        """Since when no work is pending or out (None: some is)."""
 
     # ---- membership -------------------------------------------------------------------
     def connect(self, hello: Hello) -> Replica:
@@ -179,6 +182,17 @@ class Coordinator:
 
     def dispatch(self) -> None:
         self.queue.dispatch(self.replicas.values())
+        self._track_barrier()
+
+    def _track_barrier(self) -> None:
+        """Account the seconds when no work is pending or out on any replica: every generator
+        must wait for the trainer then (its step, its next iteration's work), so their idle
+        time is the pipeline's shape, not spare capacity."""
+        now = time.monotonic()
+        if self._barrier_since is not None:
+            self.metrics.generation_barrier_seconds.inc(now - self._barrier_since)
+        at_barrier = not self.queue.num_samples_pending and not any(r.outstanding for r in self.replicas.values())
+        self._barrier_since = now if at_barrier else None
 
     async def take_groups(self, iteration: int, min_samples: int, max_samples: int,
                           min_policy_version: int = 0) -> list[Group]:

@@ -46,9 +46,13 @@ def input_queries(rljob: str, window_s: float, namespace: str | None = None) -> 
         "generator_utilisation": utilisation("generator"),
         "trainer_utilisation": utilisation("trainer"),
         "iterations": f'max(changes(streamrl_iteration{{rljob="{j}"}}{w}))',
-        "idle_no_work": f'sum(rate(streamrl_stage_idle_seconds_total{{rljob="{j}", stage="generator", '
+        # Idle for lack of work while work was out: the barrier (no work pending or out on
+        # any replica: every generator waits for the trainer) is the pipeline's shape, not
+        # spare capacity, and is taken off.
+        "idle_no_work": f'clamp_min(sum(rate(streamrl_stage_idle_seconds_total{{rljob="{j}", stage="generator", '
                         f'reason="no_work"}}{w})) / count(streamrl_stage_busy_seconds_total{{rljob="{j}", '
-                        f'stage="generator"}})',
+                        f'stage="generator"}}) - scalar(sum(rate(streamrl_generation_barrier_seconds_total'
+                        f'{{rljob="{j}"}}{w}))), 0)',
         "pool_samples_per_s": f'sum by (pool) (rate(streamrl_samples_streamed_total{{rljob="{j}"}}{w})) '
                               f'/ count by (pool) (streamrl_samples_streamed_total{{rljob="{j}"}})',
         "pool_connected": f'max by (pool) (streamrl_pool_replicas{{rljob="{j}"}})',

@@ -13,9 +13,14 @@ measured throughput and configured cost. Rules:
   With min_utilisation = 1 this is the published rule, Δ > Δ′: never add a replica that
   would sit partly idle; lower values trade replica-seconds for a smaller pipeline
   bubble. The pool is the one with the best throughput per cost that still has room;
-- scale down by one when generators sit idle for lack of work beyond a threshold, or when
-  one replica fewer would still keep generation no slower than training; the pool is the
-  one with the worst throughput per cost above its minimum;
+- scale down by one only on spare capacity, the add rule's mirror image with a margin, so
+  the next round does not add the replica back: one replica fewer would keep generation
+  within (1 − `hysteresis`) of training's time, or generators sit idle for lack of work
+  beyond `idle_threshold` — idle while the iteration's work was out, not at the barrier
+  where the trainer steps and publishes and every generator must wait — and one replica
+  fewer would still keep generation within training's time. Never while any of the last
+  GENERATION_BOUND_MEMORY observations was generation-bound. The pool is the one with the
+  worst throughput per cost above its minimum;
 - in the spirit of Kubernetes HPA `behavior` (same field names): a recommendation must
   hold for `stabilizationWindowSeconds` before it is acted on, and `policies` cap the step
   (`type: Pods`, `value` replicas per `periodSeconds`; every policy must allow a step, as
@@ -79,7 +84,12 @@ class Observation:
     train_s: float
     """Training time per iteration, recent mean (seconds)."""
     idle_no_work: float = 0.0
-    """Fraction of generator time idle for lack of work, recent."""
+    """Fraction of generator time idle for lack of work while the iteration's work was out,
+    recent (the barrier, when no work was pending or out anywhere, excluded): spare capacity."""
+
+    @property
+    def generation_bound(self) -> bool:
+        return self.generation_s > self.train_s
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,12 @@ class State:
     """(time, recommended step: +1, 0 or -1) over the last two horizons (windows, periods)."""
     actions: tuple[tuple[float, int], ...] = ()
     """(time, replicas added (> 0) or removed (< 0)) within the longest policy period."""
+    generation_bound: tuple[bool, ...] = ()
+    """Whether each of the last GENERATION_BOUND_MEMORY observations was generation-bound."""
+
+
+GENERATION_BOUND_MEMORY = 3
+"""Observations remembered: no replica is removed while any of them was generation-bound."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +138,8 @@ def _after_removal(obs: Observation, pools: list[Pool], pool: Pool) -> float:
     return obs.generation_s * total / rest if rest > 0 else float("inf")
 
 
-def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2,
-              min_utilisation: float = 1.0) -> tuple[int, Pool | None, str, bool]:
+def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2, min_utilisation: float = 1.0,
+              hysteresis: float = 0.1, recently_generation_bound: bool = False) -> tuple[int, Pool | None, str, bool]:
     """The rule's raw answer: (step, pool, reason, trainer_bound), before windows and policies."""
     delta = obs.generation_s - obs.train_s
     growable = sorted((p for p in pools if p.replicas < p.max_replicas and p.samples_per_s > 0),
@@ -145,32 +161,39 @@ def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2,
     if delta > 0:
         return 0, None, "generation-bound, but every pool is at its maximum", False
     if shrinkable:
+        if recently_generation_bound:
+            return (0, None, f"keeping every replica: generation was the bottleneck within the last "
+                             f"{GENERATION_BOUND_MEMORY} observations", False)
         worst = shrinkable[0]
-        if obs.idle_no_work > idle_threshold:
-            return (-1, worst, f"generators idle for lack of work {obs.idle_no_work:.0%} of the time "
-                               f"(> {idle_threshold:.0%}): one {worst.name} replica fewer", False)
         after = _after_removal(obs, pools, worst)
-        if after <= obs.train_s:
+        if after <= (1 - hysteresis) * obs.train_s:
             return (-1, worst, f"training-bound: with one {worst.name} replica fewer generation would take "
-                               f"{after:.2f}s, still within training's {obs.train_s:.2f}s", False)
-        return 0, None, f"balanced: one replica fewer would make generation ({after:.2f}s) the bottleneck", False
+                               f"{after:.2f}s, within {1 - hysteresis:.0%} of training's {obs.train_s:.2f}s", False)
+        if obs.idle_no_work > idle_threshold and after <= obs.train_s:
+            return (-1, worst, f"generators idle for lack of work {obs.idle_no_work:.0%} of the time while work "
+                               f"was out (> {idle_threshold:.0%}); with one {worst.name} replica fewer generation "
+                               f"would take {after:.2f}s, still within training's {obs.train_s:.2f}s", False)
+        return (0, None, f"balanced: one replica fewer would bring generation ({after:.2f}s) too close to training "
+                         f"({obs.train_s:.2f}s) to hold", False)
     bound = delta < 0
     return (0, None, "training-bound and every pool is at its minimum: the trainer is the bottleneck"
             if bound else "balanced", bound)
 
 
 def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State, now: float,
-           idle_threshold: float = 0.2, min_utilisation: float = 1.0) -> Decision:
+           idle_threshold: float = 0.2, min_utilisation: float = 1.0, hysteresis: float = 0.1) -> Decision:
     """Apply the rule, then the stabilization windows and rate policies."""
     current = {p.name: p.replicas for p in pools}
-    step, pool, reason, bound = recommend(obs, pools, idle_threshold, min_utilisation)
+    step, pool, reason, bound = recommend(obs, pools, idle_threshold, min_utilisation, hysteresis,
+                                          any(state.generation_bound))
+    remembered = (*state.generation_bound, obs.generation_bound)[-GENERATION_BOUND_MEMORY:]
     horizon = max([behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds,
                    behavior.cooldown_seconds]
                   + [p.period_seconds for r in (behavior.scale_up, behavior.scale_down) for p in r.policies])
     # Twice the horizon: a window is covered once some recommendation predates its start.
     recs = tuple((t, s) for t, s in state.recommendations if t > now - 2 * horizon) + ((now, step),)
     actions = tuple((t, d) for t, d in state.actions if t > now - horizon)
-    new_state = replace(state, recommendations=recs, actions=actions)
+    new_state = replace(state, recommendations=recs, actions=actions, generation_bound=remembered)
     if step == 0:
         return Decision(current, reason, trainer_bound=bound, state=new_state)
     rules = behavior.scale_up if step > 0 else behavior.scale_down
@@ -212,3 +235,10 @@ def pools_from_spec(generators, replicas: dict[str, int], samples_per_s: dict[st
                  p.max_replicas if p.max_replicas is not None else max(p.replicas, replicas.get(p.name, 0)),
                  samples_per_s.get(p.name, 0.0), p.cost)
             for p in generators.pools]
+
+
+def count_reversals(changes: list[tuple[float, int]], window_s: float) -> int:
+    """How many changes (time, step) were undone within `window_s`: a change followed by one
+    in the opposite direction that soon is a flap (add -> remove -> add counts two)."""
+    ordered = sorted((t, s) for t, s in changes if s)
+    return sum(1 for (t0, s0), (t1, s1) in zip(ordered, ordered[1:]) if (s0 > 0) != (s1 > 0) and t1 - t0 <= window_s)

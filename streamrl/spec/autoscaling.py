@@ -49,7 +49,13 @@ class AutoscalingSpec(SpecModel):
     interval_seconds: int = Field(15, ge=1, le=3600)
     """How often the policy runs."""
     idle_threshold: float = Field(0.2, ge=0, le=1)
-    """Remove a replica when generators idle for lack of work more than this fraction of the time."""
+    """Remove a replica when generators idle for lack of work more than this fraction of the
+    time while work is out (not at the iteration barrier, where every generator must wait for
+    the optimizer step) and one replica fewer would keep generation within training's time."""
+    hysteresis: float = Field(0.1, ge=0, lt=1)
+    """A replica is removed on the times alone only when, with one fewer, generation would
+    take at most (1 - hysteresis) of training's time: the band between the add and remove
+    rules, so a reading's noise does not add back what the previous round removed."""
     min_utilisation: float = Field(1.0, gt=0, le=1)
     """Add a replica while generation is the bottleneck only if the generators would still
     be busy at least this fraction of the time with it. 1.0 is the published rule (the

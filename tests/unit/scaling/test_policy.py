@@ -1,5 +1,7 @@
 """The scaling policy, rule by rule: numbers worked out by hand."""
 
+from dataclasses import replace
+
 import pytest
 
 from streamrl.scaling.policy import Behavior, Observation, Pool, ScalingPolicy, ScalingRules, State, decide, recommend
@@ -36,15 +38,37 @@ def test_the_pool_with_the_best_throughput_per_cost_that_has_room_grows():
     assert recommend(Observation(20.0, 2.0), at_max)[:2] == (0, None)
 
 
-def test_idle_generators_or_spare_capacity_remove_the_least_valuable_replica():
-    pools = [Pool("a100", 2, min_replicas=1, samples_per_s=12.0, cost=4.0), Pool("l4", 2, samples_per_s=5.0)]
-    step, pool, reason, _ = recommend(Observation(2.0, 4.0, idle_no_work=0.5), pools)
-    assert (step, pool.name) == (-1, "a100") and "idle for lack of work 50%" in reason
-    # No idling, but 4 x 5/s -> 3 x 5/s makes generation 2 x 20/15 = 2.67 s, still under 4 s.
+def test_spare_capacity_removes_the_least_valuable_replica_with_a_margin_against_the_add_rule():
+    # 4 x 5/s -> 3 x 5/s makes generation 2 x 20/15 = 2.67 s, within 90% of training's 4 s.
     step, pool, reason, _ = recommend(Observation(2.0, 4.0), [Pool("l4", 4, samples_per_s=5.0)])
-    assert (step, pool.name) == (-1, "l4") and "2.67s" in reason
+    assert (step, pool.name) == (-1, "l4") and "2.67s, within 90% of training" in reason
+    # 2.8 x 20/15 = 3.73 s: under training's 4 s, but inside the 10% band: kept (noise could
+    # make the next round generation-bound and add it back).
+    step, _, reason, _ = recommend(Observation(2.8, 4.0), [Pool("l4", 4, samples_per_s=5.0)])
+    assert step == 0 and "too close to training" in reason
+    assert recommend(Observation(2.8, 4.0), [Pool("l4", 4, samples_per_s=5.0)], hysteresis=0.0)[0] == -1
     # 3.5 x 20/15 = 4.67 s > 4 s: keep them.
     assert recommend(Observation(3.5, 4.0), [Pool("l4", 4, samples_per_s=5.0)])[0] == 0
+    # The least valuable pool goes first: a100 (12/s for 4) before l4 (5/s for 1).
+    pools = [Pool("a100", 2, min_replicas=1, samples_per_s=12.0, cost=4.0), Pool("l4", 2, samples_per_s=5.0)]
+    assert recommend(Observation(2.0, 4.0), pools)[1].name == "a100"
+
+
+def test_idle_while_work_is_out_removes_a_replica_only_if_generation_stays_within_training():
+    pools = [Pool("a100", 2, min_replicas=1, samples_per_s=12.0, cost=4.0), Pool("l4", 2, samples_per_s=5.0)]
+    # Without the a100: 2.5 x 34/22 = 3.86 s, within training's 4 s but inside the band;
+    # the generators' idle time while work was out says the capacity is spare.
+    step, pool, reason, _ = recommend(Observation(2.5, 4.0, idle_no_work=0.5), pools)
+    assert (step, pool.name) == (-1, "a100") and "idle for lack of work 50% of the time while work was out" in reason
+    assert recommend(Observation(2.5, 4.0, idle_no_work=0.1), pools)[0] == 0  # under the threshold
+    # However idle: one fewer would make generation (3 x 34/22 = 4.64 s) the bottleneck.
+    assert recommend(Observation(3.0, 4.0, idle_no_work=0.9), pools)[0] == 0
+
+
+def test_no_replica_is_removed_while_generation_was_recently_the_bottleneck():
+    pools = [Pool("l4", 4, samples_per_s=5.0)]
+    step, _, reason, _ = recommend(Observation(1.0, 4.0, idle_no_work=0.9), pools, recently_generation_bound=True)
+    assert step == 0 and "generation was the bottleneck within the last 3 observations" in reason
 
 
 def test_trainer_bound_at_the_minimum_is_said():
@@ -158,12 +182,14 @@ def test_a_change_in_the_opposite_direction_waits_for_the_cooldown():
     up = decide(Observation(10.0, 4.0), [Pool("a", 2, samples_per_s=5.0)], behavior, State(), NOW)
     assert up.step == 1
     idle = Observation(2.0, 4.0, idle_no_work=0.5)
-    held = decide(idle, [Pool("a", 3, samples_per_s=5.0)], behavior, up.state, NOW + 20)
+    # (The memory of generation-bound observations is cleared to see the cooldown alone.)
+    up_state = replace(up.state, generation_bound=())
+    held = decide(idle, [Pool("a", 3, samples_per_s=5.0)], behavior, up_state, NOW + 20)
     assert held.step == 0 and "cooling down: a replica was added 20s ago (cooldown 30s)" in held.reason
     down = decide(idle, [Pool("a", 3, samples_per_s=5.0)], behavior, held.state, NOW + 31)
     assert down.step == -1
     # The same direction is only rate-limited by its policies, not by the cooldown.
-    again = decide(Observation(10.0, 4.0), [Pool("a", 3, samples_per_s=5.0)], behavior, up.state, NOW + 61)
+    again = decide(Observation(10.0, 4.0), [Pool("a", 3, samples_per_s=5.0)], behavior, up_state, NOW + 61)
     assert again.step == 1
 
 
