@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +34,18 @@ class Child:
     labels: dict[str, str] = field(default_factory=dict)
     """Its role (and pool and replica), as Prometheus labels."""
     started: float = field(default_factory=time.monotonic)
+    """When it was started (monotonic seconds)."""
     ended: float | None = None
-    """When it was seen to have exited (replica-seconds count start to end)."""
+    """When it exited, as its reaper saw it (replica-seconds count start to end)."""
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._reap, name=f"reap-{self.name}", daemon=True).start()
+
+    def _reap(self) -> None:
+        """Wait for the exit in the background, so its time is when it happened, not when
+        someone next looked (a drained replica no longer counts until the run ends)."""
+        self.proc.wait()
+        self.ended = time.monotonic()
 
     @property
     def role(self) -> str:
@@ -45,15 +56,10 @@ class Child:
         return self.labels.get("pool", "")
 
     def running(self) -> bool:
-        if self.proc.poll() is None:
-            return True
-        if self.ended is None:
-            self.ended = time.monotonic()
-        return False
+        return self.proc.poll() is None
 
     def seconds(self) -> float:
         """Seconds it lived (so far, while it runs)."""
-        self.running()
         return (self.ended or time.monotonic()) - self.started
 
     def tail(self, n: int = 20) -> str:
@@ -105,4 +111,3 @@ def stop(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
         except subprocess.TimeoutExpired:
             c.proc.kill()
             c.proc.wait()
-        c.running()  # note when it ended
