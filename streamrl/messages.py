@@ -27,6 +27,8 @@ class Hello:
     weights_address: str = ""
     """host:port where it relays the versions it holds to pool peers; empty = it does not."""
     latency_profile: LatencyPoints = ()
+    started_unix: float = 0.0
+    """When its process started (Unix seconds; 0 = unknown), for its time to join."""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
 BATCH_OCCUPANCY = "streamrl_batch_occupancy"
 SKEWNESS_BUBBLE_SECONDS = "streamrl_skewness_bubble_seconds"
 GENERATION_BARRIER_SECONDS = "streamrl_generation_barrier_seconds"
+GENERATOR_JOIN_SECONDS = "streamrl_generator_join_seconds"
 CONNECTED_GENERATORS = "streamrl_connected_generators"
 POOL_REPLICAS = "streamrl_pool_replicas"
 PHASE = "streamrl_phase"
@@ -140,6 +141,9 @@ class ServiceMetrics:
             GENERATION_BARRIER_SECONDS,
             "Trainer: seconds with no work pending or out on any generator (each must wait for the trainer)",
             registry=r)
+        self.generator_join_seconds = Histogram(
+            GENERATOR_JOIN_SECONDS, "Trainer: seconds from a replica's process start to its first accepted sample",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 300), registry=r)
         self.connected_generators = Gauge(CONNECTED_GENERATORS, "Generators connected to the trainer", registry=r)
         self.pool_replicas = Gauge(POOL_REPLICAS, "Generators connected to the trainer, by pool", ["pool"], registry=r)
         self.phase = Gauge(PHASE, "1 for the run's current phase, 0 for the others", ["phase"], registry=r)

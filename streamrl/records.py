@@ -149,6 +149,20 @@ class GeneratorStatus(Record):
     weights_address: str = ""
     latency_profile: list[tuple[int, float]] = []
     """PTL(BS): (batch size, seconds per decode step)."""
+    join_s: float | None = None
+    """Process start to its first accepted sample (None: not yet, or its start is unknown)."""
+
+
+class GeneratorJoin(Record):
+    """How long a replica took to join: from its process's start (interpreter, imports, model
+    load, start-up profiling, connecting) to its first sample the trainer accepted."""
+
+    generator_id: str
+    pool: str
+    startup_s: float
+    """Process start to its Hello."""
+    join_s: float
+    """Process start to its first accepted sample."""
 
 
 class TrainerStatus(Record):
@@ -202,6 +216,8 @@ class RunSummary(Record):
     weight_bytes_from_peers: int
     reward_first: float | None = None
     reward_last: float | None = None
+    generator_joins: list[GeneratorJoin] = []
+    """Every replica that joined during the run, in order."""
 
     @classmethod
     def of(cls, records: list[IterationRecord], **totals) -> RunSummary:

@@ -55,7 +55,7 @@ def _on_thread(fn: Callable[[], None], name: str) -> asyncio.Future:
 class GeneratorAgent:
     def __init__(self, engine: Engine, trainer_address: str, generator_id: str, pool: str,
                  metrics: ServiceMetrics, engine_type: str = "torch", relay: Relay | None = None,
-                 security: SecuritySpec | None = None, low_occupancy: float = 0.5):
+                 security: SecuritySpec | None = None, low_occupancy: float = 0.5, started_unix: float = 0.0):
         self.engine = engine
         self.trainer_address = trainer_address
         self.generator_id = generator_id
@@ -72,6 +72,8 @@ class GeneratorAgent:
         """A drain that takes longer stops at once (the trainer re-dispatches what is left)."""
         self.report_interval_s = 0.5
         self.exit_code = 0
+        self.started_unix = started_unix
+        """When this replica's process started (Unix seconds; 0 = unknown): the trainer measures its join."""
         self._fetching: set[int] = set()
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,10 +81,17 @@ class GeneratorAgent:
         self._stopping: asyncio.Event | None = None
         self._draining = False
         self._left_early = False
+        self._sent_one = False
 
     # ---- from the engine thread -------------------------------------------------------
     def _from_engine(self, msg: Sample | WeightsLoaded) -> None:
+        if isinstance(msg, Sample) and not self._sent_one:
+            self._sent_one = True
+            log.info("first sample sent%s", self._since_start())
         self._loop.call_soon_threadsafe(self._outbox.put_nowait, msg)
+
+    def _since_start(self) -> str:
+        return f", {time.time() - self.started_unix:.1f}s after the process started" if self.started_unix else ""
 
     def _loaded(self, msg: LoadWeights, sync_s: float) -> None:
         self._from_engine(WeightsLoaded(msg.policy_version, sync_s, msg.size_bytes, msg.source))
@@ -91,7 +100,7 @@ class GeneratorAgent:
     async def _requests(self):
         yield request_to_pb(Hello(
             self.generator_id, self.pool, self.engine.stats().capacity, self.engine_type, self.engine.policy_version,
-            self.relay.address if self.relay else "", tuple(self.engine.latency_profile())))
+            self.relay.address if self.relay else "", tuple(self.engine.latency_profile()), self.started_unix))
         while (msg := await self._outbox.get()) is not _CLOSE:
             yield request_to_pb(msg)
 
@@ -107,7 +116,8 @@ class GeneratorAgent:
                         self.worker.inbox.put(cap)
                     case Welcome() as welcome:
                         self.connected.set()
-                        log.info("connected to trainer run %s (v%d)", welcome.run_id, welcome.policy_version)
+                        log.info("connected to trainer run %s (v%d)%s", welcome.run_id, welcome.policy_version,
+                                 self._since_start())
             log.info("drained: the trainer has every sample this replica held" if self._draining
                      else "trainer closed the stream")
         except grpc.aio.AioRpcError as err:
@@ -193,7 +203,9 @@ class GeneratorAgent:
                 return 1
             capacity = self.engine.stats().capacity
             sizes = [1 << k for k in range(capacity.bit_length())] + [capacity]
+            t0 = time.monotonic()
             await asyncio.to_thread(self.engine.measure_latency, sizes)
+            log.info("PTL(BS) measured at %d batch sizes in %.2fs", len(set(sizes)), time.monotonic() - t0)
             call = rollout_pb2_grpc.RolloutStub(channel).Connect(self._requests())
             reader = asyncio.create_task(self._read(call), name="reader")
             reporter = asyncio.create_task(self._report_load(), name="load")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 
 from streamrl.generator.agent import GeneratorAgent
@@ -14,7 +15,7 @@ from streamrl.generator.engine import setup_engine
 from streamrl.generator.relay import Relay
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_tokenizer
-from streamrl.service import Service
+from streamrl.service import Service, process_started_unix
 from streamrl.spec import RLJob
 
 log = logging.getLogger("streamrl.generator")
@@ -25,6 +26,8 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
                 endpoint_file: Path | None = None, timeline: Path | None = None) -> int:
     """Serve until the trainer closes the stream (exit 0), a drain completes (0) or the link
     breaks (1)."""
+    started = process_started_unix()
+    log.info("imports done %.1fs after the process started", time.time() - started)
     spec = job.spec
     pools = {p.name: p for p in spec.generators.pools}
     if pool_name not in pools:
@@ -50,6 +53,7 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
     try:
         eos = load_tokenizer(model_dir).eos_token_id
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos)
+        log.info("engine loaded %.1fs after the process started", time.time() - started)
         relay = None
         if pool.weight_relay:
             relay = Relay(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
@@ -57,7 +61,7 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
                                           ("streamrl.v1.Rollout",), relay_port)
             relay.address = f"{advertise_host or host}:{port}"
         agent = up["agent"] = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type,
-                                             relay, spec.security, spec.generators.dispatch.low_occupancy)
+                                             relay, spec.security, spec.generators.dispatch.low_occupancy, started)
         await shell.serving()
         log.info("generator %s (pool %s, %s engine, batch %d) dialling %s; admin http://%s:%d", gid, pool.name,
                  pool.engine.type, engine.stats().capacity, trainer_address, host, shell.admin.port)

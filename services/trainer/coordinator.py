@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice
 from streamrl.metrics import ServiceMetrics
-from streamrl.records import GeneratorStatus
+from streamrl.records import GeneratorJoin, GeneratorStatus
 from streamrl.samples import Group, Sample
 from streamrl.trainer.counters import RolloutCounters
 from streamrl.trainer.groups import GroupAssembler, InFlight, Intake, PromptWork, Scorer
@@ -43,6 +43,8 @@ class Coordinator:
         self._change = asyncio.Event()
         self._pools_seen: set[str] = set()
         self._departed_skewness_s = 0.0
+        self.joins: list[GeneratorJoin] = []
+        """Every replica's time to join, in order (departed ones included)."""
         self._barrier_since: float | None = time.monotonic()
         """Since when no work is pending or out (None: some is)."""
 
@@ -56,7 +58,8 @@ class Coordinator:
         if hello.generator_id in self.replicas:
             raise KeyError(f"generator {hello.generator_id!r} is connected already")
         replica = Replica(hello.generator_id, hello.pool, hello.capacity, hello.engine, hello.policy_version,
-                          hello.weights_address, hello.latency_profile)
+                          hello.weights_address, hello.latency_profile, started_unix=hello.started_unix,
+                          hello_unix=time.time())
         self.replicas[replica.generator_id] = replica
         self.relay.joined(replica, self.replicas.values())
         self._count_replicas()
@@ -146,12 +149,27 @@ class Coordinator:
         replica = self.replicas.get(generator_id)
         if replica is not None:
             replica.outstanding.discard((sample.prompt_id, sample.sample_index))
-            replica.num_samples += intake is Intake.ACCEPTED
+            if intake is Intake.ACCEPTED:
+                replica.num_samples += 1
+                if replica.num_samples == 1:
+                    self._joined(replica)
             self._release_if_drained(replica)
         if intake is Intake.MALFORMED:
             self.queue.requeue(self.groups.get(sample.prompt_id), [sample.sample_index])
         self.dispatch()
         return intake is Intake.ACCEPTED
+
+    def _joined(self, replica: Replica) -> None:
+        """Its first accepted sample: how long it took from its process's start."""
+        if not replica.started_unix:
+            return
+        replica.join_s = time.time() - replica.started_unix
+        self.metrics.generator_join_seconds.observe(replica.join_s)
+        self.joins.append(GeneratorJoin(generator_id=replica.generator_id, pool=replica.pool,
+                                        startup_s=round(replica.hello_unix - replica.started_unix, 3),
+                                        join_s=round(replica.join_s, 3)))
+        log.info("generator %s joined: first sample %.1fs after its process started (Hello after %.1fs)",
+                 replica.generator_id, replica.join_s, replica.hello_unix - replica.started_unix)
 
     def on_loaded(self, generator_id: str, msg: WeightsLoaded) -> None:
         loader = self.replicas.get(generator_id)
@@ -219,7 +237,8 @@ class Coordinator:
                     pool=r.pool, capacity=r.capacity, outstanding=len(r.outstanding),
                     policy_version=r.policy_version, num_samples=r.num_samples,
                     tokens_per_s=round(r.load.tokens_per_s, 1) if r.load else None,
-                    weights_address=r.weights_address, latency_profile=list(r.latency_profile))
+                    weights_address=r.weights_address, latency_profile=list(r.latency_profile),
+                    join_s=round(r.join_s, 3) if r.join_s is not None else None)
                 for r in self.replicas.values()
             },
             "num_prompts_inflight": self.groups.num_inflight,

@@ -132,7 +132,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             summary = recorder.summary(phase=loop.phase, mode=spec.pipeline.mode.value,
                                        weight_bytes_from_trainer=coordinator.relay.bytes_by_source.get("trainer", 0),
                                        weight_bytes_from_peers=coordinator.relay.bytes_by_source.get("peer", 0),
-                                       **coordinator.counters.totals())
+                                       generator_joins=coordinator.joins, **coordinator.counters.totals())
             recorder.close()
             metrics.clock.close()
             save_model(out_dir / "model")

@@ -41,6 +41,12 @@ class Replica:
     """It is leaving: assigned nothing more; what it holds it finishes."""
     skewness_bubble_s: Callable[[], float] | None = None
     """Its skewness-bubble seconds so far, read in-process (colocated); else from load reports."""
+    started_unix: float = 0.0
+    """When its process started (Unix seconds; 0 = unknown)."""
+    hello_unix: float = 0.0
+    """When its Hello arrived."""
+    join_s: float | None = None
+    """Process start to its first accepted sample."""
 
     def skewness_seconds(self) -> float:
         if self.skewness_bubble_s is not None:

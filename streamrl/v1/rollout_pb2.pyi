@@ -37,7 +37,7 @@ class Draining(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile")
+    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile", "started_unix")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class Hello(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     pool: str
     capacity: int
@@ -52,7 +53,8 @@ class Hello(_message.Message):
     policy_version: int
     weights_address: str
     latency_profile: _containers.RepeatedCompositeFieldContainer[LatencyPoint]
-    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ...) -> None: ...
+    started_unix: float
+    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ..., started_unix: _Optional[float] = ...) -> None: ...
 
 class LatencyPoint(_message.Message):
     __slots__ = ("batch_size", "seconds_per_step")
