@@ -4,10 +4,12 @@ generators fixed at the minimum, fixed at the maximum, and elastic (autoscaling.
 Internal between the two). Reports samples/s, generator replica-seconds and the trainer's
 pipeline-bubble ratio over the last third of the run; the last line is a JSON object.
 
-Targets: elastic keeps that bubble <= 10% and reaches >= 0.9x the samples/s of
-fixed-at-maximum with fewer replica-seconds.
+Targets, in every round (each config measured in the same round): elastic keeps that
+bubble <= 10%, reaches >= 0.9x the samples/s of fixed-at-maximum with fewer
+replica-seconds, and reverses none of its scaling decisions. Each replica's time to join
+(process start to first accepted sample) is reported too.
 
-    python bench/elastic.py [--iterations 40] [--max-replicas 2] [--rounds 2]
+    python bench/elastic.py [--iterations 40] [--max-replicas 2] [--rounds 3]
 
 Each replica is one single-threaded process; `--cores` (default: --max-replicas) is passed
 to `streamrl run`, so on a machine with fewer cores than replicas + trainer the processes
@@ -31,13 +33,18 @@ sys.path.insert(0, str(ROOT))
 from streamrl.records import (  # noqa: E402
     LOCAL_RUN_FILE,
     METRICS_FILE,
+    SCALING_FILE,
     SUMMARY_FILE,
     IterationRecord,
     LocalRun,
     RunSummary,
+    ScalingRecord,
 )
+from streamrl.scaling.policy import count_reversals  # noqa: E402
 
 CONFIGS = ("fixed-min", "fixed-max", "elastic")
+REVERSAL_WINDOW_S = 30.0
+"""A scaling change undone within this long is a flap (the rounds here are one second)."""
 
 
 def job(config: str, args) -> dict:
@@ -77,11 +84,27 @@ def measure(run_dir: Path) -> dict:
         "bubble_last_third": sum(r.pipeline_bubble_ratio * r.wall_s for r in last) / wall,
         "bubble": summary.pipeline_bubble_ratio,
         "accepted": summary.num_samples_accepted,
+        "join_s": [round(j.join_s, 2) for j in summary.generator_joins],
     }
     if local.autoscaling is not None:
+        changes = [(r.time_unix, r.step) for r in ScalingRecord.read_lines(run_dir / SCALING_FILE) if r.step]
         out["scale_ups"] = local.autoscaling.scale_ups
         out["scale_downs"] = local.autoscaling.scale_downs
+        out["reversals"] = count_reversals(changes, REVERSAL_WINDOW_S)
     return out
+
+
+def targets(round_: dict[str, dict]) -> dict[str, bool]:
+    """The issue's targets, for one round (each config measured in the same round)."""
+    e, top = round_["elastic"], round_["fixed-max"]
+    return {"bubble_last_third_at_most_0.10": e["bubble_last_third"] <= 0.10,
+            "samples_per_s_at_least_0.9x_fixed_max": e["samples_per_s"] >= 0.9 * top["samples_per_s"],
+            "fewer_replica_seconds_than_fixed_max": e["replica_seconds"] < top["replica_seconds"],
+            "no_reversals": e["reversals"] == 0}
+
+
+def ratio(round_: dict[str, dict], key: str) -> float:
+    return round(round_["elastic"][key] / round_["fixed-max"][key], 3)
 
 
 def main() -> None:
@@ -92,15 +115,16 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="engine batch cap per replica")
     p.add_argument("--min-utilisation", type=float, default=0.5, help="elastic: autoscaling.minUtilisation")
     p.add_argument("--cores", type=int, help="passed to streamrl run (default: --max-replicas)")
-    p.add_argument("--rounds", type=int, default=2, help="each config runs once per round, in a rotated order")
+    p.add_argument("--rounds", type=int, default=3, help="each config runs once per round, in a rotated order")
     p.add_argument("--warm-start-steps", type=int, default=1500)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench-elastic")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict]] = {c: [] for c in CONFIGS}
+    rounds: list[dict[str, dict]] = []
     for r in range(args.rounds):
+        rounds.append({})
         for config in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
             job_file = out / f"{config}.yaml"
             job_file.write_text(yaml.safe_dump(job(config, args)))
@@ -109,24 +133,36 @@ def main() -> None:
             # Every config runs with its Prometheus (elastic needs it; the others get the same load).
             subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir),
                             "--quiet", "--prometheus", "--cores", str(args.cores or args.max_replicas)], check=True)
-            results[config].append(measure(run_dir))
-    mean = {c: {k: sum(m[k] for m in ms) / len(ms) for k in ms[0]} for c, ms in results.items()}
+            rounds[r][config] = measure(run_dir)
+    numeric = ("samples_per_s", "replica_seconds", "bubble", "bubble_last_third")
+    mean = {c: {k: sum(rd[c][k] for rd in rounds) / len(rounds) for k in numeric} for c in CONFIGS}
     expected = args.iterations * args.prompts_per_step * 8
-    print(f"{'config':<10} {'samples/s':>10} {'replica-s':>10} {'bubble':>8} {'last third':>11}")
+    print(f"{'round':<6} {'config':<10} {'samples/s':>10} {'replica-s':>10} {'bubble':>8} {'last third':>11} "
+          f"{'joins (s)':>18} {'reversals':>9}")
+    for r, rd in enumerate(rounds):
+        for c, m in rd.items():
+            print(f"{r + 1:<6} {c:<10} {m['samples_per_s']:>10.1f} {m['replica_seconds']:>10.1f} {m['bubble']:>8.3f} "
+                  f"{m['bubble_last_third']:>11.3f} {' '.join(f'{j:.1f}' for j in m['join_s']):>18} "
+                  f"{m.get('reversals', ''):>9}")
     for c, m in mean.items():
-        print(f"{c:<10} {m['samples_per_s']:>10.1f} {m['replica_seconds']:>10.1f} {m['bubble']:>8.3f} "
+        print(f"{'mean':<6} {c:<10} {m['samples_per_s']:>10.1f} {m['replica_seconds']:>10.1f} {m['bubble']:>8.3f} "
               f"{m['bubble_last_third']:>11.3f}")
-    e, top = mean["elastic"], mean["fixed-max"]
+    checks = [targets(rd) for rd in rounds]
+    # A replica added while the run was going (not one of the first at start-up) joins on busy cores.
+    added = [j for rd in rounds for j in rd["elastic"]["join_s"][1:]]
     print(json.dumps({
-        "samples_per_s": {c: round(m["samples_per_s"], 2) for c, m in mean.items()},
-        "replica_seconds": {c: round(m["replica_seconds"], 1) for c, m in mean.items()},
-        "bubble_last_third": {c: round(m["bubble_last_third"], 4) for c, m in mean.items()},
-        "elastic_over_fixed_max_samples_per_s": round(e["samples_per_s"] / top["samples_per_s"], 3),
-        "elastic_over_fixed_max_replica_seconds": round(e["replica_seconds"] / top["replica_seconds"], 3),
-        "elastic_scale_ups": e.get("scale_ups"), "elastic_scale_downs": e.get("scale_downs"),
-        "every_sample_once": all(m["accepted"] == expected for ms in results.values() for m in ms),
-        "iterations": args.iterations, "max_replicas": args.max_replicas, "rounds": args.rounds,
-        "cores": args.cores or args.max_replicas,
+        "rounds": [{c: {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()} for c, m in rd.items()}
+                   for rd in rounds],
+        "mean": {c: {k: round(v, 3) for k, v in m.items()} for c, m in mean.items()},
+        "elastic_over_fixed_max_samples_per_s": [ratio(rd, "samples_per_s") for rd in rounds],
+        "elastic_over_fixed_max_replica_seconds": [ratio(rd, "replica_seconds") for rd in rounds],
+        "elastic_reversals": [rd["elastic"]["reversals"] for rd in rounds],
+        "join_s_of_added_replicas": added,
+        "join_s_mean_of_added_replicas": round(sum(added) / len(added), 2) if added else None,
+        "targets_by_round": checks,
+        "targets_met_every_round": all(all(c.values()) for c in checks),
+        "every_sample_once": all(m["accepted"] == expected for rd in rounds for m in rd.values()),
+        "iterations": args.iterations, "max_replicas": args.max_replicas, "cores": args.cores or args.max_replicas,
     }))
 
 

@@ -52,7 +52,7 @@ def input_queries(rljob: str, window_s: float, namespace: str | None = None) -> 
         "idle_no_work": f'clamp_min(sum(rate(streamrl_stage_idle_seconds_total{{rljob="{j}", stage="generator", '
                         f'reason="no_work"}}{w})) / count(streamrl_stage_busy_seconds_total{{rljob="{j}", '
                         f'stage="generator"}}) - scalar(sum(rate(streamrl_generation_barrier_seconds_total'
-                        f'{{rljob="{j}"}}{w}))), 0)',
+                        f'{{rljob="{j}"}}{w})) or vector(0)), 0)',  # no barrier series (an older trainer): 0
         "pool_samples_per_s": f'sum by (pool) (rate(streamrl_samples_streamed_total{{rljob="{j}"}}{w})) '
                               f'/ count by (pool) (streamrl_samples_streamed_total{{rljob="{j}"}})',
         "pool_connected": f'max by (pool) (streamrl_pool_replicas{{rljob="{j}"}})',

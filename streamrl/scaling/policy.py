@@ -239,6 +239,15 @@ def pools_from_spec(generators, replicas: dict[str, int], samples_per_s: dict[st
 
 def count_reversals(changes: list[tuple[float, int]], window_s: float) -> int:
     """How many changes (time, step) were undone within `window_s`: a change followed by one
-    in the opposite direction that soon is a flap (add -> remove -> add counts two)."""
+    in the opposite direction that soon (add -> remove -> add counts two)."""
     ordered = sorted((t, s) for t, s in changes if s)
     return sum(1 for (t0, s0), (t1, s1) in zip(ordered, ordered[1:]) if (s0 > 0) != (s1 > 0) and t1 - t0 <= window_s)
+
+
+def count_flaps(changes: list[tuple[float, int]], window_s: float) -> int:
+    """How many times the replicas went there and back again within `window_s`: a change,
+    its reversal, then the first change once more (add -> remove -> add). Unlike a single
+    reversal, which a workload that really changed may call for, a flap is never right."""
+    ordered = sorted((t, s) for t, s in changes if s)
+    return sum(1 for (t0, s0), (_, s1), (t2, s2) in zip(ordered, ordered[1:], ordered[2:])
+               if (s0 > 0) == (s2 > 0) != (s1 > 0) and t2 - t0 <= window_s)

@@ -185,7 +185,9 @@ async def test_generation_bound_job_gains_a_replica_then_loses_it_when_generator
     assert pool_replicas(k8s, "elastic") == [2]
 
     # Generators idle for lack of work, training the bottleneck: one replica goes, back to the minimum...
-    run.play(generating=0.2, training=0.95, idle=0.8)
+    # (With one fewer, generation would take 2 x 0.45 = 0.9 of the wall time: within training's
+    # 0.95, so the idle time while work was out says the replica is spare.)
+    run.play(generating=0.45, training=0.95, idle=0.8)
     await wait_for(lambda: pool_replicas(k8s, "elastic") == [1], timeout=25, what="scaled down")
     assert get(k8s, RLJOB, "elastic")["spec"]["generators"]["replicas"] == 1
     await wait_for(lambda: get(k8s, DEPLOYMENTS, "elastic-gen-default")["spec"]["replicas"] == 1, what="applied")

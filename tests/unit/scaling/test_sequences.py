@@ -8,7 +8,16 @@ import math
 
 import pytest
 
-from streamrl.scaling.policy import Decision, Observation, Pool, State, behavior_from_spec, count_reversals, decide
+from streamrl.scaling.policy import (
+    Decision,
+    Observation,
+    Pool,
+    State,
+    behavior_from_spec,
+    count_flaps,
+    count_reversals,
+    decide,
+)
 from streamrl.spec import parse_job
 
 REVERSAL_WINDOW_S = 30.0
@@ -68,6 +77,7 @@ def test_the_recorded_flap_does_not_happen_any_more():
     decisions = replay(FLAPPED)
     assert [s for _, s in _changes(decisions, FLAPPED)] == [1]  # the one scale-up, kept
     assert count_reversals(_changes(decisions, FLAPPED), REVERSAL_WINDOW_S) == 0
+    assert count_flaps([(6.3, 1), (19.8, -1), (29.8, 1)], REVERSAL_WINDOW_S) == 1  # what the old rule did
     # Whatever the idle reads: with one fewer, generation (2 x 0.27 s) would take longer than
     # training (0.35 s), so the replica is not spare.
     barrier_counted = [(t, Observation(o.generation_s, o.train_s, 0.23) if o and o.train_s > o.generation_s else o)
@@ -121,7 +131,10 @@ def test_idle_while_work_was_out_removes_a_replica_the_times_alone_would_keep():
     assert [s for _, s in changes] == [-1]
 
 
-def test_reversals_are_counted_within_the_window():
+def test_reversals_and_flaps_are_counted_within_the_window():
+    assert count_flaps([(0, 1), (5, -1), (8, 1)], 10) == 1
+    assert count_flaps([(0, 1), (5, 1), (25, -1)], 30) == 0  # a workload that changed: one reversal, no flap
+    assert count_flaps([(0, 1), (5, -1), (80, 1)], 30) == 0
     assert count_reversals([(0, 1), (5, -1), (8, 1)], 10) == 2
     assert count_reversals([(0, 1), (5, 1), (8, 1)], 10) == 0
     assert count_reversals([(0, 1), (50, -1)], 10) == 0
