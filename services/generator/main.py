@@ -14,7 +14,7 @@ from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.engine import setup_engine
 from streamrl.generator.relay import Relay
 from streamrl.metrics import ServiceMetrics
-from streamrl.models import load_tokenizer
+from streamrl.models import eos_token_id
 from streamrl.service import Service, process_started_unix
 from streamrl.spec import RLJob
 
@@ -51,8 +51,7 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
     shell.ready_when = lambda: "agent" in up and up["agent"].connected.is_set()
     shell.start_admin()  # scrapes see the replica while its model loads (and every counter from zero)
     try:
-        eos = load_tokenizer(model_dir).eos_token_id
-        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos)
+        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir))
         log.info("engine loaded %.1fs after the process started", time.time() - started)
         relay = None
         if pool.weight_relay:
