@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl.local import RunFailed
+from streamrl.local.zygote import ForkedProcess, Zygote
 
 STARTUP_TIMEOUT_S = 180.0
 """How long a process may take to listen (torch import and model load on busy cores)."""
@@ -25,7 +26,7 @@ STOP_TIMEOUT_S = 15.0
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     log_path: Path
     endpoint_file: Path | None = None
     """Where it writes {admin_port, ...} once listening."""
@@ -82,15 +83,21 @@ class Child:
         raise RunFailed(f"{self.name} did not start listening within {timeout_s:.0f} s; see {self.log_path}")
 
 
-def spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: Path) -> Child:
+def spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: Path,
+          zygote: Zygote | None = None) -> Child:
     """Start `streamrl <argv>` with `threads` torch threads, pinned to `cores` (none: unpinned),
-    in its own session (a Ctrl-C reaches the runner, which stops it in order)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
-               TOKENIZERS_PARALLELISM="false")
+    in its own session (a Ctrl-C reaches the runner, which stops it in order); forked from
+    `zygote` when given (its imports are done: it starts in milliseconds)."""
+    overrides = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+                 "TOKENIZERS_PARALLELISM": "false"}
     log_path = log_dir / f"{name}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *argv], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    if zygote is not None:
+        proc = zygote.spawn([*argv], overrides, log_path)
+    else:
+        with log_path.open("w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *argv], env=dict(os.environ, **overrides),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
     if cores:
         try:
             os.sched_setaffinity(proc.pid, cores)

@@ -4,12 +4,14 @@ pinned to cores of its own where there are enough. Knows nothing of Prometheus o
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamrl.local.children import Child, spawn, stop
 from streamrl.local.plan import RunPlan, available_cores, generator_process
 from streamrl.local.ports import free_port
+from streamrl.local.zygote import Zygote
 from streamrl.spec import PipelineMode
 
 
@@ -32,8 +34,11 @@ class GeneratorLauncher:
     """Starts generator replicas of a running job: at start-up and whenever the supervisor
     or the autoscaler asks for one. Replica ids are <pool>-<n>, never reused within a run."""
 
-    def __init__(self, plan: RunPlan, model_dir: Path, trainer_address: str, cores: CorePlanner):
+    def __init__(self, plan: RunPlan, model_dir: Path, trainer_address: str, cores: CorePlanner,
+                 zygote: Zygote | None = None):
         self.plan, self.model_dir, self.trainer_address, self.cores = plan, model_dir, trainer_address, cores
+        self.zygote = zygote
+        """Where replicas are forked from (None: each starts a fresh interpreter)."""
         self.pools = {p.name: p for p in plan.job.spec.generators.pools}
         self.started: dict[str, int] = {}
         self.children: list[Child] = []
@@ -52,7 +57,7 @@ class GeneratorLauncher:
             ["generator", str(self.plan.job_file), "--trainer", self.trainer_address, "--pool", pool.name,
              "--id", labels["replica"], "--model-dir", str(self.model_dir), "--admin-port", str(admin_port),
              "--endpoint-file", str(endpoint), "--timeline", str(out / "timeline" / f"{name}.jsonl")],
-            pool.threads, self.cores.take(pool.threads), out / "logs")
+            pool.threads, self.cores.take(pool.threads), out / "logs", self.zygote)
         child.endpoint_file, child.admin_port, child.labels = endpoint, admin_port, labels
         self.children.append(child)
         return child
@@ -74,9 +79,12 @@ class Services:
         return [*([self.ranker] if self.ranker else []), self.trainer, *self.launcher.children]
 
     def stop(self) -> None:
-        """The trainer first (it writes its summary and model), then the others."""
+        """The trainer first (it writes its summary and model), then the others, then the
+        replicas' zygote."""
         stop([self.trainer])
         stop([c for c in self.children() if c is not self.trainer])
+        if self.launcher.zygote is not None:
+            self.launcher.zygote.close()
 
 
 def start_services(plan: RunPlan, model_dir: Path) -> Services:
@@ -87,12 +95,14 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     cores = CorePlanner()
     started: list[Child] = []
+    colocated = spec.pipeline.mode == PipelineMode.colocated
+    # Replicas fork from a zygote whose imports overlap the trainer's start-up.
+    zygote = None if colocated else Zygote(out / "logs" / "zygote.log", dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         ranker = None
         if "ranker" in plan.processes:
             ranker = _start(started, "ranker", ["ranker", str(plan.job_file), "--state", str(out / "ranker.npz")],
                             plan, 1, [])  # light: it shares cores
-        colocated = spec.pipeline.mode == PipelineMode.colocated
         # Colocated alternates generation and training in one process: it gets every core.
         threads = (len(cores.cores) or 1) if colocated else spec.trainer.threads
         trainer = _start(started, "trainer", [
@@ -100,13 +110,15 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
             *(["--ranker", f"127.0.0.1:{ranker.wait_listening()['grpc_port']}"] if ranker else [])],
             plan, threads, cores.take(threads))
         endpoint = trainer.wait_listening()
-        launcher = GeneratorLauncher(plan, model_dir, f"127.0.0.1:{endpoint['grpc_port']}", cores)
+        launcher = GeneratorLauncher(plan, model_dir, f"127.0.0.1:{endpoint['grpc_port']}", cores, zygote)
         for name, labels in plan.processes.items():  # none in colocated mode
             if labels["role"] == "generator":
                 started.append(launcher.start(labels["pool"], plan.admin_ports[name]))
         return Services(trainer, f"http://127.0.0.1:{endpoint['admin_port']}", launcher, ranker)
     except BaseException:
         stop(started)
+        if zygote is not None:
+            zygote.close()
         raise
 
 

@@ -65,7 +65,7 @@ def test_every_process_of_a_run_with_a_relative_out_is_scraped(write_job, tmp_pa
 
 def test_internal_autoscaling_with_a_relative_out_decides(write_job, tmp_path):
     job = write_job({"metadata": {"name": "elastic-relative"}, "spec": {
-        "algorithm": {"numIterations": 40, "promptsPerStep": 8, "groupSize": 8},
+        "algorithm": {"numIterations": 100, "promptsPerStep": 8, "groupSize": 8},
         "generators": {"pools": [{"name": "default", "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
                                   "engine": {"type": "torch", "maxBatchSize": 16}}]},
         "autoscaling": {"mode": "Internal", "intervalSeconds": 1},
