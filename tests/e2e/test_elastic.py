@@ -89,7 +89,10 @@ def test_generators_scale_up_one_at_a_time_and_down_without_losing_work(write_jo
             total += r["step"]
             later = rounds[i + 1:]
             nxt = next((j for j, x in enumerate(later) if x["step"]), len(later))
-            assert any("waiting for replicas to join or leave" in x["reason"] for x in later[:nxt]) or nxt == len(later)
+            # (A replica forked from the run's zygote may join within a round: then the wait is
+            # only the measuring.)
+            assert any(x["reason"].startswith(("waiting for replicas to join or leave", "measuring since the last"))
+                       for x in later[:nxt]) or nxt == len(later)
     # No flap: the replicas never went there and back again (add -> remove -> add) in the window.
     assert count_flaps([(r["time_unix"], r["step"]) for r in changes], REVERSAL_WINDOW_S) == 0, \
         [(round(r["time_unix"] - rounds[0]["time_unix"], 1), r["step"], r["reason"]) for r in changes]

@@ -19,7 +19,8 @@ from streamrl.report import load_run, plot_bubbles, plot_progress, plot_timeline
 from tests.conftest import EXAMPLE, _merge, child_env
 from tests.unit.test_dashboards import dashboard_queries
 
-ITERATIONS = 60
+ITERATIONS = 100
+"""Long enough for the autoscaler to decide a few rounds in (a replica joins in under a second)."""
 JOB = {
     "metadata": {"name": "observed"},
     "spec": {
