@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from streamrl.spec.base import SpecModel
 from streamrl.spec.generators import PlacementSpec
@@ -14,9 +14,14 @@ class TrainerSpec(SpecModel):
     """Training side."""
 
     device: str = "cpu"
-    """torch device of the learner."""
+    """torch device of the learner (`cuda` on GPU pools: each rank takes the GPU of its local rank)."""
     threads: int = Field(1, ge=1)
-    """torch threads of the trainer process."""
+    """torch threads of each trainer rank."""
+    nodes: int = Field(1, ge=1, le=1024)
+    """Kubernetes: trainer pods (an Indexed Job, one pod per node); locally, 1."""
+    process_group_timeout_seconds: int = Field(300, ge=10, le=86400)
+    """How long a collective may wait for every rank: a rank that died fails the others
+    within this, instead of leaving them waiting forever."""
     port: int = Field(0, ge=0, le=65535)
     """gRPC port generators dial (0 = any free port; local runs)."""
     admin_port: int = Field(0, ge=0, le=65535)
@@ -29,12 +34,28 @@ class TrainerSpec(SpecModel):
     """Size of one FetchWeights chunk, bytes (below gRPC's 4 MiB message limit)."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     """Kubernetes: node pool, tolerations, GPUs and pod template of the trainer."""
+    processes_per_node: int = Field(1, ge=1, le=64)
+    """Trainer ranks per pod (on GPU pools, its GPUs). World size = nodes x processesPerNode;
+    the model, its gradients and optimizer state are sharded over all ranks (FSDP2)."""
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Kubernetes Service type of the trainer's gRPC endpoint; pools in other clusters
     need `NodePort` or `LoadBalancer`."""
     external_host: str | None = Field(None, max_length=253)
     """With `NodePort`: the host other clusters reach this cluster's nodes at (a node's
     address, or a gateway in front of them); they dial it on the Service's node port."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @field_validator("processes_per_node")
+    @classmethod
+    def _a_gpu_per_rank(cls, value: int, info: ValidationInfo) -> int:
+        placement, device = info.data.get("placement"), info.data.get("device", "")
+        if placement is not None and device.startswith("cuda") and value > placement.gpus:
+            raise ValueError(f"{value} is more than the GPUs of a trainer pod (placement.gpus: {placement.gpus}): "
+                             "on a CUDA trainer each rank needs a GPU")
+        return value
 
 
 class RankerSpec(SpecModel):

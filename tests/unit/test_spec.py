@@ -132,3 +132,14 @@ def test_total_replicas_spread_over_pools_in_proportion():
 def test_ranked_policies_bind_work_late_unless_told(dispatch, factor):
     job = parse_job(_job(generators={"dispatch": dispatch}))
     assert job.spec.generators.dispatch.effective_queue_factor == factor
+
+
+def test_a_cuda_trainer_needs_a_gpu_per_rank_and_the_world_size_is_nodes_times_processes():
+    base = {"model": {"source": "builtin-tiny"}}
+    with pytest.raises(SpecError, match=r"spec.trainer.processesPerNode: 4 is more than the GPUs of a trainer pod "
+                                        r"\(placement.gpus: 2\)"):
+        parse_job({"spec": {**base, "trainer": {"device": "cuda", "processesPerNode": 4, "placement": {"gpus": 2}}}})
+    ok = parse_job({"spec": {**base, "trainer": {"device": "cuda", "processesPerNode": 2, "placement": {"gpus": 2},
+                                                   "nodes": 3}}})
+    assert ok.spec.trainer.world_size == 6
+    assert parse_job({"spec": {**base, "trainer": {"processesPerNode": 4}}}).spec.trainer.world_size == 4  # CPU ranks
