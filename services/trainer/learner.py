@@ -5,6 +5,7 @@ Knows tensors and groups, nothing of gRPC or dispatch."""
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass
 
@@ -12,8 +13,9 @@ import torch
 
 from streamrl.logprobs import pack, token_logprobs
 from streamrl.records import StepStats
-from streamrl.samples import Group
+from streamrl.samples import Group, Sample, ScoredSample
 from streamrl.spec import AlgorithmSpec
+from streamrl.trainer.ranks import Ranks, balance_by_tokens, full_state_dict, shard
 
 
 @dataclass(frozen=True)
@@ -81,15 +83,23 @@ class _Accumulated:
 
 
 class Learner:
-    def __init__(self, model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu"):
-        self.model = model.to(device).train()
+    """The learner of one rank. Rank 0 leads: accumulate() splits the samples over the ranks
+    by tokens and hands each rank its share (everyone runs the same number of micro-batches,
+    a short share padded with zero-weight ones, so the sharded model's collectives line up);
+    step() and weights() are commands every rank runs. The other ranks run follow() until
+    the leader stops them. At world size 1 a command is a local call."""
+
+    def __init__(self, model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu", ranks: Ranks | None = None,
+                 dtype: str = "float32"):
+        self.ranks = ranks or Ranks()
         self.algo = algo
         self.device = device
-        self.ref_model = None
-        if algo.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        model = model.to(device).train()
+        reference = copy.deepcopy(model).eval().requires_grad_(False) if algo.kl_coef > 0 else None
+        self.model = shard(model, self.ranks, dtype)
+        self.ref_model = shard(reference, self.ranks, dtype) if reference is not None else None
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=algo.learning_rate, weight_decay=algo.weight_decay
+            self.model.parameters(), lr=algo.learning_rate, weight_decay=algo.weight_decay
         )
         warmup = algo.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -98,20 +108,65 @@ class Learner:
         self.policy_version = 0
         self._acc = _Accumulated()
 
+    # ---- the leader's side ------------------------------------------------------------
     def accumulate(self, groups: list[Group], num_samples_in_step: int) -> None:
-        """Forward/backward on these groups, in micro-batches; gradients accumulate until step().
+        """Forward/backward on these groups over every rank; gradients accumulate until step()."""
+        samples = [(g.prompt_token_ids, s) for g in groups for s in g.samples]
+        tokens = [len(p) + len(s.sample.completion_token_ids) for p, s in samples]
+        shares = balance_by_tokens(samples, tokens, self.ranks.world_size)
+        num_micro_batches = max(math.ceil(len(share) / self.algo.micro_batch_size) for share in shares)
+        _, share, n, m = self.ranks.send([("accumulate", share, num_samples_in_step, num_micro_batches)
+                                          for share in shares])
+        self._accumulate(share, n, m)
 
-        Samples are ordered by length before they are cut into micro-batches: output
-        lengths are long-tailed, and one long sample would otherwise pad a whole
-        micro-batch to its length. The loss is a fixed-weight sum over samples, so the
-        grouping does not change the gradient."""
-        samples = sorted(((g.prompt_token_ids, s) for g in groups for s in g.samples),
-                         key=lambda item: len(item[0]) + len(item[1].sample.completion_token_ids))
+    def step(self) -> StepStats:
+        """Clip gradients, take the optimizer step on every rank, bump policy_version."""
+        self.ranks.send([("step",)] * self.ranks.world_size)
+        return self._step()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The parameters to publish, by name (tied weights once), gathered whole to this rank."""
+        self.ranks.send([("weights",)] * self.ranks.world_size)
+        return full_state_dict(self.model, self.ranks)
+
+    def stop(self) -> None:
+        """Let the other ranks leave follow()."""
+        self.ranks.send([("stop",)] * self.ranks.world_size)
+
+    # ---- every other rank -------------------------------------------------------------
+    def follow(self) -> None:
+        """Run the leader's commands until it says stop."""
+        while True:
+            command = self.ranks.receive()
+            if command[0] == "accumulate":
+                self._accumulate(*command[1:])
+            elif command[0] == "step":
+                self._step()
+            elif command[0] == "weights":
+                full_state_dict(self.model, self.ranks)
+            elif command[0] == "stop":
+                return
+            else:
+                raise ValueError(f"unknown command from rank 0: {command[0]!r}")
+
+    # ---- every rank -------------------------------------------------------------------
+    def _accumulate(self, samples, num_samples_in_step: int, num_micro_batches: int) -> None:
+        """This rank's share, in micro-batches; samples are ordered by length first (output
+        lengths are long-tailed: one long sample would otherwise pad a whole micro-batch).
+        The loss is a fixed-weight sum over samples, so the grouping does not change the
+        gradient; with several ranks, whose gradients FSDP averages, each weighs in by the
+        world size."""
+        samples = sorted(samples, key=lambda item: len(item[0]) + len(item[1].sample.completion_token_ids))
+        weight = self.ranks.world_size / num_samples_in_step
         mb = self.algo.micro_batch_size
-        for start in range(0, len(samples), mb):
-            self._micro_batch(samples[start : start + mb], num_samples_in_step)
+        for k in range(num_micro_batches):
+            items = samples[k * mb : (k + 1) * mb]
+            if items:
+                self._micro_batch(items, weight)
+            else:  # the same collectives as the others, contributing nothing
+                self._micro_batch([_PADDING], 0.0)
 
-    def _micro_batch(self, items, num_samples_in_step: int) -> None:
+    def _micro_batch(self, items, weight: float) -> None:
         t0 = time.monotonic()
         prompts = [list(p) for p, _ in items]
         completions = [list(s.sample.completion_token_ids) for _, s in items]
@@ -126,31 +181,36 @@ class Learner:
             with torch.no_grad():
                 ref = token_logprobs(self.ref_model, batch, self.algo.temperature)
         terms = ppo_clip_loss(logp, behaviour, advantages, batch.completion_mask, self.algo.clip_eps,
-                              self.algo.clip_eps_high, ref, self.algo.kl_coef, 1.0 / num_samples_in_step,
+                              self.algo.clip_eps_high, ref, self.algo.kl_coef, weight,
                               self.algo.max_new_tokens if self.algo.loss_aggregation == "token-sum" else None)
         terms.loss.backward()
+        if weight == 0.0:
+            return  # padding: nothing to count
         n = len(items)
         acc = self._acc
         acc.num_samples += n
         acc.num_micro_batches += 1
-        acc.loss += terms.loss.item()
+        acc.loss += terms.loss.item() / self.ranks.world_size
         acc.clipped += terms.clip_fraction * n
         acc.kl += terms.kl * n
         acc.forward_backward_s += time.monotonic() - t0
 
-    def step(self) -> StepStats:
-        """Clip gradients, take the optimizer step, bump policy_version; return the step's stats."""
+    def _step(self) -> StepStats:
         t0 = time.monotonic()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # sharded: the norm over every rank's shard
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
         acc, self._acc = self._acc, _Accumulated()
-        n = max(acc.num_samples, 1)
-        return StepStats(acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped / n, acc.kl / n,
-                         float(grad_norm), acc.forward_backward_s, time.monotonic() - t0)
+        num_samples, num_micro_batches, loss, clipped, kl = self.ranks.sum(
+            [acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl])
+        n = max(num_samples, 1)
+        return StepStats(int(num_samples), int(num_micro_batches), loss, clipped / n, kl / n, float(grad_norm),
+                         self.ranks.maximum(acc.forward_backward_s), time.monotonic() - t0)
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The parameters to publish, by name (tied weights once)."""
-        return {k: v.detach() for k, v in self.model.named_parameters()}
+
+_PADDING = ((0,), ScoredSample(Sample("padding", 0, (0,), (0.0,), 0, "stop"), 0.0, 0.0))
+"""A one-token sample for a rank whose share ran out of micro-batches."""

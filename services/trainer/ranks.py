@@ -1,0 +1,136 @@
+"""The trainer as a group of ranks on torch.distributed, launched the way torchrun launches
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment; none: world size 1).
+The policy is sharded over every rank with FSDP2; rank 0 leads: it sends each rank its
+share of the work and the commands that close an iteration (the control messages travel on
+a gloo group of their own, whatever the training backend). World size 1 is the same code:
+sharding over one rank is the unsharded model, and a command is a local call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Ranks:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    control: Any = None
+    """The gloo group control messages travel on (None at world size 1)."""
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_environment(cls, device: str = "cpu", timeout_s: float = 300.0) -> Ranks:
+        """Join the process group torchrun's environment describes; world size 1 without one.
+        A rank that dies makes every collective of the others fail within `timeout_s`."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size == 1:
+            return cls()
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        backend = "gloo"
+        if device.startswith("cuda"):
+            torch.cuda.set_device(local_rank)
+            backend = "nccl"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        log.info("rank %d of %d (local rank %d) joined the %s group", rank, world_size, local_rank, backend)
+        return cls(rank, world_size, local_rank, control)
+
+    def device(self, device: str) -> str:
+        """The device of this rank: its local GPU on CUDA."""
+        return f"cuda:{self.local_rank}" if device == "cuda" else device
+
+    def send(self, per_rank: list[Any]) -> Any:
+        """Leader: hand per_rank[r] to rank r; returns this rank's own."""
+        assert self.is_leader and len(per_rank) == self.world_size
+        if self.world_size == 1:
+            return per_rank[0]
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, per_rank, src=0, group=self.control)
+        return received[0]
+
+    def receive(self) -> Any:
+        """Another rank: what the leader handed it next."""
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, None, src=0, group=self.control)
+        return received[0]
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sums over every rank."""
+        if self.world_size == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.control)
+        return t.tolist()
+
+    def maximum(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
+        return float(t[0])
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32") -> torch.nn.Module:
+    """FSDP2 over every rank: each decoder layer a unit, then the root (the embeddings and the
+    head); on CUDA, compute in the spec's dtype and reduce in float32. One rank: unchanged."""
+    if ranks.world_size == 1:
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = None
+    if next(model.parameters()).is_cuda and dtype != "float32":
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
+    kwargs = {"mp_policy": mp} if mp is not None else {}
+    for layer in _layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a causal LM (Hugging Face keeps them in a ModuleList)."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
+    return list(max(lists, key=len)) if lists else []
+
+
+def full_state_dict(model: torch.nn.Module, ranks: Ranks) -> dict[str, torch.Tensor]:
+    """The whole model's parameters by name, gathered to rank 0's CPU (a collective: every
+    rank calls it; the others get {}). Tied weights once, as named_parameters has them."""
+    names = [name for name, _ in model.named_parameters()]
+    if ranks.world_size == 1:
+        return {name: p.detach() for name, p in model.named_parameters()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {name: state[name] for name in names} if ranks.is_leader else {}
+
+
+def balance_by_tokens(items: list[Any], tokens: list[int], num_ranks: int) -> list[list[Any]]:
+    """Split items over ranks so their token counts differ by at most one item's: longest
+    first, each to the rank with the fewest tokens so far (output lengths are long-tailed, so
+    splitting by count would leave ranks waiting on the one with the long samples)."""
+    shares: list[list[Any]] = [[] for _ in range(num_ranks)]
+    load = [0] * num_ranks
+    for i in sorted(range(len(items)), key=lambda i: -tokens[i]):
+        r = min(range(num_ranks), key=lambda r: (load[r], r))
+        shares[r].append(items[i])
+        load[r] += tokens[i]
+    return shares
