@@ -44,10 +44,14 @@ def cmd_trainer(args) -> int:
         from streamrl.local.colocated import serve
     else:
         from streamrl.trainer.main import serve
+    from streamrl.trainer.ranks import Ranks
 
+    trainer = job.spec.trainer
+    ranks = Ranks.from_environment(trainer.device, trainer.process_group_timeout_seconds)
+    options = {"ranks": ranks} if ranks.world_size > 1 else {}
     return asyncio.run(serve(job, model_dir, Path(args.out), host=args.host,
                              endpoint_file=Path(args.endpoint_file) if args.endpoint_file else None,
-                             ranker_address=args.ranker, admin_port=args.admin_port))
+                             ranker_address=args.ranker, admin_port=args.admin_port, **options))
 
 
 def cmd_generator(args) -> int:

@@ -74,6 +74,8 @@ LOW_OCCUPANCY = "low_occupancy"
 WAITING_GENERATORS = "waiting_generators"
 """Trainer: before enough generators joined (start-up; not a pipeline bubble)."""
 WAITING_SAMPLES = "waiting_samples"
+WAITING_LEADER = "waiting_leader"
+"""A trainer rank other than 0: waiting for rank 0's next command (its samples, its step)."""
 WAITING_WEIGHTS = "waiting_weights"
 NO_WORK = "no_work"
 

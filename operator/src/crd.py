@@ -30,6 +30,11 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
                  "(has(self.trainer) && self.trainer.serviceType != 'ClusterIP')",
          "message": "pools in another cluster (clusterRef) need trainer.serviceType NodePort or LoadBalancer",
          "fieldPath": ".trainer.serviceType"},
+        {"rule": "!has(self.pipeline) || !has(self.pipeline.mode) || self.pipeline.mode != 'colocated' || "
+                 "!has(self.trainer) || ((has(self.trainer.nodes) ? self.trainer.nodes : 1) == 1 && "
+                 "(has(self.trainer.processesPerNode) ? self.trainer.processesPerNode : 1) == 1)",
+         "message": "pipeline.mode colocated runs generation and training in one process: trainer.nodes and "
+                    "trainer.processesPerNode must be 1", "fieldPath": ".trainer.processesPerNode"},
     ],
     "model": [
         {"rule": "self.source != 'path' || has(self.path)", "message": "path is required when source is 'path'",
@@ -55,6 +60,13 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         {"rule": "self.policy != 'oracle' || has(self.oracleLengths)",
          "message": "oracleLengths is required when policy is 'oracle'", "fieldPath": ".oracleLengths",
          "reason": "FieldValueRequired"},
+    ],
+    "trainer": [
+        {"rule": "!has(self.device) || !self.device.startsWith('cuda') || "
+                 "(has(self.processesPerNode) ? self.processesPerNode : 1) <= "
+                 "(has(self.placement) && has(self.placement.gpus) ? self.placement.gpus : 0)",
+         "message": "processesPerNode is more than the GPUs of a trainer pod (placement.gpus): on a CUDA trainer "
+                    "each rank needs a GPU", "fieldPath": ".processesPerNode"},
     ],
     "ranker": [
         {"rule": "self.predictor != 'causal-lm' || has(self.modelPath)",

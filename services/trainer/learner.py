@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from streamrl.logprobs import pack, token_logprobs
+from streamrl.metrics import WAITING_LEADER, StageClock
 from streamrl.records import StepStats
 from streamrl.samples import Group, Sample, ScoredSample
 from streamrl.spec import AlgorithmSpec
@@ -134,10 +135,14 @@ class Learner:
         self.ranks.send([("stop",)] * self.ranks.world_size)
 
     # ---- every other rank -------------------------------------------------------------
-    def follow(self) -> None:
-        """Run the leader's commands until it says stop."""
+    def follow(self, clock: StageClock | None = None) -> None:
+        """Run the leader's commands until it says stop (busy while running one, on `clock`)."""
         while True:
+            if clock is not None:
+                clock.idle(WAITING_LEADER)
             command = self.ranks.receive()
+            if clock is not None:
+                clock.busy()
             if command[0] == "accumulate":
                 self._accumulate(*command[1:])
             elif command[0] == "step":

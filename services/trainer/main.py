@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -29,12 +30,17 @@ from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.lengths import setup_lengths
 from streamrl.trainer.loop import TrainLoop
+from streamrl.trainer.ranks import Ranks
 from streamrl.trainer.recorder import Recorder
 from streamrl.trainer.servicer import RolloutServicer
 from streamrl.trainer.workqueue import SamplingConfig
 from streamrl.weights import WeightStore
 
 log = logging.getLogger("streamrl.trainer")
+
+FOLLOWER_GRACE_S = 30.0
+"""After a signal, how long a rank other than 0 waits for rank 0 to stop it (once rank 0 has
+written the summary and the model, which needs every rank) before it stops by itself."""
 
 
 class InProcessGenerator(Protocol):
@@ -54,11 +60,18 @@ InProcessFactory = Callable[[Coordinator, WeightStore], InProcessGenerator]
 
 async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0.1",
                 endpoint_file: Path | None = None, ranker_address: str | None = None,
-                admin_port: int | None = None, in_process: InProcessFactory | None = None) -> int:
+                admin_port: int | None = None, in_process: InProcessFactory | None = None,
+                ranks: Ranks | None = None) -> int:
     """Train until every iteration is done (exit 0), a signal stops it (130) or it fails (1);
-    summary.json and the final model are written on every way out."""
+    summary.json and the final model are written on every way out. Rank 0 does all of that;
+    the other ranks of a sharded trainer follow it (`follow`)."""
     spec, algo = job.spec, job.spec.algorithm
+    ranks = ranks or Ranks()
+    if admin_port is None:  # the spec's port, and the next ones for a pod's other ranks
+        admin_port = spec.trainer.admin_port + ranks.local_rank if spec.trainer.admin_port else 0
     torch.manual_seed(algo.seed)
+    if not ranks.is_leader:
+        return await follow(job, model_dir, ranks, host, admin_port)
     metrics = ServiceMetrics("trainer", timeline=out_dir / "timeline" / "trainer.jsonl")
     tok = load_tokenizer(model_dir)
 
@@ -73,12 +86,13 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                               queue_factor=spec.generators.dispatch.effective_queue_factor,
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay),
                               on_reward_error=spec.reward.on_error)
-    learner = Learner(load_model(model_dir, spec.model.dtype, spec.trainer.device), algo, spec.trainer.device)
+    device = ranks.device(spec.trainer.device)
+    learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype)
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
     recorder = Recorder(out_dir)
 
     def save_model(path: Path) -> None:
-        learner.model.save_pretrained(path)
+        learner.model.save_pretrained(path, state_dict=learner.weights())  # gathered whole from every rank
         tok.save_pretrained(path)
 
     lengths = setup_lengths(spec, ranker_address)
@@ -100,8 +114,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
 
     local = in_process(coordinator, store) if in_process else None
     registry = merged_registry(metrics.registry, local.registry) if local else metrics.registry
-    shell = Service("trainer", registry, status, host, spec.trainer.admin_port if admin_port is None else admin_port,
-                    endpoint_file, spec.security)
+    shell = Service("trainer", registry, status, host, admin_port, endpoint_file, spec.security)
     shell.ready_when = lambda: loop.phase == TrainerPhase.RUNNING
     shell.start_admin()
     if local is not None:
@@ -143,5 +156,50 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                 await lengths.close()
             if local is not None:
                 local.stop()
+            learner.stop()
 
     return await shell.run(train(), lambda n: task.cancel())
+
+
+async def follow(job: RLJob, model_dir: Path, ranks: Ranks, host: str, admin_port: int) -> int:
+    """A rank other than 0: its shard of the policy, the micro-batches rank 0 hands it and the
+    collectives that close each step, until rank 0 says stop. It serves /metrics; signals do
+    not stop it (rank 0 does, once its summary and model are written); a rank 0 that is gone
+    ends it within the process group's timeout."""
+    spec = job.spec
+    metrics = ServiceMetrics("trainer")
+    device = ranks.device(spec.trainer.device)
+    learner = Learner(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device, ranks,
+                      spec.model.dtype)
+
+    def status() -> dict:
+        return {"rank": ranks.rank, "world_size": ranks.world_size, "policy_version": learner.policy_version}
+
+    shell = Service(f"trainer rank {ranks.rank}", metrics.registry, status, host, admin_port)
+    shell.start_admin()
+    await shell.serving()
+    log.info("trainer rank %d of %d following rank 0; admin http://%s:%d", ranks.rank, ranks.world_size, host,
+             shell.admin.port)
+
+    async def run() -> int:
+        try:
+            await asyncio.to_thread(learner.follow, metrics.clock)
+            return ExitCode.OK
+        except Exception:
+            log.exception("trainer rank %d failed", ranks.rank)
+            return ExitCode.FAILED
+        finally:
+            metrics.clock.close()
+
+    def signalled(n: int) -> None:
+        if n > 1:  # rank 0 is not coming back for it: a collective cannot be cancelled, the process can
+            log.warning("trainer rank %d: stopping at once", ranks.rank)
+            os._exit(ExitCode.INTERRUPTED)
+        log.info("trainer rank %d: leaving when rank 0 says so (it writes the summary and model first), or in "
+                 "%.0f s", ranks.rank, FOLLOWER_GRACE_S)
+        asyncio.get_running_loop().call_later(FOLLOWER_GRACE_S, signalled, 2)
+
+    try:
+        return await shell.run(run(), signalled)
+    finally:
+        ranks.close()

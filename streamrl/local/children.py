@@ -84,12 +84,12 @@ class Child:
 
 
 def spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: Path,
-          zygote: Zygote | None = None) -> Child:
+          zygote: Zygote | None = None, env: dict[str, str] | None = None) -> Child:
     """Start `streamrl <argv>` with `threads` torch threads, pinned to `cores` (none: unpinned),
     in its own session (a Ctrl-C reaches the runner, which stops it in order); forked from
     `zygote` when given (its imports are done: it starts in milliseconds)."""
     overrides = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-                 "TOKENIZERS_PARALLELISM": "false"}
+                 "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     log_path = log_dir / f"{name}.log"
     if zygote is not None:
         proc = zygote.spawn([*argv], overrides, log_path)

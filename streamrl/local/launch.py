@@ -5,11 +5,12 @@ pinned to cores of its own where there are enough. Knows nothing of Prometheus o
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamrl.local import RunFailed
 from streamrl.local.children import Child, spawn, stop
-from streamrl.local.plan import RunPlan, available_cores, generator_process
+from streamrl.local.plan import RunPlan, available_cores, generator_process, trainer_rank_process
 from streamrl.local.ports import free_port
 from streamrl.local.zygote import Zygote
 from streamrl.spec import PipelineMode
@@ -73,10 +74,21 @@ class Services:
     launcher: GeneratorLauncher
     """Starts generator replicas (none in colocated mode)."""
     ranker: Child | None = None
+    trainer_ranks: list[Child] = field(default_factory=list)
+    """The trainer's other ranks (rank 0 is `trainer`), when it is sharded."""
 
     def children(self) -> list[Child]:
         """Every process started, ranker and trainer first (also those that exited)."""
-        return [*([self.ranker] if self.ranker else []), self.trainer, *self.launcher.children]
+        return [*([self.ranker] if self.ranker else []), self.trainer, *self.trainer_ranks, *self.launcher.children]
+
+    def check_trainer_ranks(self) -> None:
+        """A trainer rank that died while rank 0 runs fails the run at once, named (rank 0 would
+        otherwise wait in a collective until the process group's timeout)."""
+        for child in self.trainer_ranks:
+            code = child.proc.poll()
+            if code not in (None, 0) and self.trainer.running():
+                raise RunFailed(f"trainer rank {child.labels.get('rank')} ({child.name}) exited with {code}; "
+                                f"see {child.log_path}:\n{child.tail()}")
 
     def stop(self) -> None:
         """The trainer first (it writes its summary and model), then the others, then the
@@ -105,16 +117,22 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
                             plan, 1, [])  # light: it shares cores
         # Colocated alternates generation and training in one process: it gets every core.
         threads = (len(cores.cores) or 1) if colocated else spec.trainer.threads
-        trainer = _start(started, "trainer", [
-            "trainer", str(plan.job_file), "--model-dir", str(model_dir), "--out", str(out), "--threads", str(threads),
-            *(["--ranker", f"127.0.0.1:{ranker.wait_listening()['grpc_port']}"] if ranker else [])],
-            plan, threads, cores.take(threads))
+        argv = ["trainer", str(plan.job_file), "--model-dir", str(model_dir), "--out", str(out), "--threads",
+                str(threads), *(["--ranker", f"127.0.0.1:{ranker.wait_listening()['grpc_port']}"] if ranker else [])]
+        world_size = spec.trainer.processes_per_node  # a local run is one node
+        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size)}
+        # Every rank as torchrun would start them (its environment names it), on cores of its own.
+        trainer, *trainer_ranks = [
+            _start(started, trainer_rank_process(rank) if rank else "trainer", argv, plan, threads,
+                   cores.take(threads), {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world_size > 1
+                   else None)
+            for rank in range(world_size)]
         endpoint = trainer.wait_listening()
         launcher = GeneratorLauncher(plan, model_dir, f"127.0.0.1:{endpoint['grpc_port']}", cores, zygote)
         for name, labels in plan.processes.items():  # none in colocated mode
             if labels["role"] == "generator":
                 started.append(launcher.start(labels["pool"], plan.admin_ports[name]))
-        return Services(trainer, f"http://127.0.0.1:{endpoint['admin_port']}", launcher, ranker)
+        return Services(trainer, f"http://127.0.0.1:{endpoint['admin_port']}", launcher, ranker, trainer_ranks)
     except BaseException:
         stop(started)
         if zygote is not None:
@@ -122,12 +140,13 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
         raise
 
 
-def _start(started: list[Child], name: str, argv: list[str], plan: RunPlan, threads: int, cores: list[int]) -> Child:
+def _start(started: list[Child], name: str, argv: list[str], plan: RunPlan, threads: int, cores: list[int],
+           env: dict[str, str] | None = None) -> Child:
     """Spawn a planned process with its endpoint file and admin port; note it in `started`."""
     endpoint = plan.out_dir / f"{name}.json"
     endpoint.unlink(missing_ok=True)
     child = spawn(name, [*argv, "--endpoint-file", str(endpoint), "--admin-port", str(plan.admin_ports[name])],
-                  threads, cores, plan.out_dir / "logs")
+                  threads, cores, plan.out_dir / "logs", env=env)
     child.endpoint_file, child.admin_port, child.labels = endpoint, plan.admin_ports[name], plan.processes[name]
     started.append(child)
     return child

@@ -74,6 +74,9 @@ def plan_run(job: RLJob, out_dir: Path | None, prometheus: bool, cores: int | No
         say("autoscaling.mode Internal: colocated mode has no generator replicas to scale; replicas stay as written")
     if spec.autoscaling.mode == "External":
         say("autoscaling.mode External: nothing drives /scale in a local run; replicas stay as written")
+    if spec.trainer.nodes > 1:
+        raise ValueError(f"spec.trainer.nodes {spec.trainer.nodes}: a local run is one node; put the ranks in "
+                         "trainer.processesPerNode instead")
     prometheus_for = "--prometheus" if prometheus else \
         "spec.autoscaling.mode Internal (local autoscaling reads its inputs from Prometheus)" if elastic else None
     out_dir = out_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -89,10 +92,17 @@ def plan_processes(job: RLJob) -> dict[str, dict[str, str]]:
     if spec.generators.dispatch.policy == "skewness-aware":
         out["ranker"] = {"role": "ranker"}
     out["trainer"] = {"role": "trainer"}
+    for rank in range(1, spec.trainer.processes_per_node):  # a local run is one node
+        out[trainer_rank_process(rank)] = {"role": "trainer", "rank": str(rank)}
     if spec.pipeline.mode != PipelineMode.colocated:
         for pool in spec.generators.pools:
             out.update(generator_process(pool.name, i) for i in range(spec.generators.pool_replicas()[pool.name]))
     return out
+
+
+def trainer_rank_process(rank: int) -> str:
+    """The process name of a trainer rank other than 0 (rank 0 is `trainer`)."""
+    return f"trainer-rank-{rank}"
 
 
 def generator_process(pool: str, index: int) -> tuple[str, dict[str, str]]:

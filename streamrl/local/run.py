@@ -68,8 +68,10 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
 
 
 def _ticks(keeper: Keeper, monitor: RunMonitor | None, services: Services) -> Callable[[Say], None]:
-    """What runs every progress poll: the supervisor or autoscaler, then Prometheus's targets."""
+    """What runs every progress poll: the trainer's ranks, the supervisor or autoscaler, then
+    Prometheus's targets."""
     def tick(say: Say) -> None:
+        services.check_trainer_ranks()
         keeper.tick(say)
         if monitor is not None:
             monitor.update(services.children())

@@ -68,6 +68,13 @@ class RLJobSpec(SpecModel):
             raise ValueError("pools in another cluster (clusterRef) need trainer.serviceType NodePort or LoadBalancer")
         return self
 
+    @model_validator(mode="after")
+    def _colocated_is_one_process(self) -> RLJobSpec:
+        if self.pipeline.mode == "colocated" and self.trainer.world_size > 1:
+            raise ValueError("pipeline.mode colocated runs generation and training in one process: "
+                             "trainer.nodes and trainer.processesPerNode must be 1")
+        return self
+
 
 class ObjectMeta(BaseModel):
     """The subset of Kubernetes metadata a local run uses; other keys are kept."""

@@ -121,8 +121,15 @@ def test_examples_are_accepted(path):
 BASE = {"spec": {"model": {"source": "builtin-tiny"}, "generators": {"pools": [{"name": "l4", "replicas": 2}]}}}
 
 
-def _with(path: str, value):
-    obj = copy.deepcopy(BASE)
+def _with_all(changes: dict):
+    obj = BASE
+    for path, value in changes.items():
+        obj = _with(path, value, obj)
+    return obj
+
+
+def _with(path: str, value, base=None):
+    obj = copy.deepcopy(BASE if base is None else base)
     node = obj["spec"]
     *parents, last = path.split(".")
     for part in parents:
@@ -154,6 +161,8 @@ INVALID = [
     (_with("trainer", {"device": "cuda:0", "processesPerNode": 2}),
      "trainer.processesPerNode: processesPerNode is more than the GPUs of a trainer pod"),
     (_with("trainer.nodes", 0), "trainer.nodes: 0 is less than the minimum of 1"),
+    (_with_all({"pipeline.mode": "colocated", "trainer.processesPerNode": 2}),
+     "trainer.processesPerNode: pipeline.mode colocated runs generation and training in one process"),
     (_with("generators.pools.0.clusterRef", "dc-west"),
      "trainer.serviceType: pools in another cluster (clusterRef) need trainer.serviceType NodePort or"),
     (_with("algorithm.learningRate", 0), "algorithm.learningRate: 0 is less than or equal to the minimum of 0"),

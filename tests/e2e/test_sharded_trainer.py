@@ -1,0 +1,89 @@
+"""`streamrl run` with a trainer of two ranks (trainer.processesPerNode 2, FSDP2 over gloo):
+it learns in stream-sync and stream-async with every sample accepted once; Ctrl-C and a rank
+that dies stop everything, the latter within moments and with the rank named."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamrl.records import IterationRecord, LocalRun, RunSummary, TrainerPhase
+from tests.conftest import child_env
+
+pytestmark = pytest.mark.slow
+
+ITERATIONS, PROMPTS, GROUP = 15, 16, 8
+
+
+def _job(write_job, mode: str, iterations: int = ITERATIONS) -> Path:
+    return write_job({"spec": {
+        "algorithm": {"numIterations": iterations, "promptsPerStep": PROMPTS, "groupSize": GROUP},
+        "pipeline": {"mode": mode},
+        "trainer": {"processesPerNode": 2, "processGroupTimeoutSeconds": 60},
+    }})
+
+
+def _left_behind(out: Path) -> str:
+    """Processes whose command line names the run directory (every child's does)."""
+    return subprocess.run(["pgrep", "-a", "-f", str(out)], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("mode", ["stream-sync", "stream-async"])
+def test_two_ranks_learn_and_accept_every_sample_once(write_job, tmp_path, mode):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(_job(write_job, mode)), "--out", str(out),
+                           "--quiet"], env=child_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.phase == TrainerPhase.SUCCEEDED and summary.num_iterations == ITERATIONS
+    assert summary.num_samples_accepted == ITERATIONS * PROMPTS * GROUP  # each sample once
+    assert summary.num_samples_duplicate_dropped == summary.num_samples_redispatched == 0
+    records = IterationRecord.read_lines(out / "metrics.jsonl")
+    # The first iteration's reward is the untrained policy's; the last five's mean what it learnt.
+    learnt = sum(r.reward_mean for r in records[-5:]) / 5
+    assert learnt - records[0].reward_mean >= 0.05, [round(r.reward_mean, 3) for r in records]
+    logs = (out / "logs" / "trainer-rank-1.log").read_text()
+    assert "rank 1 of 2 (local rank 1) joined the gloo group" in logs
+    assert time.sleep(0.5) or _left_behind(out) == ""
+
+
+def test_ctrl_c_stops_every_rank(write_job, tmp_path):
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(_job(write_job, "stream-sync", 1000)),
+                            "--out", str(out), "--quiet"], env=child_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for_iterations(out, run, 2)
+    run.send_signal(signal.SIGINT)
+    assert run.wait(60) == 130, run.stderr.read()[-3000:]
+    assert RunSummary.read(out / "summary.json").phase == TrainerPhase.INTERRUPTED
+    assert (out / "model" / "model.safetensors").is_file()  # gathered from both ranks, written
+    assert time.sleep(0.5) or _left_behind(out) == ""
+
+
+def test_a_rank_that_dies_ends_the_run_at_once_naming_it(write_job, tmp_path):
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(_job(write_job, "stream-sync", 1000)),
+                            "--out", str(out), "--quiet"], env=child_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for_iterations(out, run, 2)
+    subprocess.run(["pkill", "-KILL", "-f", f"{out}/trainer-rank-1.json"], check=True)
+    killed = time.monotonic()
+    stderr = run.communicate(timeout=120)[1]
+    took = time.monotonic() - killed
+    assert run.returncode == 1
+    assert "run failed: trainer rank 1 (trainer-rank-1) exited with -9" in stderr
+    assert took < 30, took  # not the process group's 60 s timeout: the runner saw it go
+    assert "trainer rank 1" in LocalRun.read(out / "run.json").failure
+    assert time.sleep(0.5) or _left_behind(out) == ""
+
+
+def _wait_for_iterations(out: Path, run: subprocess.Popen, n: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    metrics = out / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
+        assert run.poll() is None, run.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"no {n} iterations within {timeout_s:.0f} s"
+        time.sleep(0.2)
