@@ -28,6 +28,18 @@ TINY_CONFIG = dict(
     max_position_embeddings=256,
     tie_word_embeddings=True,
 )
+SMALL_CONFIG = dict(
+    hidden_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    intermediate_size=2048,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+"""The same architecture at ~34 M parameters: big enough that sharding the trainer pays
+(bench/trainer_scale.py), small enough for a CPU."""
+BUILTIN_CONFIGS = {"tiny": TINY_CONFIG, "small": SMALL_CONFIG}
 # Bump when the built-in model or its warm start changes, so stale caches are not reused.
 TINY_REVISION = 2
 
@@ -55,8 +67,9 @@ def build_char_tokenizer() -> PreTrainedTokenizerBase:
     )
 
 
-def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
-    """Write a randomly initialised tiny Llama + char tokenizer to out_dir (HF format)."""
+def build_tiny_model(out_dir: Path, seed: int = 0, size: str = "tiny") -> Path:
+    """Write a randomly initialised built-in Llama (`tiny`, 0.5 M parameters, or `small`,
+    ~34 M) + char tokenizer to out_dir (HF format)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -66,7 +79,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **TINY_CONFIG,
+        **BUILTIN_CONFIGS[size],
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

@@ -1,0 +1,142 @@
+"""The sharded trainer side by side: the built-in `small` model (~34 M parameters, the tiny
+model's architecture), the same batch of scored samples, trained by 1 rank and by 2 ranks
+(FSDP2 over gloo; each rank one thread on a core of its own). Reports per rank the bytes
+of parameters + gradients + optimizer state it holds, trained tokens/s, and the seconds to
+gather the whole weights to rank 0 and publish them (serialize, chunk, checksum) per step.
+
+Targets: 2 ranks hold <= 0.6x the bytes of 1 rank (the reason FSDP exists) and train >= 1.4x
+its tokens/s. The last line is a JSON object.
+
+    python bench/trainer_scale.py [--steps 4] [--samples 8] [--tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from streamrl.models import build_tiny_model, load_model  # noqa: E402
+from streamrl.samples import Group, Sample, ScoredSample  # noqa: E402
+from streamrl.spec import AlgorithmSpec  # noqa: E402
+from streamrl.trainer.learner import Learner  # noqa: E402
+from streamrl.trainer.ranks import Ranks  # noqa: E402
+from streamrl.weights import WeightStore  # noqa: E402
+
+
+def batch(samples: int, tokens: int, seed: int) -> list[Group]:
+    """One step's scored groups of 4: prompts of 16 tokens, completions of `tokens`."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(samples // 4):
+        scored = tuple(ScoredSample(Sample(f"p{g}", i, tuple(rng.randrange(4, 60) for _ in range(tokens)),
+                                           tuple(-rng.random() for _ in range(tokens)), 0, "length"),
+                                    rng.random(), rng.uniform(-1, 1)) for i in range(4))
+        groups.append(Group(f"p{g}", 0, g, (1, *[rng.randrange(4, 60) for _ in range(15)]), scored))
+    return groups
+
+
+def held_bytes(learner: Learner) -> int:
+    """This rank's parameters, gradients and optimizer state, in bytes (its shards only)."""
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    total = 0
+    for p in learner.model.parameters():
+        total += local(p).numel() * local(p).element_size()
+        if p.grad is not None:
+            total += local(p.grad).numel() * local(p.grad).element_size()
+    for state in learner.optimizer.state.values():
+        total += sum(local(v).numel() * local(v).element_size() for v in state.values()
+                     if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return total
+
+
+def rank_main(rank: int, world_size: int, port: int, model_dir: str, args, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    os.sched_setaffinity(0, [rank % os.cpu_count()])
+    ranks = Ranks.from_environment(timeout_s=600)
+    algo = AlgorithmSpec(microBatchSize=args.samples, learningRate=1e-5)
+    learner = Learner(load_model(model_dir), algo, ranks=ranks)
+    if not ranks.is_leader:
+        learner.follow()
+        ranks.close()
+        return
+    store = WeightStore(2, 1 << 20)
+    steps, publishes, memory = [], [], 0
+    for k in range(args.steps + 1):  # the first is a warm-up
+        groups = batch(args.samples, args.tokens, k)
+        t0 = time.perf_counter()
+        learner.accumulate(groups, args.samples)
+        forward_backward_s = time.perf_counter() - t0
+        memory = max(memory, held_bytes(learner))  # with the gradients (and the optimizer state from step 2)
+        t1 = time.perf_counter()
+        learner.step()
+        t2 = time.perf_counter()
+        store.publish(learner.policy_version, learner.weights())
+        t3 = time.perf_counter()
+        if k:
+            steps.append(forward_backward_s + t2 - t1)
+            publishes.append(t3 - t2)
+    learner.stop()
+    tokens = args.samples * (16 + args.tokens)
+    step_s = sorted(steps)[len(steps) // 2]
+    json.dump({"held_bytes_rank0": memory, "tokens_per_s": tokens / step_s, "step_s": step_s,
+               "gather_publish_s": sorted(publishes)[len(publishes) // 2]}, open(out, "w"))
+    ranks.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=4, help="measured optimizer steps (after one warm-up)")
+    p.add_argument("--samples", type=int, default=16, help="samples per step (one micro-batch per rank)")
+    p.add_argument("--tokens", type=int, default=128, help="completion tokens per sample")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-trainer-scale-"))
+    model_dir = build_tiny_model(work / "small", seed=0, size="small")
+    params = sum(t.numel() for t in load_model(model_dir).parameters())
+    results = {}
+    for world_size in (1, 2):
+        print(f"{world_size} rank(s): {args.steps} steps of {args.samples} x {16 + args.tokens} tokens",
+              file=sys.stderr, flush=True)
+        out = str(work / f"ws{world_size}.json")
+        mp.spawn(rank_main, args=(world_size, free_port(), str(model_dir), args, out), nprocs=world_size, join=True)
+        results[world_size] = json.load(open(out))
+    one, two = results[1], results[2]
+    print(f"{'ranks':>5} {'held MB/rank':>13} {'tokens/s':>9} {'step s':>7} {'gather+publish s':>17}")
+    for n, r in results.items():
+        print(f"{n:>5} {r['held_bytes_rank0'] / 1e6:>13.1f} {r['tokens_per_s']:>9.1f} {r['step_s']:>7.2f} "
+              f"{r['gather_publish_s']:>17.2f}")
+    print(json.dumps({
+        "parameters": params,
+        "held_bytes_per_rank": {n: r["held_bytes_rank0"] for n, r in results.items()},
+        "held_bytes_2_over_1": round(two["held_bytes_rank0"] / one["held_bytes_rank0"], 3),
+        "tokens_per_s": {n: round(r["tokens_per_s"], 1) for n, r in results.items()},
+        "tokens_per_s_2_over_1": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
+        "gather_publish_s": {n: round(r["gather_publish_s"], 3) for n, r in results.items()},
+        "samples_per_step": args.samples, "tokens_per_sample": 16 + args.tokens, "steps": args.steps,
+    }))
+
+
+if __name__ == "__main__":
+    main()
