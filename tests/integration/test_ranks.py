@@ -1,6 +1,7 @@
 """The trainer's ranks on real torch.distributed (gloo): the same scored groups trained by
 one rank and by two FSDP2-sharded ranks give the same parameters and the same published
-weights after three optimizer steps."""
+weights after three optimizer steps, and what is published is exactly the shards put
+together."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def _train(rank: int, world_size: int, port: int, model_dir: str, out: str) -> N
     learner = Learner(load_model(model_dir), AlgorithmSpec(microBatchSize=4, learningRate=1e-3), ranks=ranks)
     if not ranks.is_leader:
         learner.follow()
+        _full_parameters(learner)  # the check below is a collective too
         ranks.close()
         return
     stats = []
@@ -60,8 +62,17 @@ def _train(rank: int, world_size: int, port: int, model_dir: str, out: str) -> N
         stats.append(learner.step())
     weights = learner.weights()
     learner.stop()
+    # What is published is what the shards hold, put together.
+    for name, full in _full_parameters(learner).items():
+        assert torch.equal(weights[name], full), name
     torch.save({"weights": weights, "loss": [s.loss for s in stats], "samples": [s.num_samples for s in stats]}, out)
     ranks.close()
+
+
+def _full_parameters(learner: Learner) -> dict[str, torch.Tensor]:
+    """Every parameter put together from the ranks' shards (a collective on every rank)."""
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+            for name, p in learner.model.named_parameters()}
 
 
 def _free_port() -> int:
