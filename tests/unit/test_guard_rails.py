@@ -100,3 +100,13 @@ def test_the_checkout_shadows_no_standard_module():
     assert Path(proc.stdout.strip()).parent == Path(shutil.__file__).parent
     stdlib = set(sys.stdlib_module_names)
     assert not [d.name for d in ROOT.iterdir() if (d / "__init__.py").exists() and d.name in stdlib]
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (rootdir-relative, no __init__ packages): two
+    test_x.py in different folders stop collection on a clean clone with 'import file mismatch'
+    (a warm checkout's __pycache__ hides it)."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
