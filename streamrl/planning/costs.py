@@ -1,0 +1,45 @@
+"""What one stage costs in seconds, the seam between where times come from (a measured
+profile, or the analytic roofline over a catalog GPU) and who uses them (the planner, the
+simulator). Both sides see only these two protocols."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class GenerationCost(Protocol):
+    """One generator replica (all the GPUs of its tensor-parallel group) of one model."""
+
+    def decode_step_s(self, batch: int, context: int) -> float:
+        """Seconds for one decode step of `batch` running sequences whose mean context
+        (prompt + tokens so far) is `context` tokens: PTL(BS) at that context."""
+        ...
+
+    def prefill_s(self, tokens: int) -> float:
+        """Seconds to prefill `tokens` prompt tokens (summed over the sequences admitted)."""
+        ...
+
+    @property
+    def max_batch(self) -> int:
+        """The most sequences one replica runs at once (KV-cache memory or the engine's cap)."""
+        ...
+
+
+@runtime_checkable
+class TrainingCost(Protocol):
+    """The whole trainer stage (every rank) of one model and algorithm."""
+
+    def train_s(self, tokens: int) -> float:
+        """Seconds of forward and backward (with the algorithm's reference/critic passes) over
+        `tokens` trained tokens (prompt + output), spread over every rank."""
+        ...
+
+    def step_s(self) -> float:
+        """Seconds of the optimizer step that closes an iteration."""
+        ...
+
+    def publish_s(self) -> float:
+        """Seconds to gather the full weights and hand them to the weight store (the transfer to
+        generators is the scenario's link, not the trainer's)."""
+        ...
