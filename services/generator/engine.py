@@ -36,6 +36,13 @@ class GenerationRequest:
     """Higher is admitted first; ties are first-come first-served."""
 
 
+def admission_key(priority: float, arrival: int) -> tuple[float, int]:
+    """The order in which waiting requests join the running batch (smallest first): highest
+    priority first (the longest predicted output under ranked dispatch: longest-processing-
+    time first), then first come first served. Pure, so the simulator orders by it too."""
+    return -priority, arrival
+
+
 @dataclass(frozen=True)
 class Completion:
     request_id: str

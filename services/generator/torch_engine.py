@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from streamrl.generator.decoder import SlotDecoder
-from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest
+from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, admission_key
 
 
 @dataclass
@@ -64,7 +64,8 @@ class TorchEngine(Engine):
                 f"request {request.request_id}: prompt + max_new_tokens = {need} exceeds the context of "
                 f"{self.decoder.max_len}"
             )
-        heapq.heappush(self._waiting, (-request.priority, next(self._arrival), request, time.monotonic()))
+        heapq.heappush(self._waiting, (*admission_key(request.priority, next(self._arrival)), request,
+                                       time.monotonic()))
 
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = set(request_ids)

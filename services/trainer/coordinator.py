@@ -22,7 +22,7 @@ from streamrl.trainer.counters import RolloutCounters
 from streamrl.trainer.groups import GroupAssembler, InFlight, Intake, PromptWork, Scorer
 from streamrl.trainer.relay import VersionSync, WeightRelay
 from streamrl.trainer.replica import Replica
-from streamrl.trainer.workqueue import SamplingConfig, WorkQueue
+from streamrl.trainer.workqueue import SamplingConfig, WorkQueue, dispatch_order
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +179,7 @@ class Coordinator:
     # ---- work -------------------------------------------------------------------------
     def add_prompts(self, iteration: int, prompts: list[PromptWork], group_size: int, min_policy_version: int) -> None:
         """Queue the prompts of one iteration; with predictions they go out longest first."""
-        if any(p.predicted_length for p in prompts):
-            prompts = sorted(prompts, key=lambda p: -p.predicted_length)
-        self.queue.add(self.groups.open(iteration, prompts, group_size, min_policy_version))
+        self.queue.add(self.groups.open(iteration, dispatch_order(prompts), group_size, min_policy_version))
         self.dispatch()
 
     def _requeue(self, task: InFlight, indices: list[int]) -> None:

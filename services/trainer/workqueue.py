@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from streamrl.messages import Work
 from streamrl.trainer.counters import RolloutCounters
-from streamrl.trainer.groups import InFlight
+from streamrl.trainer.groups import InFlight, PromptWork
 from streamrl.trainer.replica import Replica
 
 
@@ -22,6 +22,14 @@ class SamplingConfig:
     max_new_tokens: int
     seed: int
     """Run seed; each prompt derives its own from it."""
+
+
+def dispatch_order(prompts: list[PromptWork]) -> list[PromptWork]:
+    """The order an iteration's prompts join the queue: longest predicted first when there are
+    predictions (ranked dispatch), else as drawn. Pure, so the simulator queues by it too."""
+    if any(p.predicted_length for p in prompts):
+        return sorted(prompts, key=lambda p: -p.predicted_length)
+    return list(prompts)
 
 
 class WorkQueue:
