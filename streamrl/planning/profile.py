@@ -1,0 +1,173 @@
+"""A measured profile: what `streamrl profile` writes (the hardware, model and engine it ran
+on, PTL(BS), prefill and training seconds per token, the optimizer step and publishing), how
+it is read back, the stage costs it gives the planner and the simulator, and its PTL plot.
+Knows numbers only: the measuring is the services' (generator/profile.py, trainer/profile.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field, field_validator
+
+from streamrl.planning.shape import ModelShape
+from streamrl.records import Record, write_json
+
+PROFILE_VERSION = 1
+
+
+class ProfileHardware(Record):
+    device: str
+    """torch device the measurements ran on (`cpu`, `cuda`)."""
+    name: str
+    """The processor's name (CPU model, or the GPU's as CUDA reports it)."""
+    gpu_type: str | None = None
+    """The catalog GPU type this hardware is (given to `streamrl profile --gpu-type`): the planner
+    uses this profile instead of the analytic model for that type."""
+    threads: int = 1
+    """torch threads of each measurement."""
+    torch_version: str = ""
+
+
+class ProfileModel(Record):
+    name: str
+    """The model's directory name, or `builtin-tiny`/`builtin-small`."""
+    num_params: int
+    dtype: str
+    shape: ModelShape | None = None
+    """Its dimensions (from its config.json)."""
+
+
+class ProfileEngine(Record):
+    type: str
+    """Engine backend (`torch`)."""
+    max_batch_size: int
+    """The engine's cap on running sequences: a replica's max_batch."""
+    device: str
+
+
+class Profile(Record):
+    """One job's model measured on one machine."""
+
+    version: int = PROFILE_VERSION
+    created: str
+    """When it was measured (ISO 8601, UTC)."""
+    hardware: ProfileHardware
+    model: ProfileModel
+    engine: ProfileEngine
+    ptl: list[tuple[int, float]] = Field(min_length=1)
+    """PTL(BS): (batch size, seconds per decode step of one replica), ascending batch size."""
+    ptl_context: int
+    """Tokens of context (prompt + generated) each sequence had while PTL was measured."""
+    prefill_s_per_token: float = Field(ge=0)
+    """Seconds to prefill one prompt token (a batch of prompts, divided by their tokens)."""
+    train_micro_batch_size: int = Field(ge=1)
+    """Samples per forward/backward (the job's algorithm.microBatchSize) while training was measured."""
+    train_sequence_tokens: int = Field(ge=1)
+    """Prompt + completion tokens of each trained sample."""
+    train_world_size: int = Field(1, ge=1)
+    """Trainer ranks that shared the measured work."""
+    forward_backward_s_per_token: float = Field(ge=0)
+    """Seconds of forward and backward per trained token (over the whole trainer)."""
+    optimizer_step_s: float = Field(ge=0)
+    """Seconds of one optimizer step (gradient clipping included)."""
+    publish_s: float = Field(ge=0)
+    """Seconds to gather the full weights and put them in the weight store (serialised, chunked, hashed)."""
+
+    @field_validator("ptl")
+    @classmethod
+    def _ascending(cls, points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        points = sorted(points)
+        if any(b < 1 or s <= 0 for b, s in points):
+            raise ValueError("every PTL point needs a batch size >= 1 and seconds > 0")
+        return points
+
+    def write(self, path: Path) -> None:
+        write_json(Path(path), self)
+
+    def generation_cost(self) -> MeasuredGenerationCost:
+        """A replica of this engine on this hardware (a GenerationCost)."""
+        return MeasuredGenerationCost(tuple(self.ptl), self.prefill_s_per_token, self.engine.max_batch_size)
+
+    def training_cost(self, num_gpus: int | None = None) -> MeasuredTrainingCost:
+        """The trainer as measured (a TrainingCost); with `num_gpus`, forward/backward and the
+        optimizer step scaled by world size / num_gpus (ideal data-parallel scaling, an
+        assumption: measure the world size you plan where you can)."""
+        scale = self.train_world_size / num_gpus if num_gpus else 1.0
+        return MeasuredTrainingCost(self.forward_backward_s_per_token * scale, self.optimizer_step_s * scale,
+                                    self.publish_s)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile file; ValueError naming the file and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"profile {path}: no such file (write one with `streamrl profile JOB --out {path}`)")
+    return Profile.read(path)
+
+
+@dataclass(frozen=True)
+class MeasuredGenerationCost:
+    """PTL(BS) interpolated over batch size. Context is ignored: the profile measured one
+    context length (ptl_context); a measured step does not grow with longer contexts here."""
+
+    ptl: tuple[tuple[int, float], ...]
+    prefill_s_per_token: float
+    max_batch: int
+
+    def decode_step_s(self, batch: int, context: int) -> float:
+        """Linear between measured batch sizes; beyond them, the nearest segment's slope (never
+        below the fastest measured step)."""
+        pts = self.ptl
+        if len(pts) == 1:
+            return pts[0][1]
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if batch <= b1 or (b1, t1) == pts[-1]:
+                return max(min(t for _, t in pts), t0 + (t1 - t0) * (batch - b0) / (b1 - b0))
+        raise AssertionError("unreachable")
+
+    def prefill_s(self, tokens: int) -> float:
+        return tokens * self.prefill_s_per_token
+
+
+@dataclass(frozen=True)
+class MeasuredTrainingCost:
+    """The trainer's measured seconds (a TrainingCost)."""
+
+    forward_backward_s_per_token: float
+    optimizer_step_s: float
+    publish_seconds: float
+
+    def train_s(self, tokens: int) -> float:
+        return tokens * self.forward_backward_s_per_token
+
+    def step_s(self) -> float:
+        return self.optimizer_step_s
+
+    def publish_s(self) -> float:
+        return self.publish_seconds
+
+
+def plot_ptl(profile: Profile, path: Path) -> Path:
+    """PTL(BS) as a PNG: seconds per decode step and per generated token over batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batch = [b for b, _ in profile.ptl]
+    step_ms = [s * 1e3 for _, s in profile.ptl]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(batch, step_ms, "o-", label="decode step (ms)")
+    ax.plot(batch, [s / b for s, b in zip(step_ms, batch)], "s--", label="per generated token (ms)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (running sequences)")
+    ax.set_ylabel("milliseconds")
+    ax.set_title(f"PTL(BS): {profile.model.name} on {profile.hardware.gpu_type or profile.hardware.name}"[:80])
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

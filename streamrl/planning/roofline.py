@@ -1,0 +1,224 @@
+"""The analytic cost model for hardware without a profile: a decode step is the slower of
+streaming the weights and the KV cache from memory and doing its FLOPs (with tensor
+parallelism's all-reduces), training is 6 FLOPs per parameter per token (plus reference and
+critic passes) at a utilisation, and a memory check rules out what does not fit.
+
+Every number that is an assumption rather than a spec is a field of `Assumptions`, with its
+source; `docs/planning.md` says how to calibrate them from a measured profile."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from streamrl.planning.catalog import GpuType
+from streamrl.planning.shape import ModelShape
+
+Algorithm = Literal["grpo", "ppo"]
+"""`grpo`: the policy's forward/backward only (a reference forward when the KL term is on).
+`ppo`: also a critic the size of the policy (a forward for values, then its own forward/backward)."""
+
+
+class Assumptions(BaseModel):
+    """The analytic model's constants that are not datasheet figures. Defaults are typical
+    published values; a measured profile is the way to replace them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    weight_bytes_per_param: float = Field(2.0, gt=0)
+    """Bytes of one parameter as generators hold it and the trainer computes with it (BF16)."""
+    kv_bytes_per_value: float = Field(2.0, gt=0)
+    """Bytes of one cached key or value element (BF16 KV cache, vLLM's default `kv_cache_dtype=auto`)."""
+    decode_bandwidth_efficiency: float = Field(0.7, gt=0, le=1)
+    """Fraction of peak memory bandwidth a decode step achieves reading weights and KV cache
+    (Databricks, 'LLM Inference Performance Engineering: Best Practices', 2023, measures model
+    bandwidth utilisation of about 60-70% on A100/H100 at small batches)."""
+    decode_compute_efficiency: float = Field(0.5, gt=0, le=1)
+    """Fraction of peak tensor FLOP/s a decode step's skinny matmuls reach once compute-bound
+    (an assumption: batch-sized GEMMs reach well under the large-GEMM peak)."""
+    prefill_compute_efficiency: float = Field(0.6, gt=0, le=1)
+    """Fraction of peak FLOP/s of prefill (large GEMMs; an assumption between decode and training's best)."""
+    decode_step_overhead_s: float = Field(0.0015, ge=0)
+    """Fixed seconds per decode step: sampling, scheduling, kernel launches (an assumption of the
+    order vLLM reaches with CUDA graphs)."""
+    allreduce_latency_s: float = Field(2e-5, ge=0)
+    """Fixed seconds of one tensor-parallel all-reduce (order of NCCL's small-message latency on
+    NVLink in nccl-tests; two per layer per step)."""
+    memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of GPU memory usable for weights, KV cache, optimizer state and activations
+    (vLLM's `gpu_memory_utilization` default)."""
+    engine_max_batch: int = Field(256, ge=1)
+    """The most sequences an engine runs at once, whatever memory allows (vLLM's `max_num_seqs` default)."""
+    train_mfu: float = Field(0.4, gt=0, le=1)
+    """Model FLOPs utilisation of training (Megatron-LM, Narayanan et al. 2021: 44-52% on A100;
+    PaLM: 46%; lower for the short, variable sequences of RL)."""
+    optimizer_bytes_per_param: float = Field(16.0, gt=0)
+    """Training bytes per parameter: weights, gradients and AdamW's two moments in mixed
+    precision (ZeRO, Rajbhandari et al. 2020: 2 + 2 + 12 = 16; FP32 FSDP: 4 + 4 + 8 = 16)."""
+    optimizer_bytes_touched_per_param: float = Field(28.0, gt=0)
+    """Bytes AdamW's step reads and writes per parameter (reads FP32 parameter, gradient and
+    two moments, writes parameter and moments: 7 x 4); the step is memory-bound."""
+    checkpoint_bytes_per_token_per_hidden: float = Field(2.0, ge=0)
+    """Activation bytes kept per token per layer per hidden unit with full activation
+    checkpointing (the layer's BF16 input; Korthikanti et al. 2022)."""
+    layer_working_bytes_per_token_per_hidden: float = Field(34.0, ge=0)
+    """Activation bytes per token per hidden unit of the one layer being recomputed
+    (Korthikanti et al. 2022's 34·s·b·h, attention's s² term gone with flash attention)."""
+    host_copy_gb_s: float = Field(25.0, gt=0)
+    """GB/s of copying the gathered weights to host memory when publishing (PCIe Gen4 x16,
+    32 GB/s peak, ~25 achieved)."""
+
+
+def _tp_allreduce_s(gpu: GpuType, tp: int, tokens: float, hidden: int, num_layers: int, a: Assumptions) -> float:
+    """Two ring all-reduces per layer of [tokens, hidden] activations over the node's interconnect."""
+    if tp == 1:
+        return 0.0
+    size = tokens * hidden * a.weight_bytes_per_param
+    per_direction = gpu.interconnect_gb_s * 1e9 / 2
+    return 2 * num_layers * (a.allreduce_latency_s + 2 * (tp - 1) / tp * size / per_direction)
+
+
+@dataclass(frozen=True)
+class AnalyticGenerationCost:
+    """One generator replica: `tp` GPUs of `gpu` in one tensor-parallel group (a GenerationCost)."""
+
+    shape: ModelShape
+    gpu: GpuType
+    tp: int
+    max_context: int
+    """Prompt + longest output, tokens: what one sequence's KV cache must hold."""
+    assumptions: Assumptions = Assumptions()
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        return self.shape.num_params * self.assumptions.weight_bytes_per_param / self.tp
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> float:
+        """KV heads are split over the group; with fewer KV heads than GPUs each holds one (replicated)."""
+        heads_per_gpu = math.ceil(self.shape.num_kv_heads / self.tp)
+        return self.shape.kv_values_per_token() / self.shape.num_kv_heads * heads_per_gpu * \
+            self.assumptions.kv_bytes_per_value
+
+    @property
+    def usable_bytes_per_gpu(self) -> float:
+        return self.gpu.memory_gb * 1e9 * self.assumptions.memory_utilization
+
+    def memory_problem(self) -> str | None:
+        """Why this replica cannot run one sequence of max_context tokens (None: it can)."""
+        need = self.weight_bytes_per_gpu + self.max_context * self.kv_bytes_per_token_per_gpu
+        if need <= self.usable_bytes_per_gpu:
+            return None
+        return (f"{self.shape.name} on {self.tp} x {self.gpu.name} needs {need / 1e9:.1f} GB per GPU (weights "
+                f"{self.weight_bytes_per_gpu / 1e9:.1f} GB + one {self.max_context}-token KV cache), "
+                f"{self.usable_bytes_per_gpu / 1e9:.1f} GB usable")
+
+    @property
+    def max_batch(self) -> int:
+        """Sequences of max_context tokens whose KV cache fits beside the weights, at most engine_max_batch."""
+        free = self.usable_bytes_per_gpu - self.weight_bytes_per_gpu
+        fit = int(free // (self.max_context * self.kv_bytes_per_token_per_gpu)) if free > 0 else 0
+        return max(0, min(self.assumptions.engine_max_batch, fit))
+
+    def decode_step_s(self, batch: int, context: int) -> float:
+        a, s = self.assumptions, self.shape
+        memory_s = (self.weight_bytes_per_gpu + batch * context * self.kv_bytes_per_token_per_gpu) / (
+            self.gpu.hbm_gb_s * 1e9 * a.decode_bandwidth_efficiency)
+        compute_s = batch * s.forward_flops_per_token(context) / self.tp / (
+            self.gpu.bf16_tflops * 1e12 * a.decode_compute_efficiency)
+        comm_s = _tp_allreduce_s(self.gpu, self.tp, batch, s.hidden_size, s.num_layers, a)
+        return a.decode_step_overhead_s + max(memory_s, compute_s) + comm_s
+
+    def prefill_s(self, tokens: int) -> float:
+        a, s = self.assumptions, self.shape
+        compute_s = tokens * s.forward_flops_per_token(0) / self.tp / (
+            self.gpu.bf16_tflops * 1e12 * a.prefill_compute_efficiency)
+        memory_s = self.weight_bytes_per_gpu / (self.gpu.hbm_gb_s * 1e9 * a.decode_bandwidth_efficiency)
+        return max(compute_s, memory_s) + _tp_allreduce_s(self.gpu, self.tp, tokens, s.hidden_size, s.num_layers, a)
+
+
+def forward_passes(algorithm: Algorithm, reference: bool) -> float:
+    """Training FLOPs per token in units of one forward pass (2N): the policy's forward and
+    backward are 3 (backward = 2 forwards, Kaplan et al. 2020's 6N), a reference forward 1, a
+    critic's value forward and its own forward/backward 1 + 3."""
+    return 3.0 + (1.0 if reference else 0.0) + (4.0 if algorithm == "ppo" else 0.0)
+
+
+@dataclass(frozen=True)
+class AnalyticTrainingCost:
+    """The trainer stage: `num_gpus` GPUs of `gpu` sharding the model (FSDP), a TrainingCost."""
+
+    shape: ModelShape
+    gpu: GpuType
+    num_gpus: int
+    mean_sequence_tokens: float
+    """Mean prompt + output tokens of a trained sample (attention's cost grows with it)."""
+    micro_batch_size: int = 1
+    """Samples per forward/backward on one GPU (the activation memory)."""
+    max_sequence_tokens: int = 0
+    """Longest sample, tokens (activation memory; 0 = mean_sequence_tokens)."""
+    algorithm: Algorithm = "grpo"
+    reference: bool = False
+    """A reference model's forward (the KL term, `algorithm.klCoef` > 0)."""
+    assumptions: Assumptions = Assumptions()
+
+    @property
+    def flops_per_token(self) -> float:
+        mean_context = self.mean_sequence_tokens / 2  # causal: a token attends to half the sequence on average
+        return forward_passes(self.algorithm, self.reference) * self.shape.forward_flops_per_token(mean_context)
+
+    def train_s(self, tokens: int) -> float:
+        compute = self.num_gpus * self.gpu.bf16_tflops * 1e12 * self.assumptions.train_mfu
+        return tokens * self.flops_per_token / compute
+
+    def step_s(self) -> float:
+        a = self.assumptions
+        touched = self.shape.num_params * (2 if self.algorithm == "ppo" else 1) * a.optimizer_bytes_touched_per_param
+        return touched / self.num_gpus / (self.gpu.hbm_gb_s * 1e9 * a.decode_bandwidth_efficiency)
+
+    def publish_s(self) -> float:
+        """Gather the full weights to rank 0 over the interconnect, then copy them to host memory."""
+        a = self.assumptions
+        size = self.shape.num_params * a.weight_bytes_per_param
+        gather = size * (self.num_gpus - 1) / self.num_gpus / (self.gpu.interconnect_gb_s * 1e9 / 2)
+        return gather + size / (a.host_copy_gb_s * 1e9)
+
+    def memory_bytes_per_gpu(self) -> float:
+        """Sharded model state (policy, a critic's, a reference's weights) plus one micro-batch's activations."""
+        a, s = self.assumptions, self.shape
+        states = s.num_params * a.optimizer_bytes_per_param * (2 if self.algorithm == "ppo" else 1)
+        states += s.num_params * a.weight_bytes_per_param if self.reference else 0.0
+        tokens = self.micro_batch_size * (self.max_sequence_tokens or self.mean_sequence_tokens)
+        activations = tokens * s.hidden_size * (a.checkpoint_bytes_per_token_per_hidden * s.num_layers
+                                                + a.layer_working_bytes_per_token_per_hidden)
+        return states / self.num_gpus + activations
+
+    def memory_problem(self) -> str | None:
+        """Why this trainer does not fit (None: it does)."""
+        need, usable = self.memory_bytes_per_gpu(), self.gpu.memory_gb * 1e9 * self.assumptions.memory_utilization
+        if need <= usable:
+            return None
+        return (f"training {self.shape.name} on {self.num_gpus} x {self.gpu.name} needs {need / 1e9:.1f} GB per GPU "
+                f"({self.assumptions.optimizer_bytes_per_param:g} B/parameter of model state sharded, plus "
+                f"activations), {usable / 1e9:.1f} GB usable")
+
+
+def analytic_generation_cost(shape: ModelShape, gpu: GpuType, tp: int, max_context: int,
+                             assumptions: Assumptions | None = None) -> AnalyticGenerationCost:
+    """A replica's GenerationCost from the roofline (tp GPUs of one node)."""
+    if not 1 <= tp <= gpu.gpus_per_node:
+        raise ValueError(f"tensor-parallel size {tp}: must be 1..{gpu.gpus_per_node} (one {gpu.name} node)")
+    return AnalyticGenerationCost(shape, gpu, tp, max_context, assumptions or Assumptions())
+
+
+def analytic_training_cost(shape: ModelShape, gpu: GpuType, num_gpus: int, mean_sequence_tokens: float,
+                           micro_batch_size: int = 1, max_sequence_tokens: int = 0, algorithm: Algorithm = "grpo",
+                           reference: bool = False, assumptions: Assumptions | None = None) -> AnalyticTrainingCost:
+    """The trainer's TrainingCost from 6N FLOPs per token at an MFU (num_gpus GPUs of one type)."""
+    if num_gpus < 1:
+        raise ValueError(f"training GPUs {num_gpus}: must be at least 1")
+    return AnalyticTrainingCost(shape, gpu, num_gpus, mean_sequence_tokens, micro_batch_size, max_sequence_tokens,
+                                algorithm, reference, assumptions or Assumptions())
