@@ -57,6 +57,9 @@ PREDICTED_LENGTH_MEAN = "streamrl_predicted_length_mean"
 ACTUAL_LENGTH_MEAN = "streamrl_actual_length_mean"
 ENGINE_RUNNING = "streamrl_engine_running_sequences"
 ENGINE_WAITING = "streamrl_engine_waiting_sequences"
+TRAINER_RANK_INFO = "streamrl_trainer_rank_info"
+TRAINER_FORWARD_BACKWARD_SECONDS = "streamrl_trainer_forward_backward_seconds"
+TRAINER_COLLECTIVE_SECONDS = "streamrl_trainer_collective_seconds"
 
 AUTOSCALER_DESIRED_REPLICAS = "streamrl_autoscaler_desired_replicas"
 AUTOSCALER_DECISIONS = "streamrl_autoscaler_decisions"
@@ -78,6 +81,19 @@ WAITING_LEADER = "waiting_leader"
 """A trainer rank other than 0: waiting for rank 0's next command (its samples, its step)."""
 WAITING_WEIGHTS = "waiting_weights"
 NO_WORK = "no_work"
+
+# Kinds of a trainer rank's collective seconds (streamrl_trainer_collective_seconds).
+FORWARD_ALL_GATHER = "forward_all_gather"
+"""FSDP2's pre-forward of a sharded unit: the all-gather of its parameters and the wait for it."""
+OPTIMIZER_STEP = "optimizer_step"
+"""Clipping (the all-reduce of the gradient norm) and the optimizer step."""
+SCATTER = "scatter"
+"""Rank 0 handing every rank its command (and its share of samples) on the control group."""
+ALL_REDUCE = "all_reduce"
+"""The sums and maxima of a step's statistics over the ranks, on the control group."""
+GATHER_WEIGHTS = "gather_weights"
+"""The full state dict gathered to rank 0's CPU for publishing (or the final model)."""
+COLLECTIVE_KINDS = (FORWARD_ALL_GATHER, OPTIMIZER_STEP, SCATTER, ALL_REDUCE, GATHER_WEIGHTS)
 
 
 COMMON_METRICS = frozenset({BUSY_SECONDS, IDLE_SECONDS, POLICY_VERSION, WEIGHT_SERVED_BYTES})
@@ -173,6 +189,15 @@ class ServiceMetrics:
         self.engine_running = Gauge(ENGINE_RUNNING, "Generator: sequences decoding now", registry=r)
         self.engine_waiting = Gauge(ENGINE_WAITING, "Generator: samples assigned and waiting to start",
                                     registry=r)
+        self.trainer_rank_info = Gauge(
+            TRAINER_RANK_INFO, "Trainer: 1, labelled with this process's rank and the world size (to join on instance)",
+            ["rank", "world_size"], registry=r)
+        self.trainer_forward_backward_seconds = Histogram(
+            TRAINER_FORWARD_BACKWARD_SECONDS, "Trainer: seconds of one micro-batch's forward and backward, by rank",
+            ["rank"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r)
+        self.trainer_collective_seconds = Counter(
+            TRAINER_COLLECTIVE_SECONDS, "Trainer: seconds in the collectives a rank can time, by rank and kind",
+            ["rank", "kind"], registry=r)
         self.clock = StageClock(self, Timeline(timeline) if timeline else None)
         # Each stage exports its own series only; the others still work, unregistered.
         for collector in [v for v in vars(self).values() if isinstance(v, (Counter, Gauge, Histogram))]:

@@ -12,11 +12,20 @@ from dataclasses import dataclass
 import torch
 
 from streamrl.logprobs import pack, token_logprobs
-from streamrl.metrics import WAITING_LEADER, StageClock
+from streamrl.metrics import (
+    ALL_REDUCE,
+    GATHER_WEIGHTS,
+    OPTIMIZER_STEP,
+    SCATTER,
+    WAITING_LEADER,
+    ServiceMetrics,
+    StageClock,
+)
 from streamrl.records import StepStats
 from streamrl.samples import Group, Sample, ScoredSample
 from streamrl.spec import AlgorithmSpec
 from streamrl.trainer.ranks import Ranks, balance_by_tokens, full_state_dict, shard
+from streamrl.trainer.timings import RankTimings
 
 
 @dataclass(frozen=True)
@@ -91,14 +100,18 @@ class Learner:
     the leader stops them. At world size 1 a command is a local call."""
 
     def __init__(self, model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu", ranks: Ranks | None = None,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", metrics: ServiceMetrics | None = None):
         self.ranks = ranks or Ranks()
+        self.timings = RankTimings(metrics, self.ranks)
+        """This rank's forward/backward and collective seconds, onto `metrics` (None: not measured)."""
         self.algo = algo
         self.device = device
         model = model.to(device).train()
         reference = copy.deepcopy(model).eval().requires_grad_(False) if algo.kl_coef > 0 else None
         self.model = shard(model, self.ranks, dtype)
         self.ref_model = shard(reference, self.ranks, dtype) if reference is not None else None
+        self.timings.watch_all_gathers(self.model)
+        self.timings.watch_all_gathers(self.ref_model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=algo.learning_rate, weight_decay=algo.weight_decay
         )
@@ -116,23 +129,27 @@ class Learner:
         tokens = [len(p) + len(s.sample.completion_token_ids) for p, s in samples]
         shares = balance_by_tokens(samples, tokens, self.ranks.world_size)
         num_micro_batches = max(math.ceil(len(share) / self.algo.micro_batch_size) for share in shares)
-        _, share, n, m = self.ranks.send([("accumulate", share, num_samples_in_step, num_micro_batches)
-                                          for share in shares])
+        _, share, n, m = self._send([("accumulate", share, num_samples_in_step, num_micro_batches)
+                                     for share in shares])
         self._accumulate(share, n, m)
 
     def step(self) -> StepStats:
         """Clip gradients, take the optimizer step on every rank, bump policy_version."""
-        self.ranks.send([("step",)] * self.ranks.world_size)
+        self._send([("step",)] * self.ranks.world_size)
         return self._step()
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The parameters to publish, by name (tied weights once), gathered whole to this rank."""
-        self.ranks.send([("weights",)] * self.ranks.world_size)
-        return full_state_dict(self.model, self.ranks)
+        self._send([("weights",)] * self.ranks.world_size)
+        return self._gather()
 
     def stop(self) -> None:
         """Let the other ranks leave follow()."""
-        self.ranks.send([("stop",)] * self.ranks.world_size)
+        self._send([("stop",)] * self.ranks.world_size)
+
+    def _send(self, per_rank: list) -> tuple:
+        with self.timings.collective(SCATTER):
+            return self.ranks.send(per_rank)
 
     # ---- every other rank -------------------------------------------------------------
     def follow(self, clock: StageClock | None = None) -> None:
@@ -148,7 +165,7 @@ class Learner:
             elif command[0] == "step":
                 self._step()
             elif command[0] == "weights":
-                full_state_dict(self.model, self.ranks)
+                self._gather()
             elif command[0] == "stop":
                 return
             else:
@@ -189,6 +206,7 @@ class Learner:
                               self.algo.clip_eps_high, ref, self.algo.kl_coef, weight,
                               self.algo.max_new_tokens if self.algo.loss_aggregation == "token-sum" else None)
         terms.loss.backward()
+        self.timings.forward_backward(time.monotonic() - t0)
         if weight == 0.0:
             return  # padding: nothing to count
         n = len(items)
@@ -202,19 +220,26 @@ class Learner:
 
     def _step(self) -> StepStats:
         t0 = time.monotonic()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm)
-        if hasattr(grad_norm, "full_tensor"):  # sharded: the norm over every rank's shard
-            grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with self.timings.collective(OPTIMIZER_STEP):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # sharded: the norm over every rank's shard
+                grad_norm = grad_norm.full_tensor()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
         acc, self._acc = self._acc, _Accumulated()
-        num_samples, num_micro_batches, loss, clipped, kl = self.ranks.sum(
-            [acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl])
+        with self.timings.collective(ALL_REDUCE):
+            num_samples, num_micro_batches, loss, clipped, kl = self.ranks.sum(
+                [acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl])
+            forward_backward_s = self.ranks.maximum(acc.forward_backward_s)
         n = max(num_samples, 1)
         return StepStats(int(num_samples), int(num_micro_batches), loss, clipped / n, kl / n, float(grad_norm),
-                         self.ranks.maximum(acc.forward_backward_s), time.monotonic() - t0)
+                         forward_backward_s, time.monotonic() - t0)
+
+    def _gather(self) -> dict[str, torch.Tensor]:
+        with self.timings.collective(GATHER_WEIGHTS):
+            return full_state_dict(self.model, self.ranks)
 
 
 _PADDING = ((0,), ScoredSample(Sample("padding", 0, (0,), (0.0,), 0, "stop"), 0.0, 0.0))

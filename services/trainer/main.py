@@ -71,7 +71,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         admin_port = spec.trainer.admin_port + ranks.local_rank if spec.trainer.admin_port else 0
     torch.manual_seed(algo.seed)
     if not ranks.is_leader:
-        return await follow(job, model_dir, ranks, host, admin_port)
+        return await follow(job, model_dir, out_dir, ranks, host, admin_port, endpoint_file)
     metrics = ServiceMetrics("trainer", timeline=out_dir / "timeline" / "trainer.jsonl")
     tok = load_tokenizer(model_dir)
 
@@ -87,7 +87,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay),
                               on_reward_error=spec.reward.on_error)
     device = ranks.device(spec.trainer.device)
-    learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype)
+    learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype,
+                      metrics)
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
     recorder = Recorder(out_dir)
 
@@ -161,21 +162,23 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     return await shell.run(train(), lambda n: task.cancel())
 
 
-async def follow(job: RLJob, model_dir: Path, ranks: Ranks, host: str, admin_port: int) -> int:
+async def follow(job: RLJob, model_dir: Path, out_dir: Path, ranks: Ranks, host: str, admin_port: int,
+                 endpoint_file: Path | None = None) -> int:
     """A rank other than 0: its shard of the policy, the micro-batches rank 0 hands it and the
     collectives that close each step, until rank 0 says stop. It serves /metrics; signals do
     not stop it (rank 0 does, once its summary and model are written); a rank 0 that is gone
-    ends it within the process group's timeout."""
+    ends it within the process group's timeout. Its busy/idle spans go to its own timeline file
+    (a row of the run report)."""
     spec = job.spec
-    metrics = ServiceMetrics("trainer")
+    metrics = ServiceMetrics("trainer", timeline=out_dir / "timeline" / f"trainer-rank-{ranks.rank}.jsonl")
     device = ranks.device(spec.trainer.device)
     learner = Learner(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device, ranks,
-                      spec.model.dtype)
+                      spec.model.dtype, metrics)
 
     def status() -> dict:
         return {"rank": ranks.rank, "world_size": ranks.world_size, "policy_version": learner.policy_version}
 
-    shell = Service(f"trainer rank {ranks.rank}", metrics.registry, status, host, admin_port)
+    shell = Service(f"trainer rank {ranks.rank}", metrics.registry, status, host, admin_port, endpoint_file)
     shell.start_admin()
     await shell.serving()
     log.info("trainer rank %d of %d following rank 0; admin http://%s:%d", ranks.rank, ranks.world_size, host,
