@@ -68,6 +68,13 @@ def base(uid: str, title: str, description: str) -> Dashboard:
     )
 
 
+def by_rank(aggregation: str, counter: str) -> str:
+    """A trainer's per-second rate of `counter` (busy/idle seconds carry no rank) by rank, through
+    each rank's streamrl_trainer_rank_info on the same scrape target."""
+    return (f'{aggregation} (rate({counter}{{{JOB}, stage="trainer"}}[$__rate_interval])'
+            f" * on (instance) group_left (rank) streamrl_trainer_rank_info{{{JOB}}})")
+
+
 def overview() -> Dashboard:
     return (
         base("streamrl-overview", "StreamRL / Overview",
@@ -103,6 +110,21 @@ def overview() -> Dashboard:
                            q(f"streamrl:stage_imbalance_seconds{{{JOB}}}", "imbalance {{rljob}}"),
                            description="Imbalance = generation - training: above zero the run is generation-bound.",
                            min_val=None))
+        .with_row(Row("Trainer ranks"))
+        .with_panel(series("Trainer ranks: busy vs waiting", "percentunit",
+                           q(by_rank("sum by (rljob, rank)", "streamrl_stage_busy_seconds_total"),
+                             "busy rank {{rank}}"),
+                           q(by_rank("sum by (rljob, rank, reason)", "streamrl_stage_idle_seconds_total"),
+                             "{{reason}} rank {{rank}}"),
+                           description="Each rank's time working or idle, by reason: rank 0 waits for samples, the "
+                                       "others for rank 0's next command (waiting_leader).", max_val=1))
+        .with_panel(series("Trainer ranks: forward/backward and collective seconds per second", "percentunit",
+                           q(f"sum by (rljob, rank) (rate(streamrl_trainer_forward_backward_seconds_sum{{{JOB}}}"
+                             f"[$__rate_interval]))", "forward/backward rank {{rank}}"),
+                           q(f"sum by (rljob, rank, kind) (rate(streamrl_trainer_collective_seconds_total{{{JOB}}}"
+                             f"[$__rate_interval]))", "{{kind}} rank {{rank}}"),
+                           description="Forward/backward includes FSDP2's backward re-gathers and reduce-scatters; "
+                                       "a collective's seconds include waiting for the slowest rank to join it."))
         .with_row(Row("Scaling"))
         .with_panel(series("Generator replicas per pool: desired vs connected", "none",
                            q(f"streamrl:generator_replicas_desired{{{JOB}}}", "desired {{pool}} {{rljob}}"),

@@ -4,6 +4,8 @@ metrics that exist, and the panels the overview, generation and weights views pr
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import promql_parser
@@ -78,7 +80,8 @@ def test_the_promised_panels_are_there():
               for path in DASHBOARD_DIR.glob("*.json")}
     assert {"Phase", "Samples/s and tokens/s", "Reward (mean of the last iteration)", "Bubble ratios",
             "Generation vs training time per iteration", "Generator replicas per pool: desired vs connected",
-            "Scaling decisions (replicas added or removed per 5 minutes)"} <= titles["overview.json"]
+            "Scaling decisions (replicas added or removed per 5 minutes)", "Trainer ranks: busy vs waiting",
+            "Trainer ranks: forward/backward and collective seconds per second"} <= titles["overview.json"]
     assert {"Batch occupancy", "Tokens/s per replica", "Queue depth", "Output length quantiles",
             "Ranker recall of the true top-x% longest", "Predicted vs actual mean length"} <= titles["generation.json"]
     assert {"Weight sync seconds (p90)", "Weight bytes/s", "Sample staleness (versions)"} <= titles["weights.json"]
@@ -87,3 +90,37 @@ def test_the_promised_panels_are_there():
 def test_lint_catches_a_broken_query():
     with pytest.raises(ValueError):
         promql_parser.parse('sum(rate(streamrl_generated_tokens_total{rljob=~".*"}[1m])')
+
+
+def test_trainer_ranks_panel_gives_each_rank_its_own_busy_and_waiting(tmp_path):
+    """The busy/idle counters carry no rank; the panel joins them to each process's
+    streamrl_trainer_rank_info. Series as a local run's Prometheus stores them: rank 0's
+    target has no rank label, rank 1's has one (its own exported as exported_rank)."""
+    [busy, idle] = [expr for title, expr in dashboard_queries()["overview.json"]
+                    if title == "Trainer ranks: busy vs waiting"]
+    r0, r1, gen = 'rljob="a", instance="t0", role="trainer"', 'rljob="a", instance="t1", role="trainer", rank="1"', \
+        'rljob="a", instance="g0", role="generator"'
+    series = {  # seconds per 15 s step
+        f'streamrl_trainer_rank_info{{{r0}, rank="0", world_size="2"}}': "1x40",
+        f'streamrl_trainer_rank_info{{{r1}, exported_rank="1", world_size="2"}}': "1x40",
+        f'streamrl_stage_busy_seconds_total{{{r0}, stage="trainer"}}': "0+12x40",
+        f'streamrl_stage_idle_seconds_total{{{r0}, stage="trainer", reason="waiting_samples"}}': "0+3x40",
+        f'streamrl_stage_busy_seconds_total{{{r1}, stage="trainer"}}': "0+9x40",
+        f'streamrl_stage_idle_seconds_total{{{r1}, stage="trainer", reason="waiting_leader"}}': "0+6x40",
+        f'streamrl_stage_busy_seconds_total{{{gen}, stage="generator"}}': "0+15x40",
+    }
+    test = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": k, "values": v} for k, v in series.items()],
+        "promql_expr_test": [
+            {"expr": busy, "eval_time": "5m", "exp_samples": [
+                {"labels": '{rljob="a", rank="0"}', "value": 0.8}, {"labels": '{rljob="a", rank="1"}', "value": 0.6}]},
+            {"expr": idle, "eval_time": "5m", "exp_samples": [
+                {"labels": '{rljob="a", rank="0", reason="waiting_samples"}', "value": 0.2},
+                {"labels": '{rljob="a", rank="1", reason="waiting_leader"}', "value": 0.4}]},
+        ]}]}
+    path = tmp_path / "ranks_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    run = subprocess.run([shutil.which("promtool") or "promtool", "test", "rules", str(path)], capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and "SUCCESS" in run.stdout + run.stderr, run.stdout + run.stderr
