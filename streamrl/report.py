@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_GENERATORS, WAITING_SAMPLES, WAITING_WEIGHTS  # noqa: E402
+from streamrl.metrics import (  # noqa: E402
+    LOW_OCCUPANCY,
+    NO_WORK,
+    WAITING_GENERATORS,
+    WAITING_LEADER,
+    WAITING_SAMPLES,
+    WAITING_WEIGHTS,
+)
 from streamrl.records import (  # noqa: E402
     LOCAL_RUN_FILE,
     METRICS_FILE,
@@ -40,7 +48,10 @@ STATES = {  # (state, reason) -> (colour, legend)
     ("idle", WAITING_WEIGHTS): ("#9e9ac8", "waiting for weights"),
     ("idle", NO_WORK): ("#e0e0e0", "idle: no work"),
     ("idle", WAITING_GENERATORS): ("#bdbdbd", "waiting for generators to join"),
+    ("idle", WAITING_LEADER): ("#74c476", "trainer rank waiting for rank 0's next command"),
 }
+TRAINER_RANK = re.compile(r"trainer(?:-rank-(\d+))?")
+"""A trainer rank's timeline: rank 0's is `trainer`, rank N's `trainer-rank-N`."""
 
 
 @dataclass
@@ -54,7 +65,7 @@ class Run:
     local: LocalRun | None = None
     """`streamrl run`'s run.json (None: the services were started some other way)."""
     timelines: dict[str, list[dict]] = field(default_factory=dict)
-    """{process name: spans}, trainer first."""
+    """{process name: spans}, the trainer's ranks first (by rank), then the others by name."""
     scaling: list[ScalingRecord] = field(default_factory=list)
     """The autoscaler's changes (autoscaling.jsonl lines with a step), in order."""
 
@@ -81,7 +92,7 @@ def load_run(directory: str | Path) -> Run:
     scaling = [r for r in ScalingRecord.read_lines(directory / SCALING_FILE) if r.step] \
         if (directory / SCALING_FILE).is_file() else []
     timelines = {}
-    files = sorted((directory / "timeline").glob("*.jsonl"), key=lambda p: (p.stem != "trainer", p.stem))
+    files = sorted((directory / "timeline").glob("*.jsonl"), key=lambda p: _row_order(p.stem))
     for path in files:
         spans = []
         for line in path.read_text().splitlines():
@@ -92,6 +103,42 @@ def load_run(directory: str | Path) -> Run:
         if spans:
             timelines[path.stem] = spans
     return Run(directory, name, records, summary, local, timelines, scaling)
+
+
+def _row_order(name: str) -> tuple[int, int, str]:
+    rank = trainer_rank(name)
+    return (0, rank, "") if rank is not None else (1, 0, name)
+
+
+def trainer_rank(name: str) -> int | None:
+    """The rank of a trainer rank's timeline name (None: another process's)."""
+    match = TRAINER_RANK.fullmatch(name)
+    return int(match.group(1) or 0) if match else None
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One trainer rank's seconds, from its timeline."""
+
+    rank: int
+    busy_s: float
+    idle_s: dict[str, float]
+    """Seconds idle, by reason."""
+
+
+def rank_times(run: Run) -> list[RankTime]:
+    """Every trainer rank with a timeline, by rank (a rank whose file is missing is not here)."""
+    out = []
+    for name, spans in run.timelines.items():
+        rank = trainer_rank(name)
+        if rank is None:
+            continue
+        idle: dict[str, float] = {}
+        for s in spans:
+            if s["state"] == "idle":
+                idle[s["reason"]] = idle.get(s["reason"], 0.0) + s["end"] - s["start"]
+        out.append(RankTime(rank, sum(s["end"] - s["start"] for s in spans if s["state"] == "busy"), idle))
+    return out
 
 
 def plot_progress(run: Run) -> Figure:
@@ -193,6 +240,12 @@ def summary_markdown(run: Run, images: list[str]) -> str:
         if local.failure:
             lines.append(f"| run failed | {' '.join(local.failure.split()).replace('|', '/')} |")
     lines.append("")
+    ranks = rank_times(run)
+    if len(ranks) > 1:
+        lines += ["## Trainer ranks", "", "| rank | busy s | idle s | idle by reason |", "| --- | --- | --- | --- |"]
+        lines += [f"| {r.rank} | {r.busy_s:.1f} | {sum(r.idle_s.values()):.1f} | "
+                  f"{', '.join(f'{k} {v:.1f}' for k, v in sorted(r.idle_s.items()))} |" for r in ranks]
+        lines.append("")
     if run.scaling:
         start = rs[0].time_unix - rs[0].elapsed_s
         lines += ["## Autoscaling", "", "| t (s) | change | replicas | why |", "| --- | --- | --- | --- |"]

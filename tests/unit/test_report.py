@@ -109,3 +109,30 @@ def test_not_a_run_directory(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "streamrl.cli", "report", str(tmp_path)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "no metrics.jsonl here" in proc.stderr
+
+
+def test_one_timeline_row_per_trainer_rank_in_rank_order(tmp_path):
+    d = _run_dir(tmp_path)
+    for rank in (10, 2):  # rank 1's file is missing (its node kept it): no row, no error
+        spans = [{"state": "busy", "reason": "", "start": 1000.0 + k, "end": 1000.25 + k} for k in range(4)]
+        spans += [{"state": "idle", "reason": "waiting_leader", "start": 1000.25 + k, "end": 1001.0 + k}
+                  for k in range(4)]
+        (d / "timeline" / f"trainer-rank-{rank}.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
+    run = load_run(d)
+    assert list(run.timelines) == ["trainer", "trainer-rank-2", "trainer-rank-10", "generator-a-0"]
+    fig = plot_timeline(run)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list(run.timelines)
+    bars = {c.get_label(): c for c in fig.axes[0].collections}
+    waiting = bars["trainer-rank-10|('idle', 'waiting_leader')"]
+    assert tuple(waiting.get_facecolor()[0][:3]) != (0.0, 0.0, 0.0)  # a colour of its own, in the legend
+    assert "trainer rank waiting for rank 0's next command" in [t.get_text() for t in fig.axes[0].get_legend().texts]
+    write_report(d)
+    md = (d / "report" / "report.md").read_text()
+    assert "| 0 | 6.0 | 6.0 | waiting_samples 6.0 |" in md
+    assert "| 2 | 1.0 | 3.0 | waiting_leader 3.0 |" in md and "| 10 | 1.0 | 3.0 | waiting_leader 3.0 |" in md
+    assert md.index("| 2 | 1.0") < md.index("| 10 | 1.0")
+
+
+def test_a_single_trainer_has_no_ranks_table(tmp_path):
+    write_report(_run_dir(tmp_path))
+    assert "## Trainer ranks" not in (tmp_path / "run" / "report" / "report.md").read_text()
