@@ -1,18 +1,23 @@
 """`streamrl run` with a trainer of two ranks (trainer.processesPerNode 2, FSDP2 over gloo):
 it learns in stream-sync and stream-async with every sample accepted once; Ctrl-C and a rank
-that dies stop everything, the latter within moments and with the rank named."""
+that dies stop everything, the latter within moments and with the rank named. Each rank
+serves its own forward/backward and collective seconds, and the report has a row per rank."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from streamrl.records import IterationRecord, LocalRun, RunSummary, TrainerPhase
+from streamrl.report import load_run, plot_timeline
 from tests.conftest import child_env
 
 pytestmark = pytest.mark.slow
@@ -49,6 +54,14 @@ def test_two_ranks_learn_and_accept_every_sample_once(write_job, tmp_path, mode)
     assert learnt - records[0].reward_mean >= 0.05, [round(r.reward_mean, 3) for r in records]
     logs = (out / "logs" / "trainer-rank-1.log").read_text()
     assert "rank 1 of 2 (local rank 1) joined the gloo group" in logs
+    # The report `streamrl run` wrote: a timeline row per rank, rank 1 busy and waiting for rank 0.
+    run = load_run(out)
+    assert list(run.timelines)[:2] == ["trainer", "trainer-rank-1"]
+    assert [t.get_text() for t in plot_timeline(run).axes[0].get_yticklabels()][:2] == ["trainer", "trainer-rank-1"]
+    follower = {(s["state"], s["reason"]) for s in run.timelines["trainer-rank-1"]}
+    assert {("busy", ""), ("idle", "waiting_leader")} <= follower
+    md = (out / "report" / "report.md").read_text()
+    assert "## Trainer ranks" in md and "\n| 0 | " in md and "\n| 1 | " in md
     assert time.sleep(0.5) or _left_behind(out) == ""
 
 
@@ -57,6 +70,14 @@ def test_ctrl_c_stops_every_rank(write_job, tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(_job(write_job, "stream-sync", 1000)),
                             "--out", str(out), "--quiet"], env=child_env(), stderr=subprocess.PIPE, text=True)
     _wait_for_iterations(out, run, 2)
+    # Every rank serves its own seconds, labelled with its rank, on its own /metrics.
+    for rank, process in enumerate(["trainer", "trainer-rank-1"]):
+        got = _rank_metrics(out / f"{process}.json", str(rank))
+        assert got["streamrl_trainer_rank_info"] == 1, process
+        assert got["streamrl_trainer_forward_backward_seconds_count"] >= 2, process  # a micro-batch an iteration
+        assert got["streamrl_trainer_forward_backward_seconds_sum"] > 0, process
+        for kind in ("forward_all_gather", "optimizer_step", "all_reduce", "gather_weights"):
+            assert got[f"streamrl_trainer_collective_seconds_total|{kind}"] > 0, (process, kind)
     run.send_signal(signal.SIGINT)
     assert run.wait(60) == 130, run.stderr.read()[-3000:]
     assert RunSummary.read(out / "summary.json").phase == TrainerPhase.INTERRUPTED
@@ -78,6 +99,15 @@ def test_a_rank_that_dies_ends_the_run_at_once_naming_it(write_job, tmp_path):
     assert took < 30, took  # not the process group's 60 s timeout: the runner saw it go
     assert "trainer rank 1" in LocalRun.read(out / "run.json").failure
     assert time.sleep(0.5) or _left_behind(out) == ""
+
+
+def _rank_metrics(endpoint: Path, rank: str) -> dict[str, float]:
+    """The per-rank series a rank serves on /metrics (its admin port from its endpoint file),
+    labelled with `rank`; a collective's by name|kind."""
+    text = httpx.get(f"http://127.0.0.1:{json.loads(endpoint.read_text())['admin_port']}/metrics", timeout=10).text
+    return {f"{s.name}|{s.labels['kind']}" if "kind" in s.labels else s.name: s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name.startswith("streamrl_trainer_") and s.labels.get("rank") == rank}
 
 
 def _wait_for_iterations(out: Path, run: subprocess.Popen, n: int, timeout_s: float = 180) -> None:
