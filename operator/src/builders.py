@@ -2,21 +2,35 @@
 handlers call these and apply the results; tests validate them against Kubernetes's own
 schemas.
 
-Per job: a ConfigMap holding the spec every service loads; the trainer as a Job (its exit
-is the run's outcome) behind a Service that is the one endpoint generators dial; the
-ranker as a Deployment and Service (skewness-aware dispatch only); one generator
-Deployment per pool, with that pool's node selector, tolerations, GPUs and template.
+Per job: a ConfigMap holding the spec every service loads; the trainer as an Indexed Job
+(one pod per trainer node, `processesPerNode` ranks in each started by torch.distributed.run;
+its exit is the run's outcome) with a headless Service that gives its pods stable names for
+the rendezvous, and a Service selecting only the index-0 pod (rank 0), the one endpoint
+generators dial; the ranker as a Deployment and Service (skewness-aware dispatch only); one
+generator Deployment per pool, with that pool's node selector, tolerations, GPUs and template.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 from streamrl.operator.settings import Settings
-from streamrl.spec import API_VERSION, GROUP, KIND, TLS_MOUNT, RLJob, dump_job
+from streamrl.spec import API_VERSION, GROUP, KIND, TLS_MOUNT, RLJob, SpecError, dump_job
 
 TRAINER_GRPC_PORT, RANKER_GRPC_PORT, RELAY_PORT, ADMIN_PORT = 50051, 50052, 50053, 8080
+RENDEZVOUS_PORT = 29500
+"""torch.distributed's TCP store on the trainer's index-0 pod (torchrun's default port)."""
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+"""The label (and env JOB_COMPLETION_INDEX) the Job controller gives each pod of an Indexed Job."""
+TEMPLATE_HASH = "streamrl.io/trainer-template-hash"
+"""Annotation on the trainer Job: a hash of what a running Job cannot change (a different one
+means the operator replaces the whole group)."""
+RESTARTS = "streamrl.io/group-restarts"
+"""Annotation on the trainer Job: how many times the whole group was restarted before it."""
+HOSTNAME_MAX = 63
 SPEC_MOUNT, OUT_MOUNT, CACHE_MOUNT = "/etc/streamrl/job", "/var/lib/streamrl/out", "/var/cache/streamrl"
 JOB_FILE = f"{SPEC_MOUNT}/job.yaml"
 MAIN = "main"
@@ -180,30 +194,95 @@ def uses_ranker(job: RLJob) -> bool:
     return job.spec.generators.dispatch.policy == "skewness-aware"
 
 
-def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None) -> dict:
-    """The trainer as a batch Job: one pod, its exit status is the run's outcome."""
-    j = job.metadata.name
-    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT)]
+def trainer_args(job: RLJob, namespace: str) -> tuple[list[str] | None, list[str]]:
+    """(command, args) of a trainer pod's container. One rank: the image's `streamrl trainer`.
+    More: torch.distributed.run starts `processesPerNode` ranks with the node rank from the
+    Job's completion index, rendezvous at the index-0 pod's stable name; each rank serves its
+    admin on ADMIN_PORT + its local rank (the configmap's trainer.adminPort)."""
+    j, trainer = job.metadata.name, job.spec.trainer
+    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", "0.0.0.0"]
     if uses_ranker(job):
         args += ["--ranker", f"{name(j, 'ranker')}:{RANKER_GRPC_PORT}"]
-    template = pod_template(job, "trainer", job.spec.trainer.placement, args,
-                            {"grpc": TRAINER_GRPC_PORT, "admin": ADMIN_PORT}, settings, restart_policy="Never")
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": _meta(job, name(j, "trainer"), namespace, labels(j, "trainer"), owner),
-        "spec": {"backoffLimit": settings.trainer_backoff_limit, "suspend": job.spec.suspend,
-                 "template": template},
+    if trainer.world_size == 1:
+        return None, args + ["--admin-port", str(ADMIN_PORT)]
+    master = f"{name(j, 'trainer')}-0.{name(j, 'trainer-ranks')}.{namespace}.svc"
+    command = ["python", "-m", "torch.distributed.run", "--nnodes", str(trainer.nodes),
+               "--nproc-per-node", str(trainer.processes_per_node), "--node-rank", "$(JOB_COMPLETION_INDEX)",
+               "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT), "--max-restarts", "0",
+               "--no-python", "streamrl"]
+    return command, args
+
+
+def admin_ports(job: RLJob) -> dict[str, int]:
+    """A trainer pod's admin ports: `admin` for local rank 0, `admin-rN` for local rank N."""
+    return {"admin" if r == 0 else f"admin-r{r}": ADMIN_PORT + r for r in range(job.spec.trainer.processes_per_node)}
+
+
+def template_hash(spec: dict) -> str:
+    """What a Job cannot change while it exists: its spec but `suspend` (which it can)."""
+    fixed = {k: v for k, v in spec.items() if k != "suspend"}
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,
+                  restarts: int = 0) -> dict:
+    """The trainer as an Indexed Job, the way JobSet and the Kubeflow trainer build one:
+    parallelism = completions = trainer.nodes, pods named `<job>-trainer-<index>` under the
+    headless Service. Any pod failing fails the Job (the pod failure policy; the operator then
+    restarts the whole group within its budget, never half of it); rank 0 (index 0) finishing
+    completes it."""
+    j, trainer = job.metadata.name, job.spec.trainer
+    if len(f"{name(j, 'trainer')}-{trainer.nodes - 1}") > HOSTNAME_MAX:
+        raise SpecError(f"metadata.name: {j!r} is too long for a trainer of {trainer.nodes} nodes: its pods' "
+                        f"hostnames <name>-trainer-<index> must fit in {HOSTNAME_MAX} characters")
+    command, args = trainer_args(job, namespace)
+    ports = {"grpc": TRAINER_GRPC_PORT, **admin_ports(job)}
+    if trainer.world_size > 1:
+        ports["rendezvous"] = RENDEZVOUS_PORT
+    template = pod_template(job, "trainer", trainer.placement, args, ports, settings, restart_policy="Never")
+    if command:
+        template["spec"]["containers"][0]["command"] = command
+    template["spec"]["subdomain"] = name(j, "trainer-ranks")
+    spec = {
+        "completionMode": "Indexed", "completions": trainer.nodes, "parallelism": trainer.nodes,
+        "backoffLimit": 0,
+        "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": MAIN, "operator": "NotIn", "values": [0]}},
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+        "successPolicy": {"rules": [{"succeededIndexes": "0"}]},
+        "suspend": job.spec.suspend,
+        "template": template,
     }
+    meta = _meta(job, name(j, "trainer"), namespace, labels(j, "trainer"), owner)
+    meta["annotations"] = {TEMPLATE_HASH: template_hash(spec), RESTARTS: str(restarts)}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 
 def build_trainer_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
+    """The endpoint generators and the operator dial: rank 0 alone (the index-0 pod)."""
     j = job.metadata.name
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _meta(job, name(j, "trainer"), namespace, labels(j, "trainer"), owner),
-        "spec": {"type": job.spec.trainer.service_type, "selector": selector(j, "trainer"),
+        "spec": {"type": job.spec.trainer.service_type,
+                 "selector": {**selector(j, "trainer"), COMPLETION_INDEX: "0"},
                  "ports": [{"name": "grpc", "port": TRAINER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                            {"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}]},
+    }
+
+
+def build_trainer_ranks_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
+    """Headless, for the rendezvous: every trainer pod gets a DNS name
+    (<job>-trainer-<index>.<job>-trainer-ranks), published before it is ready (ranks meet
+    before any of them serves)."""
+    j = job.metadata.name
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(job, name(j, "trainer-ranks"), namespace, labels(j, "trainer"), owner),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector(j, "trainer"),
+                 "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT,
+                            "protocol": "TCP"}]},
     }
 
 
@@ -263,7 +342,7 @@ def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict |
     j = job.metadata.name
     trainer_address = f"{name(j, 'trainer')}.{namespace}.svc:{TRAINER_GRPC_PORT}"
     out = [build_configmap(job, namespace, owner), build_trainer(job, namespace, settings, owner),
-           build_trainer_service(job, namespace, owner)]
+           build_trainer_service(job, namespace, owner), build_trainer_ranks_service(job, namespace, owner)]
     if uses_ranker(job):
         out += build_ranker(job, namespace, settings, owner)
     for pool in job.spec.generators.pools:

@@ -194,8 +194,15 @@ def status_schema() -> dict:
             "labelSelector": {"type": "string", "description": "Selector of every generator pod (for /scale)."},
             "pools": {"type": "array", "items": pool},
         }),
-        "trainer": _obj("Progress as the trainer reports it.", {
-            "ready": {"type": "boolean"}, "iteration": integer, "policyVersion": integer, "reward": number,
+        "trainer": _obj("The trainer group (its pods, as the operator sees them) and its progress, as rank 0 "
+                        "reports it.", {
+            "ready": {"type": "boolean"},
+            "readyPods": {**integer, "description": "Trainer pods ready (one per trainer node)."},
+            "expectedPods": {**integer, "description": "Trainer pods the spec asks for: trainer.nodes (0 while "
+                                                       "suspended)."},
+            "restarts": {**integer, "description": "Times the whole trainer group was restarted after a pod "
+                                                   "failed (a new spec starts again from 0)."},
+            "iteration": integer, "policyVersion": integer, "reward": number,
             "pipelineBubbleRatio": number, "samplesPerSecond": number,
         }),
         "ranker": _obj("The output-length ranker.", {"ready": {"type": "boolean"}, "recall": number}),
@@ -239,6 +246,10 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Generators", "type": "integer", "jsonPath": ".status.generators.readyReplicas",
      "description": "Ready generator replicas over all pools"},
+    {"name": "Trainer-Pods", "type": "integer", "jsonPath": ".status.trainer.readyPods",
+     "description": "Ready trainer pods (out of status.trainer.expectedPods)", "priority": 1},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.trainer.restarts",
+     "description": "Whole-group restarts of the trainer", "priority": 1},
     {"name": "Step", "type": "integer", "jsonPath": ".status.trainer.iteration"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.trainer.reward"},
     {"name": "Bubble", "type": "number", "jsonPath": ".status.trainer.pipelineBubbleRatio",

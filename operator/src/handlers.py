@@ -19,7 +19,7 @@ import kopf
 
 from streamrl.operator import clusters, reconcile
 from streamrl.operator.autoscaler import autoscale
-from streamrl.operator.builders import build_children, owner_reference
+from streamrl.operator.builders import build_children, build_trainer, owner_reference
 from streamrl.operator.kube import KubeError
 from streamrl.operator.observe import observe
 from streamrl.operator.phases import JobPhase, Observed, derive
@@ -46,16 +46,26 @@ async def reconcile_rljob(body, meta, namespace, status, patch, memo, logger, **
         logger.warning("invalid RLJob: %s", err)
         patch.status.update(derive(Observed(generation=generation, invalid=str(err)), previous, _now()))
         return  # not retried: a new spec brings a new attempt
-    await reconcile.apply(runtime, children, logger)
+    trainer = next(c for c in children if c["kind"] == "Job")
+    await reconcile.apply(runtime, [c for c in children if c is not trainer], logger)
+    group = await reconcile.ensure_trainer(runtime, trainer, _restarts(status), runtime.settings.trainer_backoff_limit,
+                                           logger)
     await reconcile.prune(runtime, job, namespace)
     problem = await reconcile.apply_remote(runtime, job, namespace)
-    observed = await observe(runtime, job, namespace, generation, problem, status)
+    observed = await observe(runtime, job, namespace, generation, problem, status, group)
     patch.status.update(derive(observed, previous, _now()))
     if problem:
         raise kopf.TemporaryError(problem, delay=runtime.retry_delay_s)
 
 
-async def refresh_rljob_status(body, meta, namespace, status, patch, memo, **_):
+def _restarts(status) -> int:
+    """Whole-group trainer restarts so far, as the job's status records them."""
+    return int(((status or {}).get("trainer") or {}).get("restarts") or 0)
+
+
+async def refresh_rljob_status(body, meta, namespace, status, patch, memo, logger, **_):
+    """The status from the children and the trainer; and the trainer group's supervision: a
+    failed group is restarted whole (within the budget), a replaced one created again."""
     runtime: Runtime = memo.runtime
     generation = int(meta.get("generation") or 1)
     status = status or {}
@@ -69,8 +79,11 @@ async def refresh_rljob_status(body, meta, namespace, status, patch, memo, **_):
     # The cluster problem is the spec handler's finding (it retries until it clears); keep it.
     problem = next((c.get("message") or None for c in conditions
                     if c["type"] == "ClustersReady" and c["status"] == "False"), None)
-    patch.status.update(derive(await observe(runtime, job, namespace, generation, problem, status), conditions,
-                               _now()))
+    trainer = build_trainer(job, namespace, runtime.settings, owner_reference(body))
+    group = await reconcile.ensure_trainer(runtime, trainer, _restarts(status), runtime.settings.trainer_backoff_limit,
+                                           logger)
+    patch.status.update(derive(await observe(runtime, job, namespace, generation, problem, status, group),
+                               conditions, _now()))
 
 
 async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):

@@ -99,9 +99,10 @@ class KubeClient:
         return await self._request("PATCH", path, json=body,
                                    headers={"Content-Type": "application/merge-patch+json"})
 
-    async def delete(self, path: str) -> bool:
-        """True when something was deleted."""
-        return await self._request("DELETE", path, json={"propagationPolicy": "Background"}) is not None
+    async def delete(self, path: str, propagation: str = "Background") -> bool:
+        """True when something was deleted. Background: the object goes now, its dependents
+        after; Foreground: it stays (with a deletionTimestamp) until its dependents are gone."""
+        return await self._request("DELETE", path, json={"propagationPolicy": propagation}) is not None
 
     async def apply(self, obj: dict) -> tuple[str, dict]:
         """Create the object, or merge-patch it to the desired state when it differs;

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from streamrl.operator.builders import ADMIN_PORT, generator_selector, name, uses_ranker
 from streamrl.operator.kube import KubeError, path_of
-from streamrl.operator.phases import Observed
+from streamrl.operator.phases import Observed, TrainerGroup
 from streamrl.records import TrainerStatus
 from streamrl.spec import RLJob
 
@@ -74,8 +74,9 @@ async def _ready_replicas(client, path: str) -> int:
 
 
 async def observe(runtime: Runtime, job: RLJob, namespace: str, generation: int, cluster_problem: str | None,
-                  status: dict | None = None) -> Observed:
-    """Everything the phase machine needs about one RLJob (`status`: its current status)."""
+                  status: dict | None = None, group: TrainerGroup | None = None) -> Observed:
+    """Everything the phase machine needs about one RLJob (`status`: its current status;
+    `group`: what was just done to its trainer Job)."""
     j = job.metadata.name
     replicas = job.spec.generators.pool_replicas()
     pools = []
@@ -91,7 +92,9 @@ async def observe(runtime: Runtime, job: RLJob, namespace: str, generation: int,
     if uses_ranker(job):
         d = await runtime.kube.get(path_of("apps/v1", "Deployment", namespace, name(j, "ranker")))
         ranker = {"ready": bool(((d or {}).get("status") or {}).get("readyReplicas"))}
-    return Observed(generation=generation, suspended=job.spec.suspend,
+    pods = (int(((trainer_job or {}).get("status") or {}).get("ready") or 0),
+            0 if job.spec.suspend else job.spec.trainer.nodes)
+    return Observed(generation=generation, suspended=job.spec.suspend, trainer_group=group, trainer_pods=pods,
                     trainer_job=(trainer_job or {}).get("status"), trainer=trainer, trainer_unreadable=unreadable,
                     pools=pools, cluster_problem=cluster_problem, ranker=ranker,
                     label_selector=generator_selector(j), scaling_limited=_scaling_limited(job, status))

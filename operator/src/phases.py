@@ -36,6 +36,24 @@ class JobPhase(StrEnum):
 
 
 @dataclass(frozen=True)
+class TrainerGroup:
+    """What the operator did to the trainer Job this round (reconcile.ensure_trainer), and the
+    job's count of whole-group restarts."""
+
+    action: str
+    """created | unchanged | updated | rolling (replaced for a new spec) | restarting (a failed
+    group deleted, to be created again) | waiting (the old Job is still being deleted) | failed
+    (failed with no restart left) | finished"""
+    restarts: int
+    message: str = ""
+
+    @property
+    def replacing(self) -> bool:
+        """Between an old Job and its replacement (the run goes on after)."""
+        return self.action in ("rolling", "restarting", "waiting")
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the operator saw of one RLJob and its children."""
 
@@ -45,6 +63,10 @@ class Observed:
     suspended: bool = False
     trainer_job: dict | None = None
     """The trainer Job's status (batch/v1), None before it exists."""
+    trainer_group: TrainerGroup | None = None
+    """What was done to the trainer Job this round; None when nothing was (an invalid spec)."""
+    trainer_pods: tuple[int, int] = (0, 0)
+    """(trainer pods ready, trainer pods expected: spec.trainer.nodes, 0 while suspended)."""
     trainer: TrainerStatus | None = None
     """The trainer's own /status; None when it cannot be reached or did not parse."""
     trainer_unreadable: str | None = None
@@ -80,8 +102,12 @@ def _phase(obs: Observed) -> tuple[JobPhase, str]:
         return JobPhase.INVALID, obs.invalid
     if _job_finished(obs.trainer_job, "Complete") or (obs.trainer_job or {}).get("succeeded"):
         return JobPhase.SUCCEEDED, "the trainer finished every iteration"
+    group = obs.trainer_group
+    if group is not None and group.replacing:
+        return JobPhase.PENDING, group.message
     if _job_finished(obs.trainer_job, "Failed"):
-        return JobPhase.FAILED, "the trainer failed; see its pod's log"
+        return JobPhase.FAILED, (group.message if group and group.message else
+                                 "the trainer failed; see its pods' logs")
     if obs.suspended:
         return JobPhase.SUSPENDED, "spec.suspend is true: every role is scaled to zero"
     if trainer is not None and trainer.phase == TrainerPhase.RUNNING:
@@ -102,12 +128,14 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
     trainer_ready = trainer is not None and trainer.phase == TrainerPhase.RUNNING
     all_ready = trainer_ready and ready_generators > 0
     generators = f"{ready_generators}/{replicas} generators ready"
+    pods_ready, pods_expected = obs.trainer_pods
+    ranks = f"{pods_ready}/{pods_expected} trainer pods ready"
     if obs.trainer_unreadable and not trainer_ready:
         ready_reason, ready_message = ("TrainerStatusUnreadable",
                                        f"the trainer's /status is unreadable: {obs.trainer_unreadable}; {generators}")
     else:
         ready_reason = "AllRolesReady" if all_ready else "RolesStarting"
-        ready_message = f"trainer {'running' if trainer_ready else 'not running'}, {generators}"
+        ready_message = f"trainer {'running' if trainer_ready else 'not running'}, {ranks}, {generators}"
     terminal_failure = phase in (JobPhase.FAILED, JobPhase.INVALID)
     conditions = [
         _condition("Ready", all_ready, ready_reason, ready_message, g, previous, now),
@@ -132,13 +160,15 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
         "generators": {"replicas": replicas, "readyReplicas": ready_generators, "labelSelector": obs.label_selector,
                        "pools": obs.pools},
     }
+    status["trainer"] = {"ready": trainer_ready, "readyPods": pods_ready, "expectedPods": pods_expected,
+                         "restarts": obs.trainer_group.restarts if obs.trainer_group else 0}
     if trainer is not None:
         last = trainer.last
-        status["trainer"] = {
-            "ready": trainer_ready, "iteration": trainer.iteration, "policyVersion": trainer.policy_version,
+        status["trainer"].update({
+            "iteration": trainer.iteration, "policyVersion": trainer.policy_version,
             **({"reward": last.reward_mean, "pipelineBubbleRatio": last.pipeline_bubble_ratio} if last else {}),
             "samplesPerSecond": trainer.samples_per_s,
-        }
+        })
     if obs.ranker is not None:
         status["ranker"] = obs.ranker
     return status

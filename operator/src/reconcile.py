@@ -11,6 +11,8 @@ import httpx
 import kubernetes_validate
 
 from streamrl.operator.builders import (
+    RESTARTS,
+    TEMPLATE_HASH,
     TRAINER_GRPC_PORT,
     build_configmap,
     build_generators,
@@ -18,7 +20,8 @@ from streamrl.operator.builders import (
     name,
     uses_ranker,
 )
-from streamrl.operator.kube import KubeError, path_of
+from streamrl.operator.kube import KubeError, path_for, path_of
+from streamrl.operator.phases import TrainerGroup
 from streamrl.operator.runtime import Runtime
 from streamrl.spec import API_VERSION, GROUP, KIND, RLJob, SpecError, parse_job
 
@@ -50,6 +53,52 @@ async def apply(runtime: Runtime, objects: list[dict], logger: logging.Logger | 
     for obj in objects:
         action, _ = await runtime.kube.apply(obj)
         logger.debug("%s %s/%s", action, obj["kind"], obj["metadata"]["name"])
+
+
+def job_condition(job: dict | None, kind: str) -> dict | None:
+    """The Job's condition `kind` when True (Complete, Failed...), else None."""
+    return next((c for c in ((job or {}).get("status") or {}).get("conditions") or []
+                 if c.get("type") == kind and c.get("status") == "True"), None)
+
+
+async def ensure_trainer(runtime: Runtime, desired: dict, restarts: int, budget: int,
+                         logger: logging.Logger | logging.LoggerAdapter) -> TrainerGroup:
+    """Make the trainer Job match `desired`, a whole group at a time. A Job cannot change its
+    pods once created: a new template (the spec changed) replaces the Job and its pods (a new
+    spec is a new attempt: restarts start again from 0); a failed Job (any one pod failing
+    fails it) is deleted and created again, every pod at once, while `restarts` < `budget`.
+    Deletion is in the foreground: the new Job is created once the old one and its pods are
+    gone, so no new rank meets an old one at the rendezvous."""
+    path = path_for(desired)
+    current = await runtime.kube.get(path)
+    if current is None:
+        desired["metadata"]["annotations"][RESTARTS] = str(restarts)
+        await runtime.kube.create(desired)
+        logger.info("created the trainer Job %s (group restarts so far: %d)", desired["metadata"]["name"], restarts)
+        return TrainerGroup("created", restarts)
+    if current["metadata"].get("deletionTimestamp"):
+        return TrainerGroup("waiting", restarts, "waiting for the previous trainer Job and its pods to be deleted")
+    if job_condition(current, "Complete"):
+        return TrainerGroup("finished", restarts)
+    wanted = desired["metadata"]["annotations"][TEMPLATE_HASH]
+    if (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH) != wanted:
+        await runtime.kube.delete(path, propagation="Foreground")
+        logger.info("the trainer's pod template changed: replacing the whole trainer group")
+        return TrainerGroup("rolling", 0, "replacing the trainer group for the new spec")
+    failed = job_condition(current, "Failed")
+    if failed:
+        why = failed.get("message") or failed.get("reason") or "a trainer pod failed"
+        if restarts >= budget:
+            return TrainerGroup("failed", restarts, f"the trainer group failed after {restarts} restart(s) "
+                                                    f"(budget {budget}): {why}")
+        await runtime.kube.delete(path, propagation="Foreground")
+        logger.warning("the trainer group failed (%s): restarting every rank (restart %d of %d)", why,
+                       restarts + 1, budget)
+        return TrainerGroup("restarting", restarts + 1,
+                            f"restarting the trainer group (restart {restarts + 1} of {budget}): {why}")
+    desired["metadata"]["annotations"][RESTARTS] = current["metadata"]["annotations"].get(RESTARTS, str(restarts))
+    action, _ = await runtime.kube.apply(desired)  # what a Job may change: suspend
+    return TrainerGroup(action, restarts)
 
 
 def origin_labels(cluster_id: str, namespace: str, job: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ monitoring/dashboards behind values carrying exactly what the repository defines
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -133,8 +134,13 @@ def test_monitoring_and_dashboards_behind_values():
     monitors = {m["metadata"]["name"]: m for m in objects["PodMonitor"]}
     assert sorted(monitors) == ["rel-streamrl-jobs", "rel-streamrl-operator"]
     [endpoint] = monitors["rel-streamrl-jobs"]["spec"]["podMetricsEndpoints"]
-    relabel = {r["targetLabel"] for r in endpoint["relabelings"]}
+    relabel = {r["targetLabel"] for r in endpoint["relabelings"] if "targetLabel" in r}
     assert relabel == {"rljob", "role", "pool", "replica"}
+    # Scraped: every admin port, each rank's of a sharded trainer too (admin-r1...), and no other.
+    [keep] = [r for r in endpoint["relabelings"] if r.get("action") == "keep"]
+    assert keep["sourceLabels"] == ["__meta_kubernetes_pod_container_port_name"]
+    ports = ["admin", "admin-r1", "admin-r7", "grpc", "relay", "rendezvous", "metrics"]
+    assert [p for p in ports if re.fullmatch(keep["regex"], p)] == ["admin", "admin-r1", "admin-r7"]
     # The operator's own /metrics (the autoscaler's series): its pod, its metrics port.
     operator = monitors["rel-streamrl-operator"]["spec"]
     [deployment] = objects["Deployment"]

@@ -1,8 +1,9 @@
 """kmock (kopf's Kubernetes API emulator) made faithful enough for kopf: kmock 0.8 stores
 bodies verbatim and replays watches without resourceVersion semantics, which makes kopf
 run handlers twice or wait forever. This subclass stamps uid/namespace/resourceVersion/
-generation, subscribes watches atomically with their replay, and reports failed JSON-patch
-tests as 422. It reaches into kmock's private methods: kmock is pinned (pyproject.toml)."""
+generation, subscribes watches atomically with their replay, reports failed JSON-patch
+tests as 422 and, as the API server does, refuses to change a Job's pod template. It
+reaches into kmock's private methods: kmock is pinned (pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request):
         data = request.data
+        self._refuse_immutable_job_fields(request)
         if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE):
             rv = self._next_rv()
             if isinstance(data, dict):
@@ -40,6 +42,24 @@ class Emulator(kmock.KubernetesEmulator):
             elif isinstance(data, list):  # JSON-patch (kopf's finalizers)
                 data.append({"op": "add", "path": "/metadata/resourceVersion", "value": rv})
         return await super()._handle(request)
+
+    def _refuse_immutable_job_fields(self, request) -> None:
+        """As the API server does: a Job's pod template, completions and completion mode never
+        change (suspend and parallelism may)."""
+        if request.action != kmock.action.UPDATE or not isinstance(request.data, dict) or request.name is None:
+            return
+        resource = request.resource
+        if (resource.group, resource.plural) != ("batch", "jobs") or "spec" not in request.data:
+            return
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        current, patch = self.objects[key].raw.get("spec", {}), request.data["spec"]
+        for field in ("template", "completions", "completionMode"):
+            if field in patch and patch[field] != current.get(field):
+                raise kmock.KubernetesError(status=422, reason="Invalid",
+                                            message=f"Job.batch {request.name!r} is invalid: spec.{field}: "
+                                                    "field is immutable")
 
     async def _serve_list(self, request):
         result = await super()._serve_list(request)

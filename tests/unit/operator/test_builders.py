@@ -8,14 +8,16 @@ import pytest
 
 from streamrl.operator.builders import (
     MAIN,
+    TEMPLATE_HASH,
     build_children,
     build_generators,
     generator_selector,
     merge,
     owner_reference,
+    template_hash,
 )
 from streamrl.operator.settings import Settings
-from streamrl.spec import API_VERSION, load_job, parse_job
+from streamrl.spec import API_VERSION, SpecError, load_job, parse_job
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("rljob-*.yaml"))
@@ -78,8 +80,9 @@ def test_remote_pools_are_not_built_locally_and_tls_is_mounted():
     objects = _children(ROOT / "deploy/examples/rljob-cross-dc.yaml")
     deployments = [o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"]
     assert deployments == ["cross-dc-counting-gen-local"]
-    [service] = [o for o in objects if o["kind"] == "Service"]
-    assert service["spec"]["type"] == "LoadBalancer"
+    services = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Service"}
+    assert services["cross-dc-counting-trainer"]["type"] == "LoadBalancer"
+    assert services["cross-dc-counting-trainer-ranks"]["clusterIP"] == "None"  # the rendezvous stays inside
     job = load_job(ROOT / "deploy/examples/rljob-cross-dc.yaml")
     remote = build_generators(job, "west", "rl", Settings(), "203.0.113.7:50051",
                               origin={"streamrl.io/origin-cluster": "home", "streamrl.io/origin-namespace": "rl"})
@@ -144,3 +147,66 @@ def test_total_replicas_are_spread_over_pools():
     assert {o["metadata"]["name"]: o["spec"]["replicas"] for o in objects if o["kind"] == "Deployment"} == \
         {"r-gen-a": 6, "r-gen-b": 3}
     assert generator_selector("r") == "streamrl.io/job=r,streamrl.io/role=generator"
+
+
+def _sharded(nodes: int, per_node: int, name: str = "big", **trainer) -> list[dict]:
+    job = parse_job({"metadata": {"name": name}, "spec": {"model": {"source": "builtin-tiny"}, "trainer": {
+        "nodes": nodes, "processesPerNode": per_node, **trainer}}})
+    return build_children(job, "rl", Settings(), OWNER)
+
+
+@pytest.mark.parametrize("nodes, per_node", [(1, 1), (3, 2)])
+def test_the_trainer_is_an_indexed_job_with_a_headless_service_and_rank_0_behind_its_service(nodes, per_node):
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in _sharded(nodes, per_node)}
+    for obj in objects.values():
+        assert kubernetes_validate.validate(obj, "1.33", strict=True) == "1.33", obj["metadata"]["name"]
+    job = objects["Job", "big-trainer"]["spec"]
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == ("Indexed", nodes, nodes)
+    assert job["backoffLimit"] == 0  # one pod failing fails the group; the operator restarts it whole
+    assert {r["action"] for r in job["podFailurePolicy"]["rules"]} == {"FailJob"}
+    assert job["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    pod = job["template"]["spec"]
+    assert (pod["subdomain"], pod["restartPolicy"]) == ("big-trainer-ranks", "Never")
+    headless = objects["Service", "big-trainer-ranks"]["spec"]
+    assert (headless["clusterIP"], headless["publishNotReadyAddresses"]) == ("None", True)
+    assert headless["selector"] == {"streamrl.io/job": "big", "streamrl.io/role": "trainer"}
+    assert headless["selector"].items() <= job["template"]["metadata"]["labels"].items()
+    front = objects["Service", "big-trainer"]["spec"]
+    assert front["selector"] == {"streamrl.io/job": "big", "streamrl.io/role": "trainer",
+                                 "batch.kubernetes.io/job-completion-index": "0"}
+    main = pod["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    if nodes * per_node == 1:  # world size 1: the trainer as it always ran, no launcher
+        assert "command" not in main
+        assert main["args"][main["args"].index("--admin-port") + 1] == "8080"
+        assert ports == {"grpc": 50051, "admin": 8080}
+        return
+    command = main["command"]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"]
+    flag = {k: command[command.index(k) + 1] for k in ("--nnodes", "--nproc-per-node", "--node-rank",
+                                                          "--master-addr", "--master-port")}
+    assert flag == {"--nnodes": "3", "--nproc-per-node": "2", "--node-rank": "$(JOB_COMPLETION_INDEX)",
+                    "--master-addr": "big-trainer-0.big-trainer-ranks.rl.svc", "--master-port": "29500"}
+    assert command[-2:] == ["--no-python", "streamrl"] and main["args"][0] == "trainer"
+    assert "--admin-port" not in main["args"]  # each rank serves its admin on 8080 + its local rank
+    assert ports == {"grpc": 50051, "admin": 8080, "admin-r1": 8081, "rendezvous": 29500}
+
+
+def test_a_trainer_whose_pod_names_cannot_fit_a_hostname_is_refused_with_the_field_named():
+    with pytest.raises(SpecError, match="metadata.name: .* too long for a trainer of 12 nodes"):
+        _sharded(12, 1, name="a-job-name-long-enough-that-its-trainer-pods-overflow-x")
+
+
+def test_the_template_hash_changes_with_what_a_job_cannot_change_and_not_with_suspend():
+    def trainer_job(**spec) -> dict:
+        job = parse_job({"metadata": {"name": "h"}, "spec": {"model": {"source": "builtin-tiny"}, **spec}})
+        return next(o for o in build_children(job, "rl", Settings(), OWNER) if o["kind"] == "Job")
+
+    def digest(obj: dict) -> str:
+        return obj["metadata"]["annotations"][TEMPLATE_HASH]
+
+    base = trainer_job()
+    assert digest(trainer_job(suspend=True)) == digest(base)
+    assert digest(trainer_job(trainer={"nodes": 2})) != digest(base)
+    assert digest(trainer_job(image="streamrl:other")) != digest(base)
+    assert template_hash(base["spec"]) == digest(base)

@@ -3,7 +3,7 @@
 import pytest
 
 from streamrl.operator.crd import rljob_crd
-from streamrl.operator.phases import JobPhase, Observed, derive
+from streamrl.operator.phases import JobPhase, Observed, TrainerGroup, derive
 from streamrl.records import TrainerPhase
 from tests.unit.operator.trainer_bodies import last_iteration, trainer_status
 
@@ -52,8 +52,9 @@ def test_phases(obs, phase, true_conditions):
 
 def test_progress_and_transition_times():
     first = derive(Observed(4, pools=POOLS, trainer=RUNNING), None, NOW)
-    assert first["trainer"] == {"ready": True, "iteration": 3, "policyVersion": 3, "reward": 0.5,
-                                "pipelineBubbleRatio": 0.1, "samplesPerSecond": 100.0}
+    assert first["trainer"] == {"ready": True, "readyPods": 0, "expectedPods": 0, "restarts": 0, "iteration": 3,
+                                "policyVersion": 3, "reward": 0.5, "pipelineBubbleRatio": 0.1,
+                                "samplesPerSecond": 100.0}
     assert first["generators"]["readyReplicas"] == 2 and first["message"] == "iteration 3 of 10"
     # An unchanged condition keeps its transition time; a changed one gets the new time.
     again = derive(Observed(4, pools=POOLS, trainer=RUNNING), first["conditions"], LATER)
@@ -67,7 +68,8 @@ def test_a_trainer_before_its_first_iteration_reports_no_reward_and_its_phase():
     waiting = trainer_status(TrainerPhase.WAITING_FOR_GENERATORS, iteration=0)
     status = derive(Observed(1, pools=POOLS, trainer=waiting), None, NOW)
     assert (status["phase"], status["message"]) == ("Pending", "WaitingForGenerators")
-    assert status["trainer"] == {"ready": False, "iteration": 0, "policyVersion": 0, "samplesPerSecond": 100.0}
+    assert status["trainer"] == {"ready": False, "readyPods": 0, "expectedPods": 0, "restarts": 0, "iteration": 0,
+                                 "policyVersion": 0, "samplesPerSecond": 100.0}
 
 
 def test_an_unreadable_trainer_status_is_said_in_the_message_and_the_ready_condition():
@@ -78,4 +80,33 @@ def test_an_unreadable_trainer_status_is_said_in_the_message_and_the_ready_condi
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", "TrainerStatusUnreadable")
     assert why in ready["message"] and "2/2 generators ready" in ready["message"]
-    assert "trainer" not in status  # nothing half-read
+    assert status["trainer"] == {"ready": False, "readyPods": 0, "expectedPods": 0, "restarts": 0}  # none half-read
+
+
+FAILED_JOB = {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy"}]}
+
+
+@pytest.mark.parametrize("group, phase, message", [
+    (TrainerGroup("restarting", 1, "restarting the trainer group (restart 1 of 2): pod big-trainer-2 exited 1"),
+     "Pending", "restarting the trainer group (restart 1 of 2): pod big-trainer-2 exited 1"),
+    (TrainerGroup("waiting", 1, "waiting for the previous trainer Job and its pods to be deleted"), "Pending",
+     "waiting for the previous trainer Job and its pods to be deleted"),
+    (TrainerGroup("failed", 2, "the trainer group failed after 2 restart(s) (budget 2): exit 1"), "Failed",
+     "the trainer group failed after 2 restart(s) (budget 2): exit 1"),
+    (None, "Failed", "the trainer failed; see its pods' logs"),
+])
+def test_a_failed_trainer_group_is_pending_while_it_restarts_and_failed_when_no_restart_is_left(group, phase, message):
+    status = derive(Observed(2, pools=POOLS, trainer_job=FAILED_JOB, trainer_group=group, trainer_pods=(0, 3)),
+                    None, NOW)
+    assert (status["phase"], status["message"]) == (phase, message)
+    assert status["trainer"]["restarts"] == (group.restarts if group else 0)
+    assert conditions(status)["Failed"] == ("True" if phase == "Failed" else "False")
+
+
+def test_the_ready_condition_counts_trainer_pods():
+    status = derive(Observed(1, pools=POOLS, trainer=RUNNING, trainer_pods=(2, 3),
+                             trainer_group=TrainerGroup("unchanged", 1)), None, NOW)
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["message"] == "trainer running, 2/3 trainer pods ready, 2/2 generators ready"
+    assert (status["trainer"]["readyPods"], status["trainer"]["expectedPods"], status["trainer"]["restarts"]) == \
+        (2, 3, 1)
