@@ -1,4 +1,4 @@
-"""`streamrl` command line: run | trainer | generator | ranker. Heavy imports happen per command."""
+"""`streamrl` command line: run | trainer | generator | ranker | plan | profile | ... Heavy imports are per command."""
 
 from __future__ import annotations
 
@@ -104,6 +104,50 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    import math
+
+    from streamrl.planning.catalog import load_catalog
+    from streamrl.planning.demand import Workload
+    from streamrl.planning.estimates import Estimates
+    from streamrl.planning.inputs import model_shape, parse_budget, parse_mapping, profiles_by_type
+    from streamrl.planning.planned import format_table, planned_yaml
+    from streamrl.planning.planner import Links, PlanJob, Planner
+    from streamrl.spec import load_job
+
+    job = load_job(args.job)
+    spec = job.spec
+    catalog = load_catalog([Path(p) for p in args.catalog or []])
+    budget = parse_budget(args.gpus, catalog)
+    shape = model_shape(spec, catalog, args.model)
+    max_length = args.max_length or spec.algorithm.max_new_tokens
+    if args.lengths:
+        workload = Workload.from_lengths_file(args.lengths, args.prompt_tokens, max_length)
+    elif args.lognormal:
+        try:
+            mu, sigma = (float(x) for x in args.lognormal.split(","))
+        except ValueError:
+            raise ValueError(f"--lognormal {args.lognormal!r}: expected MU,SIGMA (of ln length)") from None
+        workload = Workload.lognormal(mu, sigma, max_length, args.prompt_tokens)
+    else:
+        median = max(1, max_length // 4)
+        workload = Workload.lognormal(math.log(median), 1.0, max_length, args.prompt_tokens)
+        print(f"no --lengths or --lognormal: assuming lognormal output lengths, median {median} tokens, sigma 1",
+              file=sys.stderr)
+    plan_job = PlanJob(spec.algorithm.prompts_per_step * spec.algorithm.group_size, spec.algorithm.micro_batch_size,
+                       max_length, spec.pipeline.mode.value)
+    estimates = Estimates(shape, plan_job, workload, args.algorithm, spec.algorithm.kl_coef > 0,
+                          profiles=profiles_by_type(args.profile, catalog))
+    links = Links(args.network_gb_s, args.cross_dc_gb_s, args.cross_dc_latency_s)
+    plan = Planner(catalog, estimates, plan_job, workload, links, args.tolerance).plan(budget, args.objective)
+    table = format_table(plan, shape.describe(), workload)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(planned_yaml(job, plan, table, parse_mapping(args.cluster_ref, "--cluster-ref")))
+        print(f"planned job: {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrl", description="Disaggregated RL post-training of LLMs.")
     parser.add_argument("--log-level", default=os.environ.get("STREAMRL_LOG_LEVEL", "INFO"))
@@ -132,6 +176,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", help="a run directory (what `streamrl run --out` wrote)")
     p.add_argument("--out", help="where to write the report (default: <run_dir>/report)")
     p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("plan", help="size a job before renting GPUs: per stage the GPU type and count, the "
+                                    "generators' tensor-parallel size and replicas, so generation keeps up with "
+                                    "training (docs/planning.md)")
+    p.add_argument("job", help="RLJob YAML file (model, algorithm, batch, pipeline mode)")
+    p.add_argument("--gpus", action="append", metavar="[DC:]TYPE=N[,TYPE=N]",
+                   help="GPUs available, by catalog type (repeatable; two datacenter names = two datacenters)")
+    p.add_argument("--objective", choices=["time", "cost"], default="time",
+                   help="minimise iteration time (default) or maximise samples/s per cost")
+    p.add_argument("--lengths", help="output lengths of a previous run (its lengths.jsonl)")
+    p.add_argument("--lognormal", metavar="MU,SIGMA", help="output lengths: ln(length) ~ Normal(MU, SIGMA)")
+    p.add_argument("--max-length", type=int, help="longest output, tokens (default: algorithm.maxNewTokens)")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="mean prompt length, tokens (default 512)")
+    p.add_argument("--model", help="model shape: a catalog name (deploy/catalog/models.yaml), a config.json or a "
+                                   "model directory (default: the job's model)")
+    p.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo",
+                   help="training passes: grpo (policy; a reference forward when klCoef > 0) or ppo (plus a critic)")
+    p.add_argument("--profile", action="append", metavar="[TYPE=]FILE",
+                   help="a measured profile (streamrl profile) replaces the roofline for its GPU type (repeatable)")
+    p.add_argument("--catalog", action="append", metavar="DIR",
+                   help="a folder of catalog YAML files added to deploy/catalog (repeatable)")
+    p.add_argument("--network-gb-s", type=float, default=25.0, help="weight transfer within a datacenter, GB/s")
+    p.add_argument("--cross-dc-gb-s", type=float, default=1.25, help="weight transfer between datacenters, GB/s")
+    p.add_argument("--cross-dc-latency-s", type=float, default=0.05, help="round trip between datacenters, s")
+    p.add_argument("--tolerance", type=float, default=0.01,
+                   help="iteration times within this fraction of the best count as equal; the cheaper plan wins")
+    p.add_argument("--cluster-ref", action="append", metavar="DC=RLCLUSTER",
+                   help="the RLCluster of a datacenter other than the trainer's (default: its name)")
+    p.add_argument("--out", help="write the job with the plan filled in here (kubectl apply -f takes it)")
+    p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (RLJob and RLCluster resources)")
     p.add_argument("--namespace", action="append", help="manage RLJobs in this namespace (repeatable; default: all)")
