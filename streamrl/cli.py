@@ -148,6 +148,86 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cmd_profile(args) -> int:
+    import tempfile
+    from datetime import UTC, datetime
+
+    import torch
+
+    from streamrl.generator.engine import setup_engine
+    from streamrl.generator.profile import measure_generation
+    from streamrl.models import build_tiny_model, check_model_dir, eos_token_id, load_model
+    from streamrl.planning.catalog import load_catalog
+    from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel, plot_ptl
+    from streamrl.planning.shape import ModelShape
+    from streamrl.spec import load_job
+    from streamrl.trainer.profile import measure_training
+
+    job = load_job(args.job)
+    spec = job.spec
+    _threads(args.threads)
+    gpu_type = load_catalog().gpu(args.gpu_type, field="--gpu-type").name if args.gpu_type else None
+    pools = {p.name: p for p in spec.generators.pools}
+    if args.pool and args.pool not in pools:
+        raise ValueError(f"--pool {args.pool!r}: the job has no such pool ({', '.join(pools)})")
+    pool = pools[args.pool] if args.pool else spec.generators.pools[0]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
+    completion_tokens = args.completion_tokens or spec.algorithm.max_new_tokens
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model_dir or spec.model.source == "path":
+            model_dir = check_model_dir(args.model_dir or spec.model.path)
+            name = model_dir.name
+        else:  # the built-in architecture; its weights do not change its speed
+            model_dir, name = build_tiny_model(Path(tmp) / "model", spec.model.seed, args.size), f"builtin-{args.size}"
+        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir))
+        generation = measure_generation(engine, batch_sizes, args.steps, args.prompt_tokens)
+        num_params = sum(p.numel() for p in engine.model.parameters()) if hasattr(engine, "model") else 0
+        del engine
+        device = spec.trainer.device
+        training = measure_training(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device,
+                                    spec.model.dtype, args.prompt_tokens, completion_tokens, args.train_samples,
+                                    args.train_steps, spec.trainer.weight_chunk_bytes)
+        shape = ModelShape.from_hf_config(model_dir, name=name)
+        if not (args.model_dir or spec.model.source == "path"):
+            shape = shape.model_copy(update={"source": f"streamrl/models.py ({args.size})"})
+    cuda = pool.engine.device.startswith("cuda")
+    processor = torch.cuda.get_device_name() if cuda else _cpu_name()
+    profile = Profile(
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        hardware=ProfileHardware(device=pool.engine.device, name=processor, gpu_type=gpu_type, threads=args.threads,
+                                 torch_version=torch.__version__),
+        model=ProfileModel(name=name, num_params=num_params or shape.num_params, dtype=spec.model.dtype,
+                           shape=shape),
+        engine=ProfileEngine(type=pool.engine.type, max_batch_size=generation.max_batch_size,
+                             device=pool.engine.device),
+        ptl=generation.ptl, ptl_context=generation.ptl_context, prefill_s_per_token=generation.prefill_s_per_token,
+        train_micro_batch_size=training.micro_batch_size, train_sequence_tokens=training.sequence_tokens,
+        forward_backward_s_per_token=training.forward_backward_s_per_token,
+        optimizer_step_s=training.optimizer_step_s, publish_s=training.publish_s)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.write(out)
+    plot = plot_ptl(profile, Path(args.plot) if args.plot else out.with_suffix(".png"))
+    print("PTL(BS) ms per decode step: " + ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in profile.ptl))
+    print(f"prefill {profile.prefill_s_per_token * 1e6:.1f} us/token; forward/backward "
+          f"{profile.forward_backward_s_per_token * 1e6:.1f} us/token at micro-batch {training.micro_batch_size}; "
+          f"optimizer step {profile.optimizer_step_s * 1e3:.1f} ms; publish {profile.publish_s * 1e3:.1f} ms")
+    print(f"profile: {out}\nplot: {plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrl", description="Disaggregated RL post-training of LLMs.")
     parser.add_argument("--log-level", default=os.environ.get("STREAMRL_LOG_LEVEL", "INFO"))
@@ -176,6 +256,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", help="a run directory (what `streamrl run --out` wrote)")
     p.add_argument("--out", help="where to write the report (default: <run_dir>/report)")
     p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("profile", help="measure this job's model on this machine for the planner: PTL(BS), prefill "
+                                       "and training seconds per token, the optimizer step, publishing")
+    p.add_argument("job", help="RLJob YAML file (its model, engine, micro-batch size and dtype)")
+    p.add_argument("--out", required=True, help="the profile file (JSON) to write")
+    p.add_argument("--plot", help="PNG of PTL(BS) (default: --out with .png)")
+    p.add_argument("--gpu-type", help="the catalog GPU type this machine is: the planner then uses this profile for it")
+    p.add_argument("--pool", help="the generator pool whose engine to measure (default: the first)")
+    p.add_argument("--size", choices=["tiny", "small"], default="tiny",
+                   help="built-in model's size when the job trains builtin-tiny (default tiny)")
+    p.add_argument("--model-dir", help="a Hugging Face model directory to measure instead of the job's model")
+    p.add_argument("--batch-sizes", help="PTL batch sizes, comma-separated (default: what a replica measures: "
+                                         "powers of two up to the engine's maxBatchSize)")
+    p.add_argument("--steps", type=int, default=4, help="decode steps timed per batch size (default 4)")
+    p.add_argument("--prompt-tokens", type=int, default=32, help="prompt tokens of prefill and training (default 32)")
+    p.add_argument("--completion-tokens", type=int,
+                   help="completion tokens of each trained sample (default: algorithm.maxNewTokens)")
+    p.add_argument("--train-samples", type=int, help="samples per timed step (default: two micro-batches)")
+    p.add_argument("--train-steps", type=int, default=2, help="timed optimizer steps after a warm-up one (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser("plan", help="size a job before renting GPUs: per stage the GPU type and count, the "
                                     "generators' tensor-parallel size and replicas, so generation keeps up with "

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from streamrl.generator.engine import Engine
+from streamrl.generator.engine import Engine, ptl_batch_sizes
 from streamrl.generator.relay import Relay
 from streamrl.generator.worker import LoadWeights, Worker
 from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice, Welcome, Work
@@ -202,10 +202,10 @@ class GeneratorAgent:
                 log.error("trainer %s unreachable after %.0fs", self.trainer_address, connect_timeout_s)
                 return 1
             capacity = self.engine.stats().capacity
-            sizes = [1 << k for k in range(capacity.bit_length())] + [capacity]
+            sizes = ptl_batch_sizes(capacity)
             t0 = time.monotonic()
             await asyncio.to_thread(self.engine.measure_latency, sizes)
-            log.info("PTL(BS) measured at %d batch sizes in %.2fs", len(set(sizes)), time.monotonic() - t0)
+            log.info("PTL(BS) measured at %d batch sizes in %.2fs", len(sizes), time.monotonic() - t0)
             call = rollout_pb2_grpc.RolloutStub(channel).Connect(self._requests())
             reader = asyncio.create_task(self._read(call), name="reader")
             reporter = asyncio.create_task(self._report_load(), name="load")

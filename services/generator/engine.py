@@ -70,10 +70,17 @@ class EngineStats:
     """Maximum running sequences."""
 
 
+def ptl_batch_sizes(capacity: int) -> list[int]:
+    """The batch sizes PTL(BS) is measured at: powers of two up to the capacity, and the capacity."""
+    return sorted({1 << k for k in range(capacity.bit_length())} | {capacity})
+
+
 class Engine(ABC):
     """A continuous-batching generator of completions, stepped by its owner's thread."""
 
     policy_version: int = 0
+    ptl_context: int = 0
+    """Tokens of context each sequence has in measure_latency's decode steps."""
 
     @abstractmethod
     def add_request(self, request: GenerationRequest) -> None:

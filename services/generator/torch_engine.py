@@ -37,6 +37,8 @@ class _Running:
 
 
 class TorchEngine(Engine):
+    ptl_context = 16
+
     def __init__(self, model: torch.nn.Module, max_batch_size: int, eos_token_id: int, max_len: int | None = None):
         self.model = model
         self.capacity = max_batch_size
@@ -119,7 +121,7 @@ class TorchEngine(Engine):
         out = []
         for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
             tokens = torch.zeros(bs, dtype=torch.long, device=self.device)
-            positions = torch.full((bs,), 16, dtype=torch.long, device=self.device)
+            positions = torch.full((bs,), self.ptl_context, dtype=torch.long, device=self.device)
             self.decoder.decode(tokens, positions)  # warm-up
             t0 = time.perf_counter()
             for _ in range(steps):
