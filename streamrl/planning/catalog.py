@@ -99,7 +99,7 @@ def _load_file(path: Path) -> _CatalogFile:
         problems = []
         for e in err.errors():
             loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
-            msg = "unknown field" if e["type"] == "extra_forbid" else e["msg"].removeprefix("Value error, ")
+            msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
             problems.append(f"  {loc}: {msg}")
         raise ValueError(f"catalog {path}: invalid\n" + "\n".join(problems)) from None
 

@@ -211,7 +211,7 @@ class Planner:
         for dc, types in budget.items():
             out[dc] = {}
             for name, count in types.items():
-                gpu = self.catalog.gpu(name, field=f"--gpus {dc + ':' if len(budget) > 1 else ''}{name}")
+                gpu = self.catalog.gpu(name, field="--gpus" if len(budget) == 1 else f"--gpus (datacenter {dc})")
                 if count < 1:
                     raise ValueError(f"--gpus {name}={count}: a count must be at least 1")
                 out[dc][gpu.name] = out[dc].get(gpu.name, 0) + count
@@ -271,12 +271,12 @@ class Planner:
         for dc, types in budget.items():
             for gpu_name, avail in types.items():
                 gpu = self.catalog.gpu(gpu_name)
-                tp = max(t for t in TP_SIZES if t <= min(avail, gpu.gpus_per_node))
-                g = self.costs.generation(gpu, tp)
-                if isinstance(g, str):
-                    gen_reasons.append(f"{dc}/{gpu_name}: {g}")
-                elif g.max_batch < 1:
-                    gen_reasons.append(f"{dc}/{gpu_name}: no room for a KV cache at tp {tp}")
+                tps = [t for t in TP_SIZES if t <= min(avail, gpu.gpus_per_node)]
+                tried = [self.costs.generation(gpu, tp) for tp in tps]
+                if not any(not isinstance(g, str) and g.max_batch >= 1 for g in tried):
+                    largest = tried[-1]  # the most memory a replica can have here
+                    why = largest if isinstance(largest, str) else f"no room for a KV cache at tp {tps[-1]}"
+                    gen_reasons.append(f"{dc}/{gpu_name}: {why}")
                 t = self._training(gpu, avail)
                 if isinstance(t, str):
                     least = next((y for y in train_counts(gpu, 1 << 16) if not isinstance(self._training(gpu, y), str)),

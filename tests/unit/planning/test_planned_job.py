@@ -1,0 +1,67 @@
+"""The planned job: the plan written into the user's job (pool, placement, replicas, trainer
+ranks; the remote datacenter's clusterRef) and accepted as the cluster would accept it."""
+
+import math
+
+import yaml
+
+from streamrl.operator.validate import validate_job
+from streamrl.planning.catalog import load_catalog
+from streamrl.planning.demand import Workload
+from streamrl.planning.estimates import Estimates
+from streamrl.planning.planned import format_table, planned_yaml, pool_name
+from streamrl.planning.planner import Links, PlanJob, Planner
+from streamrl.spec import parse_job
+
+CATALOG = load_catalog()
+JOB = parse_job({
+    "apiVersion": "streamrl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "grpo-7b"},
+    "spec": {"model": {"source": "builtin-tiny"},
+             "algorithm": {"promptsPerStep": 64, "groupSize": 8, "maxNewTokens": 4096, "microBatchSize": 4},
+             "pipeline": {"mode": "stream-async"},
+             "generators": {"pools": [{"name": "default", "replicas": 1, "threads": 2,
+                                       "placement": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}]}},
+})
+
+
+def _plan(budget: dict, mode: str = "stream-async"):
+    job = PlanJob(64 * 8, 4, 4096, mode)
+    workload = Workload.lognormal(math.log(800), 1.0, 4096, 256)
+    planner = Planner(CATALOG, Estimates(CATALOG.model("qwen2.5-7b"), job, workload), job, workload, Links())
+    plan = planner.plan(budget)
+    return plan, format_table(plan, "qwen2.5-7b", workload)
+
+
+def test_the_planned_job_carries_the_plan_and_passes_the_clusters_checks():
+    plan, table = _plan({"dc": {"H20": 16, "H800": 16}})
+    text = planned_yaml(JOB, plan, table)
+    assert text.startswith("# Planned by `streamrl plan`:\n")
+    data = yaml.safe_load(text)
+    verdict = validate_job(data, "planned.yaml")
+    assert verdict.problems == ()
+    spec = verdict.job.spec
+    (pool,) = spec.generators.pools
+    gen, train = plan.generation, plan.training
+    assert pool.name == pool_name(gen.gpu.name)
+    assert (pool.replicas, pool.placement.gpus, pool.engine.max_batch_size) == (gen.replicas, gen.tp, gen.max_batch)
+    assert pool.placement.node_selector == gen.gpu.node_selector
+    assert pool.placement.tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists"}]  # the user's kept
+    assert pool.threads == 2 and pool.engine.device == "cuda" and pool.cluster_ref is None
+    assert spec.trainer.world_size == train.num_gpus and spec.trainer.device == "cuda"
+    assert spec.trainer.placement.gpus == spec.trainer.processes_per_node
+    assert spec.algorithm.max_new_tokens == 4096  # the rest of the job as the user wrote it
+
+
+def test_a_plan_over_two_datacenters_places_the_generators_in_the_other_cluster():
+    plan, table = _plan({"east": {"H800": 16}, "west": {"H20": 16}})
+    assert (plan.generation.datacenter, plan.training.datacenter) == ("west", "east")
+    data = yaml.safe_load(planned_yaml(JOB, plan, table, {"west": "dc-west"}))
+    verdict = validate_job(data, "planned.yaml")
+    assert verdict.problems == ()
+    assert verdict.job.spec.generators.pools[0].cluster_ref == "dc-west"
+    assert verdict.job.spec.trainer.service_type == "LoadBalancer"  # remote generators dial in
+
+
+def test_pool_names_are_dns_labels():
+    assert pool_name("A100-80GB") == "a100-80gb"
+    assert pool_name("RTX 6000 Ada") == "rtx-6000-ada"

@@ -1,0 +1,69 @@
+"""The profile record: written and read back unchanged, bad files refused naming the field, and
+the stage costs it gives (PTL interpolated over batch size; training scaled by GPUs)."""
+
+import json
+
+import pytest
+
+from streamrl.planning.costs import GenerationCost, TrainingCost
+from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel, load_profile, plot_ptl
+
+
+def _profile(**over) -> Profile:
+    fields = dict(
+        created="2026-01-01T00:00:00+00:00",
+        hardware=ProfileHardware(device="cpu", name="test cpu", gpu_type="H20"),
+        model=ProfileModel(name="builtin-tiny", num_params=503424, dtype="float32"),
+        engine=ProfileEngine(type="torch", max_batch_size=16, device="cpu"),
+        ptl=[(4, 0.004), (1, 0.002), (16, 0.010)], ptl_context=16, prefill_s_per_token=1e-4,
+        train_micro_batch_size=8, train_sequence_tokens=64, train_world_size=2,
+        forward_backward_s_per_token=2e-4, optimizer_step_s=0.3, publish_s=0.05)
+    return Profile(**(fields | over))
+
+
+def test_a_profile_round_trips_through_its_file(tmp_path):
+    profile = _profile()
+    profile.write(tmp_path / "p.json")
+    again = load_profile(tmp_path / "p.json")
+    assert again == profile
+    assert again.ptl == [(1, 0.002), (4, 0.004), (16, 0.010)]  # ascending batch size
+
+
+def test_generation_cost_interpolates_ptl_over_batch_size_and_ignores_context():
+    cost = _profile().generation_cost()
+    assert isinstance(cost, GenerationCost)
+    assert cost.max_batch == 16
+    assert cost.decode_step_s(2, 16) == pytest.approx(0.002 + 0.002 / 3)
+    assert cost.decode_step_s(10, 16) == pytest.approx(0.007)
+    assert cost.decode_step_s(32, 16) == pytest.approx(0.018)  # beyond: the last segment's slope
+    assert cost.decode_step_s(4, 4000) == cost.decode_step_s(4, 16)
+    assert cost.prefill_s(1000) == pytest.approx(0.1)
+
+
+def test_training_cost_scales_with_the_gpus_the_plan_gives_it():
+    as_measured = _profile().training_cost()
+    assert isinstance(as_measured, TrainingCost)
+    assert as_measured.train_s(1000) == pytest.approx(0.2)
+    assert (as_measured.step_s(), as_measured.publish_s()) == (0.3, 0.05)
+    eight = _profile().training_cost(num_gpus=8)  # measured on 2 ranks
+    assert eight.train_s(1000) == pytest.approx(0.05)
+    assert eight.step_s() == pytest.approx(0.075)
+
+
+def test_a_missing_or_bad_profile_is_refused_naming_the_file_and_field(tmp_path):
+    with pytest.raises(ValueError, match=r"profile .*none.json: no such file \(write one with `streamrl profile"):
+        load_profile(tmp_path / "none.json")
+    data = json.loads(_profile().model_dump_json())
+    data["ptl"] = [[0, 0.1]]
+    del data["publish_s"]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError) as err:
+        load_profile(tmp_path / "bad.json")
+    assert "bad.json: not a Profile" in str(err.value)
+    assert "publish_s" in str(err.value) and "batch size >= 1" in str(err.value)
+
+
+def test_the_plot_is_a_png(tmp_path):
+    path = plot_ptl(_profile(), tmp_path / "ptl.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 5000
