@@ -33,7 +33,8 @@ def test_a_users_folder_adds_types_and_replaces_same_named_ones(tmp_path):
         "gpus:\n"
         "  - {name: MI300X, bf16_tflops: 1307, hbm_gb_s: 5300, memory_gb: 192, interconnect_gb_s: 896,"
         " relative_cost: 2.5, sources: [AMD MI300X datasheet]}\n"
-        "  - {name: H20, bf16_tflops: 148, hbm_gb_s: 4000, memory_gb: 96, interconnect_gb_s: 900, relative_cost: 0.8}\n")
+        "  - {name: H20, bf16_tflops: 148, hbm_gb_s: 4000, memory_gb: 96, interconnect_gb_s: 900,"
+        " relative_cost: 0.8}\n")
     catalog = load_catalog([tmp_path])
     assert catalog.gpu("mi300x").memory_gb == 192
     assert catalog.gpu("H20").relative_cost == 0.8

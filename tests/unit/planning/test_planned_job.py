@@ -14,13 +14,14 @@ from streamrl.planning.planner import Links, PlanJob, Planner
 from streamrl.spec import parse_job
 
 CATALOG = load_catalog()
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists"}
 JOB = parse_job({
     "apiVersion": "streamrl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "grpo-7b"},
     "spec": {"model": {"source": "builtin-tiny"},
              "algorithm": {"promptsPerStep": 64, "groupSize": 8, "maxNewTokens": 4096, "microBatchSize": 4},
              "pipeline": {"mode": "stream-async"},
              "generators": {"pools": [{"name": "default", "replicas": 1, "threads": 2,
-                                       "placement": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}]}},
+                                       "placement": {"tolerations": [TOLERATION]}}]}},
 })
 
 
@@ -45,7 +46,7 @@ def test_the_planned_job_carries_the_plan_and_passes_the_clusters_checks():
     assert pool.name == pool_name(gen.gpu.name)
     assert (pool.replicas, pool.placement.gpus, pool.engine.max_batch_size) == (gen.replicas, gen.tp, gen.max_batch)
     assert pool.placement.node_selector == gen.gpu.node_selector
-    assert pool.placement.tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists"}]  # the user's kept
+    assert pool.placement.tolerations == [TOLERATION]  # the user's kept
     assert pool.threads == 2 and pool.engine.device == "cuda" and pool.cluster_ref is None
     assert spec.trainer.world_size == train.num_gpus and spec.trainer.device == "cuda"
     assert spec.trainer.placement.gpus == spec.trainer.processes_per_node
