@@ -1,4 +1,5 @@
-"""`streamrl` command line: run | trainer | generator | ranker | plan | profile | ... Heavy imports are per command."""
+"""`streamrl` command line: run | trainer | generator | ranker | plan | profile | simulate | ... Heavy imports are per
+command."""
 
 from __future__ import annotations
 
@@ -228,6 +229,20 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_simulate(args) -> int:
+    from streamrl.planning.scenario import load_scenario, with_overrides
+    from streamrl.planning.simulate import simulate, write_run
+
+    path = Path(args.scenario)
+    scenario = with_overrides(load_scenario(path), args.mode, args.policy, args.iterations)
+    run = simulate(scenario, base=path.parent)
+    print(run.summary.table())
+    if args.out:
+        for written in write_run(run, Path(args.out), args.gantt_rows):
+            print(written)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamrl", description="Disaggregated RL post-training of LLMs.")
     parser.add_argument("--log-level", default=os.environ.get("STREAMRL_LOG_LEVEL", "INFO"))
@@ -307,6 +322,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="the RLCluster of a datacenter other than the trainer's (default: its name)")
     p.add_argument("--out", help="write the job with the plan filled in here (kubectl apply -f takes it)")
     p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("simulate", help="simulate a run as discrete events at any scale, the product's own dispatch "
+                                        "and scaling code deciding: samples/s, bubbles, utilisation, cost, a Gantt "
+                                        "chart (deploy/scenarios/)")
+    p.add_argument("scenario", help="scenario YAML file (deploy/scenarios/README.md describes the format)")
+    p.add_argument("--mode", choices=["colocated", "batch", "stream-sync", "stream-async"],
+                   help="pipeline mode instead of the scenario's")
+    p.add_argument("--policy", choices=["random-fifo", "skewness-aware", "oracle"],
+                   help="dispatch policy instead of the scenario's")
+    p.add_argument("--iterations", type=int, help="iterations instead of the scenario's")
+    p.add_argument("--out", help="write simulation.json, iterations.jsonl and gantt.png here")
+    p.add_argument("--gantt-rows", type=int, default=24, help="generator rows drawn in the Gantt chart (default 24)")
+    p.set_defaults(fn=cmd_simulate)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (RLJob and RLCluster resources)")
     p.add_argument("--namespace", action="append", help="manage RLJobs in this namespace (repeatable; default: all)")

@@ -1,0 +1,192 @@
+"""A simulated generator replica: the engine's continuous batching and the worker's loop (work
+waits for the weight version it needs, a fetched version is swapped in between decode steps,
+waiting requests join the running batch in the product's own admission order). Between two
+things that change its batch every decode step costs the same, so a stretch of k steps is one
+event; something that would change the batch mid-stretch cuts it at the next step's end.
+Knows its GenerationCost; nothing of dispatch or the trainer."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from streamrl.generator import engine as product_engine
+from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS
+from streamrl.planning.costs import GenerationCost
+from streamrl.planning.events import Event, Simulation, Track
+
+
+@dataclass
+class Sequence:
+    prompt_id: str
+    index: int
+    length: int
+    """Output tokens it will produce."""
+    prompt_tokens: int
+    min_policy_version: int
+    priority: float
+    produced: int = 0
+    policy_version: int = -1
+    """The version that produced its first token."""
+
+
+@dataclass
+class _Stretch:
+    start: float
+    prefill_s: float
+    step_s: float
+    steps: int
+    low: bool
+    """A skewness bubble: nothing waits and fewer than lowOccupancy of the batch cap run."""
+    event: Event | None = None
+
+
+class SimReplica:
+    def __init__(self, sim: Simulation, generator_id: str, pool: str, cost: GenerationCost, capacity: int,
+                 track: Track, on_sample: Callable[[SimReplica, Sequence], None],
+                 on_loaded: Callable[[SimReplica, int], None], low_occupancy: float = 0.5, load_s: float = 0.0,
+                 policy_version: int = 0):
+        self.sim, self.generator_id, self.pool, self.cost = sim, generator_id, pool, cost
+        self.capacity = self.batch_cap = capacity
+        self.track = track
+        self.on_sample, self.on_loaded = on_sample, on_loaded
+        self.low_occupancy, self.load_s = low_occupancy, load_s
+        self.policy_version = policy_version
+        self.fetching = False
+        """A version is on its way (the idle reason is then waiting for weights)."""
+        self.fetch_source = "trainer"
+        """Where the last fetched version came from (trainer | peer)."""
+        self._fetched: int | None = None
+        self._loading = False
+        self._deferred: list[Sequence] = []
+        self._waiting: list[tuple[tuple[float, int], Sequence]] = []
+        self._arrival = itertools.count()
+        self.running: list[Sequence] = []
+        self._stretch: _Stretch | None = None
+        self._skewness_s = 0.0
+        self.num_samples = 0
+        self.num_tokens = 0
+        self.closed = False
+
+    # ---- what comes in ------------------------------------------------------------------
+    def give(self, sequences: list[Sequence]) -> None:
+        """Work, in the order sent (held until its weight version is here)."""
+        self._deferred.extend(sequences)
+        self._poke(admitting=True)
+
+    def set_batch_cap(self, max_batch_size: int) -> None:
+        """The engine's set_batch_cap: 0 = full capacity; running sequences above the cap finish."""
+        cap = min(max_batch_size, self.capacity) if max_batch_size > 0 else self.capacity
+        if cap != self.batch_cap:
+            self.batch_cap = cap
+            self._poke(admitting=False)
+
+    def weights_fetched(self, policy_version: int) -> None:
+        """A version arrived; it is swapped in between two steps."""
+        if policy_version > max(self.policy_version, self._fetched or -1):
+            self._fetched = policy_version
+            self._poke(admitting=False)
+
+    # ---- reading ------------------------------------------------------------------------
+    def skewness_seconds(self) -> float:
+        s = self._stretch
+        return self._skewness_s + (self.sim.now - s.start if s is not None and s.low else 0.0)
+
+    @property
+    def idle(self) -> bool:
+        return self._stretch is None and not self._loading
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _poke(self, admitting: bool) -> None:
+        """Something changed: start stepping when idle, else end the current stretch after the
+        step in progress when the change matters to the batch."""
+        if self.closed or self._loading:
+            return
+        s = self._stretch
+        if s is None:
+            self._next()
+            return
+        if admitting and not (len(self.running) < self.batch_cap and self._releasable()):
+            return
+        done = max(1, math.ceil((self.sim.now - s.start - s.prefill_s) / s.step_s - 1e-9)) if s.step_s > 0 else 1
+        if done < s.steps:
+            s.steps = done
+            s.event.cancel()
+            s.event = self.sim.at(s.start + s.prefill_s + done * s.step_s, self._stretch_done)
+
+    def _releasable(self) -> bool:
+        return bool(self._waiting) or any(q.min_policy_version <= self.policy_version for q in self._deferred)
+
+    def _release(self) -> None:
+        ready = [q for q in self._deferred if q.min_policy_version <= self.policy_version]
+        if ready:
+            self._deferred = [q for q in self._deferred if q.min_policy_version > self.policy_version]
+            for q in ready:
+                heapq.heappush(self._waiting, (product_engine.admission_key(q.priority, next(self._arrival)), q))
+
+    def _next(self) -> None:
+        """At a step boundary: swap in fetched weights, release and admit work, start a stretch."""
+        if self.closed:
+            return
+        if self._fetched is not None:
+            version, self._fetched = self._fetched, None
+            if not self.running:
+                self.track.set("idle", WAITING_WEIGHTS)
+            self._loading = True
+            self.sim.after(self.load_s, self._loaded, version)
+            return
+        self._release()
+        admitted = []
+        while self._waiting and len(self.running) < self.batch_cap:
+            _, q = heapq.heappop(self._waiting)
+            q.produced, q.policy_version = 1, self.policy_version  # prefill samples the first token
+            admitted.append(q)
+            self.running.append(q)
+        if not self.running:
+            self.track.set("idle", WAITING_WEIGHTS if (self._deferred or self.fetching) else NO_WORK)
+            return
+        prefill_s = self.cost.prefill_s(sum(q.prompt_tokens for q in admitted)) if admitted else 0.0
+        self.num_tokens += len(admitted)
+        steps = min(q.length - q.produced for q in self.running)
+        batch = len(self.running)
+        # every step of the stretch at its middle step's mean context
+        context = sum(q.prompt_tokens + q.produced for q in self.running) / batch + max(0, steps - 1) / 2
+        step_s = self.cost.decode_step_s(batch, int(round(context)))
+        low = not self._waiting and batch < self.low_occupancy * self.batch_cap
+        self.track.set("busy", LOW_OCCUPANCY if low else "")
+        s = self._stretch = _Stretch(self.sim.now, prefill_s, step_s, steps, low)
+        s.event = self.sim.at(s.start + prefill_s + steps * step_s, self._stretch_done)
+
+    def _stretch_done(self) -> None:
+        s, self._stretch = self._stretch, None
+        if s.low:
+            self._skewness_s += self.sim.now - s.start
+        self.num_tokens += s.steps * len(self.running)
+        finished = []
+        for q in self.running:
+            q.produced += s.steps
+            if q.produced >= q.length:
+                finished.append(q)
+        if finished:
+            self.running = [q for q in self.running if q.produced < q.length]
+            self.num_samples += len(finished)
+            for q in finished:
+                self.on_sample(self, q)
+        self._next()
+
+    def _loaded(self, version: int) -> None:
+        self._loading = False
+        self.policy_version = max(self.policy_version, version)
+        self.fetching = self._fetched is not None
+        self.on_loaded(self, version)
+        self._next()
+
+    def close(self) -> None:
+        """It left (drained): nothing more happens on it."""
+        self.closed = True
+        if self._stretch is not None and self._stretch.event is not None:
+            self._stretch.event.cancel()
+        self.track.close()

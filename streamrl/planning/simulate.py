@@ -1,0 +1,241 @@
+"""`streamrl simulate`: a run as discrete events, the trainer's loop as the product runs it in
+each pipeline mode (dispatch the iteration, take finished groups all at once or micro-batch by
+micro-batch, optimizer step, publish), over the rollout side of fleet.py, with the product's
+autoscaling round deciding on the simulated metrics when the scenario enables it. Decisions are
+the product's own functions, imported; seconds come from the scenario's stage costs.
+
+Not modelled: failures and re-dispatch, stale-sample drops (the dispatch contract prevents
+them), ranker re-training, the trainer's ranks (its cost covers them), work messages' latency."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from streamrl.metrics import NO_WORK, WAITING_GENERATORS, WAITING_SAMPLES
+from streamrl.planning.events import Simulation, Track
+from streamrl.planning.fleet import Fleet, SimGroup
+from streamrl.planning.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
+from streamrl.planning.rollouts import Workload
+from streamrl.planning.scenario import Scenario
+from streamrl.planning.stages import Stages, resolve_stages
+from streamrl.records import ScalingRecord, write_json
+from streamrl.spec import GeneratorPoolSpec, GeneratorsSpec, PipelineMode
+from streamrl.trainer import longtail
+from streamrl.trainer.groups import PromptWork
+
+
+def padded_tokens(groups: list[SimGroup], micro_batch_size: int) -> int:
+    """Tokens the learner computes on for these groups: samples sorted by length, cut into
+    micro-batches, each padded to its longest (Learner._accumulate)."""
+    sizes = sorted(g.prompt_tokens + n for g in groups for n in g.lengths)
+    return sum(len(mb) * mb[-1] for mb in (sizes[k:k + micro_batch_size]
+                                           for k in range(0, len(sizes), micro_batch_size)))
+
+
+@dataclass
+class SimRun:
+    summary: SimSummary
+    iterations: list[SimIteration]
+    tracks: list[Track]
+    """The trainer's, then every generator replica's (departed ones included)."""
+
+
+class Simulator:
+    def __init__(self, scenario: Scenario, stages: Stages, base: Path | None = None):
+        self.scenario, self.stages = scenario, stages
+        self.sim = Simulation()
+        algo = scenario.algorithm
+        self.workload = Workload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
+        self.fleet = Fleet(self.sim, scenario, stages, self.workload.typical_context())
+        self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
+        self.iterations: list[SimIteration] = []
+        self.scaling: list[ScalingRecord] = []
+        self.iteration_ends: list[tuple[float, float]] = []
+        """(simulated time, wall seconds) of each finished iteration (the wall-seconds gauge's history)."""
+        self.policy_version = 0
+        self._dispatched = -1
+        self.done = False
+
+    # ---- the trainer's loop (services/trainer/loop.py) ----------------------------------
+    def dispatch_through(self, last_iteration: int) -> None:
+        """Hand out every iteration up to last_iteration not yet handed out (TrainLoop.dispatch_through)."""
+        sc = self.scenario
+        last_iteration = min(last_iteration, sc.algorithm.num_iterations - 1)
+        staleness = sc.pipeline.max_staleness if sc.pipeline.mode == PipelineMode.stream_async else 0
+        while self._dispatched < last_iteration:
+            j = self._dispatched = self._dispatched + 1
+            drawn = self.workload.iteration(j)
+            prompts = [PromptWork(p.prompt_id, p.dataset_index, "", ()) for p in drawn]
+            if sc.dispatch.policy != "random-fifo":
+                prompts = self._predict(prompts, {p.prompt_id: p.mean_length if sc.dispatch.policy == "oracle"
+                                                  else p.ranked_length for p in drawn})
+            self.fleet.add_prompts(j, prompts, {p.prompt_id: p.lengths for p in drawn},
+                                   sc.workload.prompt_tokens, max(0, j - staleness))
+
+    def _predict(self, prompts: list[PromptWork], lengths: dict[str, float]) -> list[PromptWork]:
+        """Predicted lengths, the long-tail split and a fresh replica plan (TrainLoop._predict)."""
+        d = self.scenario.dispatch
+        long_ids, regular_ids = longtail.split_long_tail(lengths, d.long_tail_fraction)
+        recent = list(self.fleet.recent_lengths) or [round(v) for v in lengths.values()]
+        l_long, l_reg = longtail.length_targets(recent)
+        g = self.scenario.algorithm.group_size
+        self.fleet.demand = longtail.LongTailDemand(len(long_ids) * g, len(regular_ids) * g, l_long, l_reg)
+        self.fleet.replan()
+        long_set = set(long_ids)
+        return [replace(p, predicted_length=lengths[p.prompt_id], long_tail=p.prompt_id in long_set) for p in prompts]
+
+    def _trainer_loop(self):
+        sc, cost, fleet, track = self.scenario, self.stages.trainer, self.fleet, self.trainer
+        algo, pipe = sc.algorithm, sc.pipeline
+        streaming = pipe.mode in (PipelineMode.stream_sync, PipelineMode.stream_async)
+        staleness = pipe.max_staleness if pipe.mode == PipelineMode.stream_async else 0
+        for it in range(algo.num_iterations):
+            t0, idle0 = self.sim.now, track.seconds("idle", WAITING_SAMPLES)
+            skew0 = self._skewness_s()
+            self.dispatch_through(it + staleness)
+            total, done, groups, train_s, generation_s = algo.prompts_per_step * algo.group_size, 0, [], 0.0, 0.0
+            while done < total:
+                track.set("idle", WAITING_SAMPLES)
+                left = total - done
+                need, most = (min(pipe.min_micro_batch_size, left), 4 * algo.micro_batch_size) if streaming \
+                    else (left, left)
+                while fleet.ready_samples(it) < need:
+                    yield fleet.arrived
+                got = fleet.take(it, most)
+                done += sum(g.group_size for g in got)
+                groups.extend(got)
+                if done == total:
+                    generation_s = self.sim.now - t0
+                track.set("busy")
+                seconds = cost.train_s(padded_tokens(got, algo.micro_batch_size))
+                train_s += seconds
+                yield seconds
+            seconds = cost.step_s()
+            train_s += seconds
+            yield seconds
+            self.policy_version += 1
+            yield cost.publish_s()
+            fleet.announce(self.policy_version)
+            track.set("idle", WAITING_SAMPLES)
+            self._record(it, t0, groups, train_s, generation_s, track.seconds("idle", WAITING_SAMPLES) - idle0,
+                         self._skewness_s() - skew0)
+        self.done = True
+        track.set("idle", NO_WORK)
+
+    def _skewness_s(self) -> float:
+        return sum(e.skewness_seconds() for e in self.fleet.engines.values()) + \
+            sum(e.skewness_seconds() for e in self.fleet.departed)
+
+    def _record(self, it: int, t0: float, groups: list[SimGroup], train_s: float, generation_s: float,
+                idle_s: float, skewness_s: float) -> None:
+        wall = self.sim.now - t0
+        lengths = [n for g in groups for n in g.lengths]
+        staleness = [self.policy_version - 1 - v for g in groups for v in g.policy_versions]
+        replicas = max(1, len(self.fleet.replicas))
+        self.iterations.append(SimIteration(
+            iteration=it, start_s=t0, wall_s=wall, generation_s=generation_s, train_s=train_s,
+            num_samples=len(lengths), samples_per_s=len(lengths) / wall if wall > 0 else 0.0,
+            pipeline_bubble_ratio=min(1.0, idle_s / wall) if wall > 0 else 0.0,
+            skewness_bubble_ratio=min(1.0, skewness_s / (replicas * wall)) if wall > 0 else 0.0,
+            completion_tokens_mean=sum(lengths) / len(lengths), completion_tokens_max=max(lengths),
+            staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness),
+            weight_sync_s_max=self.fleet.sync_s.get(it, 0.0), replicas=len(self.fleet.replicas)))
+        self.iteration_ends.append((self.sim.now, wall))
+
+    # ---- the run ----------------------------------------------------------------------
+    def run(self) -> SimRun:
+        started = time.perf_counter()
+        for pool in self.scenario.generators:
+            for _ in range(pool.replicas):
+                self.fleet.connect(pool.name)
+        self.trainer.set("busy")
+        self.sim.spawn(self._trainer_loop())
+        a = self.scenario.autoscaling
+        if a.mode == "Internal" and self.scenario.pipeline.mode != PipelineMode.colocated:
+            from streamrl.planning.elastic import Autoscaler
+
+            self.sim.spawn(Autoscaler(self).process())
+        self.sim.run()
+        if not self.done:
+            raise RuntimeError(f"the simulation stalled at {self.sim.now:.3f}s: the trainer waits for samples no "
+                               "replica will produce (every replica drained, or work needs a version never sent)")
+        return SimRun(self._summary(time.perf_counter() - started), self.iterations, self._tracks())
+
+    def _tracks(self) -> list[Track]:
+        engines = sorted([*self.fleet.engines.values(), *self.fleet.departed],
+                         key=lambda e: (e.track.started, int(e.generator_id.rsplit("-", 1)[1])))
+        return [self.trainer] + [e.track for e in engines]
+
+    def _summary(self, took_s: float) -> SimSummary:
+        sc, its = self.scenario, self.iterations
+        end = its[-1].start_s + its[-1].wall_s
+        for engine in self.fleet.engines.values():
+            engine.track.close()
+        self.trainer.close()
+        colocated = sc.pipeline.mode == PipelineMode.colocated
+        stages = [StageUse(name="trainer", gpus=self.stages.trainer_gpus,
+                           utilisation=self.trainer.seconds("busy") / end if end else 0.0,
+                           gpu_seconds=self.stages.trainer_gpus * end,
+                           cost=self.stages.trainer_gpus * end / 3600 * self.stages.trainer_gpu_hour_cost)]
+        engines = [*self.fleet.engines.values(), *self.fleet.departed]
+        for pool in sc.generators:
+            stage = self.stages.pools[pool.name]
+            mine = [e for e in engines if e.pool == pool.name]
+            held = sum(min(e.track.lifetime_s, end - e.track.started) for e in mine)
+            busy = sum(e.track.seconds("busy") for e in mine)
+            gpu_s = 0.0 if colocated else held * stage.gpus_per_replica  # colocated: the trainer's GPUs
+            stages.append(StageUse(name=pool.name, gpus=len(self.fleet.live(pool.name)) * stage.gpus_per_replica,
+                                   utilisation=busy / held if held else 0.0, gpu_seconds=gpu_s,
+                                   cost=gpu_s / 3600 * stage.gpu_hour_cost))
+        wall = sum(r.wall_s for r in its)
+        samples = sum(r.num_samples for r in its)
+        cost = sum(s.cost for s in stages)
+
+        def weighted(key: str) -> float:
+            return sum(getattr(r, key) * r.wall_s for r in its) / wall if wall else 0.0
+
+        def mean(key: str) -> float:
+            return sum(getattr(r, key) for r in its) / len(its)
+
+        return SimSummary(
+            scenario=sc.name, mode=sc.pipeline.mode.value, policy=sc.dispatch.policy, num_iterations=len(its),
+            num_samples=samples, wall_s=wall, makespan_s=end, samples_per_s=samples / wall if wall else 0.0,
+            iteration_s_mean=mean("wall_s"), generation_s_mean=mean("generation_s"), train_s_mean=mean("train_s"),
+            pipeline_bubble_ratio=weighted("pipeline_bubble_ratio"),
+            skewness_bubble_ratio=weighted("skewness_bubble_ratio"), stages=stages,
+            gpu_seconds=sum(s.gpu_seconds for s in stages), cost=cost,
+            samples_per_cost=samples / cost if cost else 0.0,
+            weight_bytes_local=self.fleet.bytes_by_link["local"],
+            weight_bytes_cross_datacenter=self.fleet.bytes_by_link["cross"],
+            scaling=self.scaling, scale_ups=sum(r.step > 0 for r in self.scaling),
+            scale_downs=sum(r.step < 0 for r in self.scaling),
+            replicas_final={p.name: len(self.fleet.live(p.name)) for p in sc.generators},
+            simulated_in_s=round(took_s, 3))
+
+
+def generators_spec(scenario: Scenario, stages: Stages) -> GeneratorsSpec:
+    """The pools as an RLJob's `generators` (what the autoscaling round reads: bounds and a
+    replica's cost, its GPUs' hourly price)."""
+    return GeneratorsSpec(pools=[GeneratorPoolSpec(
+        name=p.name, replicas=p.replicas, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
+        cost=stages.pools[p.name].gpus_per_replica * stages.pools[p.name].gpu_hour_cost) for p in scenario.generators])
+
+
+def simulate(scenario: Scenario, base: Path | None = None, stages: Stages | None = None) -> SimRun:
+    """Simulate one scenario; ValueError naming a scenario field that cannot be resolved."""
+    return Simulator(scenario, stages or resolve_stages(scenario, base), base).run()
+
+
+def write_run(run: SimRun, out_dir: Path, gantt_rows: int = 24) -> list[Path]:
+    """simulation.json, iterations.jsonl and gantt.png in out_dir."""
+    from streamrl.planning.gantt import write_gantt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / SUMMARY_FILE, run.summary)
+    (out_dir / ITERATIONS_FILE).write_text("".join(r.to_json() + "\n" for r in run.iterations))
+    gantt = write_gantt(out_dir / "gantt.png", run.tracks, run.iterations, run.summary, gantt_rows)
+    return [out_dir / SUMMARY_FILE, out_dir / ITERATIONS_FILE, gantt]
+

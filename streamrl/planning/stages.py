@@ -1,0 +1,159 @@
+"""A scenario's stages resolved to numbers: each pool's GenerationCost, GPUs per replica and
+GPU-hour price, the trainer's TrainingCost, and the bytes of one weight version, from a table
+in the scenario, a measured profile or the analytic roofline over the catalog. Knows where
+seconds come from, nothing of when they are spent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamrl.planning.catalog import Catalog, load_catalog
+from streamrl.planning.costs import GenerationCost, TrainingCost
+from streamrl.planning.profile import load_profile
+from streamrl.planning.roofline import Assumptions, analytic_generation_cost, analytic_training_cost
+from streamrl.planning.scenario import (
+    AnalyticGeneration,
+    AnalyticTraining,
+    ProfileCost,
+    Scenario,
+    TableGeneration,
+    TableTraining,
+)
+from streamrl.planning.shape import ModelShape
+from streamrl.trainer.longtail import LatencyProfile
+
+
+@dataclass(frozen=True)
+class TableGenerationCost:
+    """PTL(BS) from points, interpolated as the long-tail planner does, plus a per-context-token
+    term (a GenerationCost)."""
+
+    ptl: LatencyProfile
+    context_s_per_token: float
+    prefill_s_per_token: float
+    max_batch: int
+
+    def decode_step_s(self, batch: int, context: int) -> float:
+        return self.ptl.ptl(batch) + batch * context * self.context_s_per_token
+
+    def prefill_s(self, tokens: int) -> float:
+        return tokens * self.prefill_s_per_token
+
+
+@dataclass(frozen=True)
+class TableTrainingCost:
+    """The trainer's seconds as given (a TrainingCost)."""
+
+    s_per_token: float
+    optimizer_step_s: float
+    publish_seconds: float
+
+    def train_s(self, tokens: int) -> float:
+        return tokens * self.s_per_token
+
+    def step_s(self) -> float:
+        return self.optimizer_step_s
+
+    def publish_s(self) -> float:
+        return self.publish_seconds
+
+
+@dataclass(frozen=True)
+class PoolStage:
+    cost: GenerationCost
+    gpus_per_replica: int
+    gpu_hour_cost: float
+    max_batch: int
+    """The cost's max_batch, or the pool's maxBatchSize when lower."""
+
+
+@dataclass(frozen=True)
+class Stages:
+    pools: dict[str, PoolStage]
+    trainer: TrainingCost
+    trainer_gpus: int
+    trainer_gpu_hour_cost: float
+    weight_bytes: float
+
+
+def _path(path: str, base: Path | None) -> Path:
+    """A relative path is the scenario file's folder's, else the working directory's."""
+    p = Path(path)
+    if not p.is_absolute() and base is not None and (base / p).exists():
+        return base / p
+    return p
+
+
+def model_shape(scenario: Scenario, catalog: Catalog, base: Path | None = None) -> ModelShape | None:
+    if scenario.model is None:
+        return None
+    if scenario.model.endswith(".json") or "/" in scenario.model:
+        return ModelShape.from_hf_config(_path(scenario.model, base))
+    return catalog.model(scenario.model)
+
+
+def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalog | None = None) -> Stages:
+    """Every stage's costs; ValueError naming the scenario field that cannot be resolved."""
+    needs_catalog = any(isinstance(p.cost, AnalyticGeneration) for p in scenario.generators) or \
+        isinstance(scenario.trainer.cost, AnalyticTraining) or (scenario.model and not scenario.model.endswith(".json"))
+    catalog = catalog or (load_catalog() if needs_catalog else Catalog([], []))
+    shape = model_shape(scenario, catalog, base)
+    try:
+        assumptions = Assumptions(**scenario.assumptions)
+    except ValueError as err:
+        raise ValueError(f"assumptions: {err}") from None
+    w = scenario.workload
+    pools = {}
+    for i, pool in enumerate(scenario.generators):
+        where = f"generators[{i}].cost"
+        spec, gpus, price = pool.cost, 1, 1.0
+        if isinstance(spec, TableGeneration):
+            cost = TableGenerationCost(LatencyProfile(tuple(spec.decode_step_seconds)), spec.context_seconds_per_token,
+                                       spec.prefill_seconds_per_token, spec.max_batch_size)
+        elif isinstance(spec, ProfileCost):
+            cost = _profile(spec, base, where).generation_cost()
+        else:
+            if shape is None:
+                raise ValueError(f"{where}: an analytic cost needs the scenario's `model` (a catalog name or a "
+                                 "config.json)")
+            gpu = catalog.gpu(spec.gpu, f"{where}.gpu")
+            cost = analytic_generation_cost(shape, gpu, spec.tensor_parallel, w.prompt_tokens + w.max_new_tokens,
+                                            assumptions)
+            problem = cost.memory_problem()
+            if problem or cost.max_batch < 1:
+                raise ValueError(f"{where}: {problem or 'no sequence fits beside the weights'}")
+            gpus, price = spec.tensor_parallel, gpu.relative_cost
+        cap = min(cost.max_batch, pool.max_batch_size or cost.max_batch)
+        pools[pool.name] = PoolStage(cost, pool.gpus_per_replica or gpus, pool.gpu_hour_cost or price, cap)
+    t = scenario.trainer
+    spec, price = t.cost, 1.0
+    if isinstance(spec, TableTraining):
+        trainer = TableTrainingCost(spec.seconds_per_token, spec.step_seconds, spec.publish_seconds)
+    elif isinstance(spec, ProfileCost):
+        trainer = _profile(spec, base, "trainer.cost").training_cost(t.gpus)
+    else:
+        if shape is None:
+            raise ValueError("trainer.cost: an analytic cost needs the scenario's `model`")
+        gpu = catalog.gpu(spec.gpu, "trainer.cost.gpu")
+        mean_tokens = w.prompt_tokens + min(w.max_new_tokens, getattr(w.lengths, "median", w.max_new_tokens / 4))
+        trainer = analytic_training_cost(shape, gpu, t.gpus, mean_tokens, scenario.algorithm.micro_batch_size,
+                                         w.prompt_tokens + w.max_new_tokens, spec.algorithm, spec.reference,
+                                         assumptions)
+        problem = trainer.memory_problem()
+        if problem:
+            raise ValueError(f"trainer.cost: {problem}")
+        price = gpu.relative_cost
+    size = scenario.weights.size_bytes
+    if size is None:
+        if shape is None:
+            raise ValueError("weights.sizeBytes: required when the scenario names no `model`")
+        size = shape.num_params * assumptions.weight_bytes_per_param
+    return Stages(pools, trainer, t.gpus, t.gpu_hour_cost or price, float(size))
+
+
+def _profile(spec: ProfileCost, base: Path | None, where: str):
+    try:
+        return load_profile(_path(spec.path, base))
+    except ValueError as err:
+        raise ValueError(f"{where}.path: {err}") from None
