@@ -108,12 +108,15 @@ def cmd_report(args) -> int:
 def cmd_plan(args) -> int:
     import math
 
+    from streamrl.planning.calibration import calibrate, load_assumptions
     from streamrl.planning.catalog import load_catalog
     from streamrl.planning.demand import Workload
     from streamrl.planning.estimates import Estimates
     from streamrl.planning.inputs import model_shape, parse_budget, parse_mapping, profiles_by_type
     from streamrl.planning.planned import format_table, planned_yaml
     from streamrl.planning.planner import Links, PlanJob, Planner
+    from streamrl.planning.profile import load_profile
+    from streamrl.planning.roofline import Assumptions
     from streamrl.spec import load_job
 
     job = load_job(args.job)
@@ -137,8 +140,18 @@ def cmd_plan(args) -> int:
               file=sys.stderr)
     plan_job = PlanJob(spec.algorithm.prompts_per_step * spec.algorithm.group_size, spec.algorithm.micro_batch_size,
                        max_length, spec.pipeline.mode.value)
-    estimates = Estimates(shape, plan_job, workload, args.algorithm, spec.algorithm.kl_coef > 0,
-                          profiles=profiles_by_type(args.profile, catalog))
+    assumptions = load_assumptions(args.assumptions) if args.assumptions else Assumptions()
+    if args.calibrate:
+        profile = load_profile(args.calibrate)
+        if not profile.hardware.gpu_type:
+            raise ValueError(f"--calibrate {args.calibrate}: the profile names no GPU type (measure with --gpu-type)")
+        assumptions, notes = calibrate(profile, catalog.gpu(profile.hardware.gpu_type, "--calibrate"), assumptions)
+        print("calibrated: " + "; ".join(notes), file=sys.stderr)
+    if spec.model.dtype == "float32" and assumptions.weight_bytes_per_param == 2:
+        print("note: the plan assumes BF16 weights (weight_bytes_per_param 2); spec.model.dtype is float32",
+              file=sys.stderr)
+    estimates = Estimates(shape, plan_job, workload, args.algorithm, spec.algorithm.kl_coef > 0, assumptions,
+                          profiles_by_type(args.profile, catalog))
     links = Links(args.network_gb_s, args.cross_dc_gb_s, args.cross_dc_latency_s)
     plan = Planner(catalog, estimates, plan_job, workload, links, args.tolerance).plan(budget, args.objective)
     table = format_table(plan, shape.describe(), workload)
@@ -313,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="a measured profile (streamrl profile) replaces the roofline for its GPU type (repeatable)")
     p.add_argument("--catalog", action="append", metavar="DIR",
                    help="a folder of catalog YAML files added to deploy/catalog (repeatable)")
+    p.add_argument("--assumptions", metavar="FILE",
+                   help="YAML of the roofline's assumed constants to change (docs/planning.md lists them)")
+    p.add_argument("--calibrate", metavar="PROFILE",
+                   help="fit the roofline's efficiency factors to a profile measured on a catalog GPU type")
     p.add_argument("--network-gb-s", type=float, default=25.0, help="weight transfer within a datacenter, GB/s")
     p.add_argument("--cross-dc-gb-s", type=float, default=1.25, help="weight transfer between datacenters, GB/s")
     p.add_argument("--cross-dc-latency-s", type=float, default=0.05, help="round trip between datacenters, s")
