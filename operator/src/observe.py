@@ -86,15 +86,19 @@ async def observe(runtime: Runtime, job: RLJob, namespace: str, generation: int,
         ready = await _ready_replicas(client, path) if client is not None else 0
         pools.append({"name": pool.name, "cluster": pool.cluster_ref or "", "replicas":
                       0 if job.spec.suspend else replicas[pool.name], "readyReplicas": ready})
-    trainer_job = await runtime.kube.get(path_of("batch/v1", "Job", namespace, name(j, "trainer")))
+    if group is not None:  # the Job as ensure_trainer saw it and acted on it
+        job_status = group.job_status
+    else:
+        job_status = ((await runtime.kube.get(path_of("batch/v1", "Job", namespace, name(j, "trainer")))) or {}
+                      ).get("status")
     trainer, unreadable = await _trainer(runtime, j, namespace)
     ranker = None
     if uses_ranker(job):
         d = await runtime.kube.get(path_of("apps/v1", "Deployment", namespace, name(j, "ranker")))
         ranker = {"ready": bool(((d or {}).get("status") or {}).get("readyReplicas"))}
-    pods = (int(((trainer_job or {}).get("status") or {}).get("ready") or 0),
+    pods = (int((job_status or {}).get("ready") or 0),
             0 if job.spec.suspend else job.spec.trainer.nodes)
     return Observed(generation=generation, suspended=job.spec.suspend, trainer_group=group, trainer_pods=pods,
-                    trainer_job=(trainer_job or {}).get("status"), trainer=trainer, trainer_unreadable=unreadable,
+                    trainer_job=job_status, trainer=trainer, trainer_unreadable=unreadable,
                     pools=pools, cluster_problem=cluster_problem, ranker=ranker,
                     label_selector=generator_selector(j), scaling_limited=_scaling_limited(job, status))

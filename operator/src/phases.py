@@ -46,6 +46,10 @@ class TrainerGroup:
     (failed with no restart left) | finished"""
     restarts: int
     message: str = ""
+    job_status: dict | None = None
+    """The Job's status as this round saw it (None: no Job before this round). The phase is
+    read from it, never from a later read: a Job that failed in between is this round's
+    "unchanged" group and the next round's restart, never a transient Failed."""
 
     @property
     def replacing(self) -> bool:

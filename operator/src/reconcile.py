@@ -76,29 +76,31 @@ async def ensure_trainer(runtime: Runtime, desired: dict, restarts: int, budget:
         await runtime.kube.create(desired)
         logger.info("created the trainer Job %s (group restarts so far: %d)", desired["metadata"]["name"], restarts)
         return TrainerGroup("created", restarts)
+    seen = current.get("status") or {}
     if current["metadata"].get("deletionTimestamp"):
-        return TrainerGroup("waiting", restarts, "waiting for the previous trainer Job and its pods to be deleted")
+        return TrainerGroup("waiting", restarts, "waiting for the previous trainer Job and its pods to be deleted",
+                            seen)
     if job_condition(current, "Complete"):
-        return TrainerGroup("finished", restarts)
+        return TrainerGroup("finished", restarts, job_status=seen)
     wanted = desired["metadata"]["annotations"][TEMPLATE_HASH]
     if (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH) != wanted:
         await runtime.kube.delete(path, propagation="Foreground")
         logger.info("the trainer's pod template changed: replacing the whole trainer group")
-        return TrainerGroup("rolling", 0, "replacing the trainer group for the new spec")
+        return TrainerGroup("rolling", 0, "replacing the trainer group for the new spec", seen)
     failed = job_condition(current, "Failed")
     if failed:
         why = failed.get("message") or failed.get("reason") or "a trainer pod failed"
         if restarts >= budget:
             return TrainerGroup("failed", restarts, f"the trainer group failed after {restarts} restart(s) "
-                                                    f"(budget {budget}): {why}")
+                                                    f"(budget {budget}): {why}", seen)
         await runtime.kube.delete(path, propagation="Foreground")
         logger.warning("the trainer group failed (%s): restarting every rank (restart %d of %d)", why,
                        restarts + 1, budget)
         return TrainerGroup("restarting", restarts + 1,
-                            f"restarting the trainer group (restart {restarts + 1} of {budget}): {why}")
+                            f"restarting the trainer group (restart {restarts + 1} of {budget}): {why}", seen)
     desired["metadata"]["annotations"][RESTARTS] = current["metadata"]["annotations"].get(RESTARTS, str(restarts))
     action, _ = await runtime.kube.apply(desired)  # what a Job may change: suspend
-    return TrainerGroup(action, restarts)
+    return TrainerGroup(action, restarts, job_status=seen)
 
 
 def origin_labels(cluster_id: str, namespace: str, job: str) -> dict[str, str]:
