@@ -4,7 +4,9 @@ of streamrl.local; this one only puts them in order."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,9 +26,36 @@ Keeper = ReplicaRestarts | LocalAutoscaler
 """What looks after the generators each tick: the restart policy, or the autoscaler."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached `streamrl run` (a `kill`, a closed terminal, a supervisor):
+    the run stops as on Ctrl-C, every service with it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_stop_signal(signum: int, _frame) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # a second one must not cut the orderly stop short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
 def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, prometheus: bool = False,
         cores: int | None = None) -> int:
-    """Run the job to its end (or Ctrl-C, or a failure of the run itself); returns the exit status."""
+    """Run the job to its end (or Ctrl-C, SIGTERM or SIGHUP, or a failure of the run itself);
+    returns the exit status (130 after Ctrl-C, 128 + the signal's number after the others)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _run(job_file, out_dir, quiet, prometheus, cores)
+    previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run(job_file, out_dir, quiet, prometheus, cores)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, cores: int | None) -> int:
     def warn(msg: str) -> None:  # failures are said even with --quiet
         print(msg, file=sys.stderr, flush=True)
 
@@ -36,7 +65,7 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
     plan.prepare()
     say(plan.describe())
     model_dir = resolve_model_dir(plan.job.spec, log=say).resolve()
-    services, keeper, failure = None, None, None
+    services, keeper, failure, stopped_by = None, None, None, None
     try:
         if monitor is not None:
             say(f"prometheus: {monitor.start()} (data in {monitor.server.directory})")
@@ -45,8 +74,10 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
         if monitor is not None:
             monitor.wait_until_scraped(services.children, say, warn)
         show_progress(plan, services, quiet, _ticks(keeper, monitor, services))
-    except KeyboardInterrupt:
-        say("interrupted: stopping services (the trainer writes its summary and model first)")
+    except KeyboardInterrupt as err:
+        stopped_by = err.signum if isinstance(err, Terminated) else None
+        say(f"{'interrupted' if stopped_by is None else str(err)}: stopping services (the trainer writes its "
+            "summary and model first)")
     except RunFailed as err:
         failure = str(err)
         warn(f"run failed: {failure}")
@@ -58,12 +89,14 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
         if monitor is not None:
             monitor.stop()
     if services is None:
-        return 1 if failure else 130
+        return 1 if failure else 128 + (stopped_by or signal.SIGINT)
     record = _write_records(plan, services, keeper, failure, say)
     _report(plan, say)
     code = services.trainer.proc.returncode
     if code not in (0, 130):
         warn(f"trainer failed (exit {code}):\n{services.trainer.tail()}")
+    if stopped_by is not None and not record.failure:
+        return 128 + stopped_by
     return 1 if record.failure else 0 if code == 0 else code or 1
 
 

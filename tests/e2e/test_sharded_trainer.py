@@ -1,7 +1,8 @@
 """`streamrl run` with a trainer of two ranks (trainer.processesPerNode 2, FSDP2 over gloo):
-it learns in stream-sync and stream-async with every sample accepted once; Ctrl-C and a rank
-that dies stop everything, the latter within moments and with the rank named. Each rank
-serves its own forward/backward and collective seconds, and the report has a row per rank."""
+it learns in stream-sync and stream-async with every sample accepted once; Ctrl-C, a SIGTERM
+(a `kill`, a supervisor) and a rank that dies stop everything, the last within moments and
+with the rank named. Each rank serves its own forward/backward and collective seconds, and
+the report has a row per rank."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def test_two_ranks_learn_and_accept_every_sample_once(write_job, tmp_path, mode)
     assert time.sleep(0.5) or _left_behind(out) == ""
 
 
-def test_ctrl_c_stops_every_rank(write_job, tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_rank(write_job, tmp_path, sig, code):
     out = tmp_path / "run"
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(_job(write_job, "stream-sync", 1000)),
                             "--out", str(out), "--quiet"], env=child_env(), stderr=subprocess.PIPE, text=True)
@@ -78,8 +80,8 @@ def test_ctrl_c_stops_every_rank(write_job, tmp_path):
         assert got["streamrl_trainer_forward_backward_seconds_sum"] > 0, process
         for kind in ("forward_all_gather", "optimizer_step", "all_reduce", "gather_weights"):
             assert got[f"streamrl_trainer_collective_seconds_total|{kind}"] > 0, (process, kind)
-    run.send_signal(signal.SIGINT)
-    assert run.wait(60) == 130, run.stderr.read()[-3000:]
+    run.send_signal(sig)
+    assert run.wait(60) == code, run.stderr.read()[-3000:]
     assert RunSummary.read(out / "summary.json").phase == TrainerPhase.INTERRUPTED
     assert (out / "model" / "model.safetensors").is_file()  # gathered from both ranks, written
     assert time.sleep(0.5) or _left_behind(out) == ""
