@@ -167,3 +167,21 @@ def test_the_table_shows_each_stage_and_the_iteration():
     assert rows["training"][1:] == ["dc", "A", "4", "-", "-", "-", "1.50", "100%", "4.00", "fake"]
     assert "iteration 1.50 s" in table and "10.7 samples/s" in table
     assert "released (not needed): dc: 1 x A" in table
+
+
+def test_a_colocated_job_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"spec.pipeline.mode 'colocated': the planner sizes disaggregated stages"):
+        PlanJob(SAMPLES, 4, 10, "colocated")
+
+
+def test_stream_sync_pays_the_last_micro_batch_the_step_and_the_transfer_after_generation():
+    """stream-sync, 8 A: T = max(gen(r) + f, F(y)) + S + W, with F(y) = 4/y, the last micro-batch
+    f = 4 x y samples x 11 tokens / 44 / y = 1.0 s, S = 0.5, W = 1 GB at 10 GB/s = 0.1 s.
+    Generation is 1.0 s from 4 replicas on, so T >= 2.0 + 0.6 = 2.6, reached with y >= 2
+    (F(2) = 2.0); 3 replicas give 3.1, one trainer GPU 4.6. The cheapest at 2.6: (4, 2)."""
+    job = PlanJob(SAMPLES, micro_batch_size=4, max_new_tokens=10, mode="stream-sync")
+    planner = Planner(CATALOG, _FakeCosts(optimizer_s=0.5), job, WORKLOAD, Links(network_gb_s=10.0), 0.0)
+    plan = planner.plan({"dc": {"A": 8}})
+    assert (plan.generation.replicas, plan.training.num_gpus) == (4, 2)
+    assert plan.iteration_s == pytest.approx(2.6)
+    assert plan.weight_sync_s == pytest.approx(0.1)
