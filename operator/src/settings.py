@@ -30,7 +30,8 @@ class Settings:
     image_pull_policy: str = "IfNotPresent"
     """Of every role's container. Env STREAMRL_JOB_IMAGE_PULL_POLICY."""
     trainer_backoff_limit: int = 2
-    """Restarts of a failed trainer before the job is Failed. Env STREAMRL_TRAINER_BACKOFF_LIMIT."""
+    """Times a failed trainer group is restarted (every pod at once) before the job is Failed.
+    Env STREAMRL_TRAINER_BACKOFF_LIMIT."""
     namespace: str = "default"
     """The operator's own namespace (kubeconfig Secrets of RLClusters live there).
     Env STREAMRL_OPERATOR_NAMESPACE."""
