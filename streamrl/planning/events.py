@@ -30,6 +30,7 @@ class Simulation:
         self.now = 0.0
         self._heap: list[tuple[float, int, Event]] = []
         self._order = itertools.count()
+        self._stopped = False
 
     def at(self, time: float, fn: Callable, *args) -> Event:
         assert time >= self.now - 1e-9, f"scheduling in the past: {time} < {self.now}"
@@ -54,10 +55,15 @@ class Simulation:
         else:
             self.after(float(what), self._step, process)
 
+    def stop(self) -> None:
+        """End run() after the current event (what is still scheduled never happens)."""
+        self._stopped = True
+
     def run(self, until: float = math.inf) -> None:
-        """Run events in time order until none is left or the next is after `until`."""
+        """Run events in time order until none is left, the next is after `until`, or stop()."""
         heap = self._heap
-        while heap and heap[0][0] <= until:
+        self._stopped = False
+        while heap and heap[0][0] <= until and not self._stopped:
             time, _, event = heapq.heappop(heap)
             if event.cancelled:
                 continue

@@ -73,6 +73,7 @@ class Fleet:
         self._pool_of = {p.name: p for p in scenario.generators}
         self._counter = 0
         self._routed = False
+        self._outgoing: list[tuple[str, object]] = []
         """Long-tail work goes only to long-tail replicas (both kinds exist: WorkQueue.dispatch's `routed`)."""
 
     # ---- membership -------------------------------------------------------------------
@@ -117,21 +118,36 @@ class Fleet:
 
     # ---- messages out, pumped into the simulated replicas --------------------------------
     def _deliver(self, gid: str, msg) -> None:
-        engine = self.engines[gid]
-        match msg:
-            case Work():
-                length = self.lengths[msg.prompt_id]
-                tokens = self.scenario.workload.prompt_tokens
-                engine.give([Sequence(msg.prompt_id, i, length[i], tokens, msg.min_policy_version, msg.priority)
-                             for i in msg.sample_indices])
-            case BatchCap():
-                engine.set_batch_cap(msg.max_batch_size)
-            case WeightsNotice():
-                self._fetch(engine, msg)
-            case None:
-                pass
-            case _:
-                raise TypeError(f"unexpected message to a simulated replica: {msg!r}")
+        """Messages sent within one moment reach the replica together (its worker drains its inbox
+        between two steps), in the order sent."""
+        if not self._outgoing:
+            self.sim.at(self.sim.now, self._flush)
+        self._outgoing.append((gid, msg))
+
+    def _flush(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        work: dict[str, list[Sequence]] = {}
+        for gid, msg in outgoing:
+            engine = self.engines.get(gid)
+            if engine is None:
+                continue
+            match msg:
+                case Work():
+                    length = self.lengths[msg.prompt_id]
+                    tokens = self.scenario.workload.prompt_tokens
+                    work.setdefault(gid, []).extend(
+                        Sequence(msg.prompt_id, i, length[i], tokens, msg.min_policy_version, msg.priority)
+                        for i in msg.sample_indices)
+                case BatchCap():
+                    engine.set_batch_cap(msg.max_batch_size)
+                case WeightsNotice():
+                    self._fetch(engine, msg)
+                case None:
+                    pass
+                case _:
+                    raise TypeError(f"unexpected message to a simulated replica: {msg!r}")
+        for gid, sequences in work.items():
+            self.engines[gid].give(sequences)
 
     # ---- work -------------------------------------------------------------------------
     def add_prompts(self, iteration: int, prompts: list[PromptWork], lengths: dict[str, tuple[int, ...]],
@@ -255,15 +271,16 @@ class Fleet:
         latency = 0.0 if self.in_process else link.latency_ms / 1e3
         start = max(self.sim.now, self._free_at.get(resource, 0.0))
         self._free_at[resource] = start + seconds
-        if not self.in_process:
-            self.bytes_by_link[kind] += notice.size_bytes
         engine.fetching = True
         if engine.idle and not engine.running:
             engine.track.set("idle", WAITING_WEIGHTS)
         source = "peer" if notice.source else "trainer"
-        self.sim.at(start + seconds + latency, self._fetched, engine, notice.policy_version, source)
+        self.sim.at(start + seconds + latency, self._fetched, engine, notice.policy_version, source,
+                    0 if self.in_process else notice.size_bytes, kind)
 
-    def _fetched(self, engine: SimReplica, policy_version: int, source: str) -> None:
+    def _fetched(self, engine: SimReplica, policy_version: int, source: str, size_bytes: int, kind: str) -> None:
+        """A copy arrived (counted now: a version still on its way when the run ends is not)."""
+        self.bytes_by_link[kind] += size_bytes
         if not engine.closed:
             engine.fetch_source = source
             engine.weights_fetched(policy_version)

@@ -16,7 +16,7 @@ def write_gantt(path: Path, tracks: list[Track], iterations: list[SimIteration],
     from streamrl import report
 
     shown = tracks[: max_rows + 1]
-    run = report.Run(Path(path).parent, summary.scenario, [], {t.name: t.as_dicts() for t in shown})
+    run = report.Run(Path(path).parent, summary.scenario, [], timelines={t.name: t.as_dicts() for t in shown})
     fig = report.plot_timeline(run)
     ax = fig.axes[0]
     for r in iterations:

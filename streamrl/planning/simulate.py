@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from streamrl.metrics import NO_WORK, WAITING_GENERATORS, WAITING_SAMPLES
+from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES
 from streamrl.planning.events import Simulation, Track
 from streamrl.planning.fleet import Fleet, SimGroup
 from streamrl.planning.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
@@ -122,7 +122,7 @@ class Simulator:
             self._record(it, t0, groups, train_s, generation_s, track.seconds("idle", WAITING_SAMPLES) - idle0,
                          self._skewness_s() - skew0)
         self.done = True
-        track.set("idle", NO_WORK)
+        self.sim.stop()  # the run ends with its last iteration (versions still travelling do not count)
 
     def _skewness_s(self) -> float:
         return sum(e.skewness_seconds() for e in self.fleet.engines.values()) + \
