@@ -20,6 +20,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 LOCAL_RUN_FILE = "run.json"
 SCALING_FILE = "autoscaling.jsonl"
+EVENTS_FILE = "events.jsonl"
 
 
 class TrainerPhase(StrEnum):
@@ -31,10 +32,13 @@ class TrainerPhase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     INTERRUPTED = "Interrupted"
+    PREEMPTED = "Preempted"
+    """SIGTERM: the current step finished, a checkpoint saved, exit 0; the next start resumes."""
 
     @property
     def is_terminal(self) -> bool:
-        return self in (TrainerPhase.SUCCEEDED, TrainerPhase.FAILED, TrainerPhase.INTERRUPTED)
+        return self in (TrainerPhase.SUCCEEDED, TrainerPhase.FAILED, TrainerPhase.INTERRUPTED,
+                        TrainerPhase.PREEMPTED)
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,15 @@ class GeneratorJoin(Record):
     """Process start to its first accepted sample."""
 
 
+class CheckpointInfo(Record):
+    """A checkpoint written whole (its manifest on disk)."""
+
+    iteration: int
+    """Iterations trained before it: a resume continues with this iteration."""
+    time_unix: float
+    path: str
+
+
 class TrainerStatus(Record):
     """The trainer's /status body (read by `streamrl run` and the operator)."""
 
@@ -184,6 +197,11 @@ class TrainerStatus(Record):
     num_prompts_inflight: int = 0
     num_samples_pending: int = 0
     num_groups_ready: int = 0
+    incarnation: int = 0
+    """Starts of this run's trainer so far, minus one (0: never restarted)."""
+    resumed_from: int | None = None
+    """The iteration this start resumed at (None: started fresh)."""
+    last_checkpoint: CheckpointInfo | None = None
 
 
 class RunSummary(Record):
@@ -218,6 +236,11 @@ class RunSummary(Record):
     reward_last: float | None = None
     generator_joins: list[GeneratorJoin] = []
     """Every replica that joined during the run, in order."""
+    incarnation: int = 0
+    """Starts of the trainer over the run, minus one (resumes from checkpoints)."""
+    resumed_from: int | None = None
+    """The iteration the last start resumed at (None: it started fresh)."""
+    last_checkpoint: CheckpointInfo | None = None
 
     @classmethod
     def of(cls, records: list[IterationRecord], **totals) -> RunSummary:
@@ -278,6 +301,26 @@ class LocalRun(Record):
     autoscaling: ScalingSummary | None = None
     failure: str | None = None
     """Why `streamrl run` failed the run itself (e.g. Prometheus scraping nothing); None: it did not."""
+
+
+class RunEvent(Record):
+    """A line of events.jsonl: something that happened to a process of the run, for the
+    report's timeline and its table of events. Written by whoever saw it: `streamrl run`
+    (died, restarted, replaced, scaled), the trainer (resumed, checkpoint, preempted)."""
+
+    time_unix: float
+    kind: str
+    """died | restarted | replaced | resumed | checkpoint | preempted | scaled"""
+    process: str
+    """The process it happened to (its timeline's name: trainer, trainer-rank-1, gen-default-0...)."""
+    detail: str = ""
+
+
+def append_event(out_dir: Path, event: RunEvent) -> None:
+    """One line onto <out_dir>/events.jsonl, flushed (a reader sees whole lines; a writer
+    killed mid-line leaves a partial last line that read_lines skips)."""
+    with open(Path(out_dir) / EVENTS_FILE, "a") as f:
+        f.write(event.to_json() + "\n")
 
 
 def write_json(path: Path, record: Record) -> None:

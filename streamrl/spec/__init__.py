@@ -21,6 +21,7 @@ from streamrl.spec.generators import (
     GeneratorPoolSpec,
     GeneratorsSpec,
     PlacementSpec,
+    ReconnectSpec,
     TorchEngineSpec,
 )
 from streamrl.spec.job import (
@@ -42,6 +43,7 @@ from streamrl.spec.services import RankerSpec, TrainerSpec
 from streamrl.spec.training import (
     AlgorithmSpec,
     CheckpointSpec,
+    CheckpointVolumeSpec,
     ModelSpec,
     PipelineMode,
     PipelineSpec,
@@ -51,10 +53,10 @@ from streamrl.spec.training import (
 )
 
 __all__ = [
-    "API_VERSION", "GROUP", "KIND", "TLS_MOUNT", "VERSION",
-    "AlgorithmSpec", "AutoscalingSpec", "CheckpointSpec", "DispatchSpec", "EngineSpec", "GeneratorPoolSpec",
-    "GeneratorsSpec", "ModelSpec", "ObjectMeta", "PipelineMode", "PipelineSpec", "PlacementSpec", "RLJob",
-    "RLJobSpec", "RankerSpec", "RewardSpec", "ScalingBehaviorSpec", "ScalingPolicySpec", "ScalingRulesSpec",
-    "SecuritySpec", "SpecError", "SpecModel", "TLSSpec", "TaskName", "TaskSpec", "TorchEngineSpec", "TrainerSpec",
-    "dump_job", "field_path", "load_job", "parse_job",
+    "API_VERSION", "GROUP", "KIND", "TLS_MOUNT", "VERSION", "AlgorithmSpec", "AutoscalingSpec", "CheckpointSpec",
+    "CheckpointVolumeSpec", "DispatchSpec", "EngineSpec", "GeneratorPoolSpec", "GeneratorsSpec", "ModelSpec",
+    "ObjectMeta", "PipelineMode", "PipelineSpec", "PlacementSpec", "RLJob", "ReconnectSpec", "RLJobSpec",
+    "RankerSpec", "RewardSpec", "ScalingBehaviorSpec", "ScalingPolicySpec", "ScalingRulesSpec", "SecuritySpec",
+    "SpecError", "SpecModel", "TLSSpec", "TaskName", "TaskSpec", "TorchEngineSpec", "TrainerSpec", "dump_job",
+    "field_path", "load_job", "parse_job",
 ]

@@ -121,6 +121,24 @@ class DispatchSpec(SpecModel):
         return self
 
 
+class ReconnectSpec(SpecModel):
+    """How a generator whose stream to the trainer broke dials it again (exponential backoff
+    with full jitter); it keeps its engine and weights meanwhile."""
+
+    initial_backoff_seconds: float = Field(0.5, gt=0, le=60)
+    """The first wait's upper bound; each next one doubles, up to `maxBackoffSeconds`."""
+    max_backoff_seconds: float = Field(10.0, gt=0, le=600)
+    give_up_after_seconds: float = Field(600.0, ge=0, le=86400)
+    """A generator that could not reconnect for this long exits with an error (1)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReconnectSpec:
+        if self.max_backoff_seconds < self.initial_backoff_seconds:
+            raise ValueError(f"maxBackoffSeconds ({self.max_backoff_seconds}) must be at least "
+                             f"initialBackoffSeconds ({self.initial_backoff_seconds})")
+        return self
+
+
 class GeneratorsSpec(SpecModel):
     """Generation side."""
 
@@ -132,6 +150,8 @@ class GeneratorsSpec(SpecModel):
     spread over the pools in proportion to their `replicas`. Unset = each pool's own."""
     dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
     """Dispatch policy."""
+    reconnect: ReconnectSpec = Field(default_factory=ReconnectSpec)
+    """Reconnecting to a trainer that went away (restarted, preempted)."""
 
     @model_validator(mode="after")
     def _unique_pools(self) -> GeneratorsSpec:

@@ -19,6 +19,10 @@ class TrainerSpec(SpecModel):
     """torch threads of each trainer rank."""
     nodes: int = Field(1, ge=1, le=1024)
     """Kubernetes: trainer pods (an Indexed Job, one pod per node); locally, 1."""
+    restart_limit: int | None = Field(None, ge=0, le=100)
+    """Restarts of a failed trainer (on Kubernetes, of its whole group) before the run fails;
+    each resumes from the newest checkpoint. Unset = the operator's STREAMRL_TRAINER_BACKOFF_LIMIT
+    on Kubernetes, 3 for `streamrl run`."""
     process_group_timeout_seconds: int = Field(300, ge=10, le=86400)
     """How long a collective may wait for every rank: a rank that died fails the others
     within this, instead of leaving them waiting forever."""

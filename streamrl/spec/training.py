@@ -159,9 +159,36 @@ class PipelineSpec(SpecModel):
 
 
 
-class CheckpointSpec(SpecModel):
-    """Checkpoints of the policy as Hugging Face directories."""
+class CheckpointVolumeSpec(SpecModel):
+    """Kubernetes: where checkpoints (and the run's records) outlive a trainer pod."""
 
-    every_iterations: int = Field(0, ge=0)
-    """Save the policy to <out>/checkpoints/iter-NNNNN every N iterations (0 = only the
-    final model, which is always written to <out>/model, also on Ctrl-C)."""
+    claim_name: str | None = Field(None, min_length=1, max_length=253,
+                                   pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """An existing PersistentVolumeClaim to use; unset = the operator creates one
+    (<job>-checkpoints) with `size`, `storageClass` and `accessMode`."""
+    size: str = Field("20Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    """Size of the claim the operator creates (a Kubernetes quantity)."""
+    storage_class: str | None = Field(None, min_length=1, max_length=253)
+    """Storage class of the claim the operator creates (unset = the cluster's default)."""
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] | None = None
+    """Unset = ReadWriteOnce for a one-pod trainer, ReadWriteMany for trainer.nodes > 1 (every
+    rank writes its own shard, from every node)."""
+    retain: StrictBool = True
+    """Keep the claim the operator created when the RLJob is deleted (false: delete it too)."""
+
+
+class CheckpointSpec(SpecModel):
+    """Resumable checkpoints: the sharded model and optimizer (torch.distributed.checkpoint),
+    the LR schedule, every rank's RNG state, the policy version, the iteration, the prompt
+    cursor and the ledger of prompts dispatched and trained, in <out>/checkpoints/iter-NNNNN.
+    A trainer that starts and finds one resumes from it."""
+
+    every_iterations: int = Field(10, ge=0)
+    """Save every N iterations (0 = only on SIGTERM). Saving overlaps training (the state is
+    copied off the model, then written by a background thread)."""
+    keep: int = Field(2, ge=1, le=100)
+    """The newest checkpoints kept on disk (older ones are deleted once a newer one is whole)."""
+    volume: CheckpointVolumeSpec | None = None
+    """Kubernetes: a PersistentVolumeClaim mounted as every trainer pod's run directory (the
+    checkpoints and the records a resumed run continues). Unset = the pod's own disk: a
+    restarted pod starts over."""
