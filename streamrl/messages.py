@@ -38,6 +38,8 @@ class Welcome:
     run_id: str
     policy_version: int
     """The latest version the trainer publishes."""
+    incarnation: int = 0
+    """Starts of this run's trainer so far, minus one."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class Work:
     """Do not start before holding this weight version."""
     priority: float = 0.0
     """Higher starts first."""
+    incarnation: int = 0
+    """The trainer incarnation that handed it out; its samples carry it back."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ class Sample:
     """Seconds waiting in the replica before decoding started."""
     generate_s: float = 0.0
     """Seconds of decoding."""
+    incarnation: int = 0
+    """The trainer incarnation whose work it answers (Work.incarnation)."""
 
 
 @dataclass(frozen=True)

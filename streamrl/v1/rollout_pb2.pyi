@@ -65,7 +65,7 @@ class LatencyPoint(_message.Message):
     def __init__(self, batch_size: _Optional[int] = ..., seconds_per_step: _Optional[float] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("prompt_id", "sample_index", "completion_token_ids", "logprobs", "policy_version", "finish_reason", "queue_s", "generate_s")
+    __slots__ = ("prompt_id", "sample_index", "completion_token_ids", "logprobs", "policy_version", "finish_reason", "queue_s", "generate_s", "incarnation")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class Sample(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     GENERATE_S_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     sample_index: int
     completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -82,7 +83,8 @@ class Sample(_message.Message):
     finish_reason: FinishReason
     queue_s: float
     generate_s: float
-    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., queue_s: _Optional[float] = ..., generate_s: _Optional[float] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., queue_s: _Optional[float] = ..., generate_s: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
     __slots__ = ("num_running", "num_waiting", "num_generated_tokens", "tokens_per_s", "latency_profile", "skewness_bubble_s")
@@ -125,28 +127,32 @@ class ConnectResponse(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., new_weights: _Optional[_Union[NewWeights, _Mapping]] = ..., configure: _Optional[_Union[Configure, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("run_id", "policy_version")
+    __slots__ = ("run_id", "policy_version", "incarnation")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     policy_version: int
-    def __init__(self, run_id: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, run_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("prompt_id", "prompt_token_ids", "sample_indices", "sampling", "min_policy_version", "priority")
+    __slots__ = ("prompt_id", "prompt_token_ids", "sample_indices", "sampling", "min_policy_version", "priority", "incarnation")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDICES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MIN_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sample_indices: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     min_policy_version: int
     priority: float
-    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sample_indices: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., priority: _Optional[float] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, prompt_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sample_indices: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., min_policy_version: _Optional[int] = ..., priority: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "max_new_tokens", "seed")

@@ -40,14 +40,14 @@ def sample_to_pb(s: Sample) -> pb.Sample:
     return pb.Sample(
         prompt_id=s.prompt_id, sample_index=s.sample_index, completion_token_ids=s.completion_token_ids,
         logprobs=s.logprobs, policy_version=s.policy_version, finish_reason=_FINISH_TO_PB[s.finish_reason],
-        queue_s=s.queue_s, generate_s=s.generate_s,
+        queue_s=s.queue_s, generate_s=s.generate_s, incarnation=s.incarnation,
     )
 
 
 def sample_from_pb(m: pb.Sample, generator_id: str) -> Sample:
     return Sample(
         m.prompt_id, m.sample_index, tuple(m.completion_token_ids), tuple(m.logprobs), m.policy_version,
-        _FINISH_FROM_PB.get(m.finish_reason, "stop"), generator_id, m.queue_s, m.generate_s,
+        _FINISH_FROM_PB.get(m.finish_reason, "stop"), generator_id, m.queue_s, m.generate_s, m.incarnation,
     )
 
 
@@ -56,14 +56,14 @@ def work_to_pb(w: Work) -> pb.Assign:
         prompt_id=w.prompt_id, prompt_token_ids=w.prompt_token_ids, sample_indices=w.sample_indices,
         sampling=pb.SamplingParams(temperature=w.temperature, top_p=w.top_p, max_new_tokens=w.max_new_tokens,
                                    seed=w.seed),
-        min_policy_version=w.min_policy_version, priority=w.priority,
+        min_policy_version=w.min_policy_version, priority=w.priority, incarnation=w.incarnation,
     )
 
 
 def work_from_pb(m: pb.Assign) -> Work:
     s = m.sampling
     return Work(m.prompt_id, tuple(m.prompt_token_ids), tuple(m.sample_indices), s.temperature, s.top_p,
-                s.max_new_tokens, s.seed, m.min_policy_version, m.priority)
+                s.max_new_tokens, s.seed, m.min_policy_version, m.priority, m.incarnation)
 
 
 def notice_to_pb(n: WeightsNotice) -> pb.NewWeights:
@@ -131,7 +131,8 @@ def response_to_pb(msg: TrainerMessage) -> pb.ConnectResponse:
         case BatchCap():
             return pb.ConnectResponse(configure=pb.Configure(max_batch_size=msg.max_batch_size))
         case Welcome():
-            return pb.ConnectResponse(welcome=pb.Welcome(run_id=msg.run_id, policy_version=msg.policy_version))
+            return pb.ConnectResponse(welcome=pb.Welcome(run_id=msg.run_id, policy_version=msg.policy_version,
+                                                         incarnation=msg.incarnation))
     raise TypeError(f"not a trainer message: {msg!r}")
 
 
@@ -145,7 +146,7 @@ def response_from_pb(resp: pb.ConnectResponse) -> TrainerMessage | None:
     if kind == "configure":
         return BatchCap(resp.configure.max_batch_size)
     if kind == "welcome":
-        return Welcome(resp.welcome.run_id, resp.welcome.policy_version)
+        return Welcome(resp.welcome.run_id, resp.welcome.policy_version, resp.welcome.incarnation)
     return None
 
 
