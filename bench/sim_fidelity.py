@@ -1,0 +1,227 @@
+"""The simulator against the real thing, side by side in one go. `streamrl profile` measures the
+job's model on this machine (one thread, as a disaggregated stage gets one core, and every core,
+as colocated mode's one process gets); bench/modes.py and bench/skew.py then run for real; the
+simulator, fed only with those profiles and each run's own output lengths (the workload, not a
+time), predicts them: samples/s and pipeline-bubble ratio per mode (targets: within 15% and
+0.05), and the order of the dispatch policies by generation time. Last, the memory-bound regime
+this machine cannot run: an H20-class analytic profile, 64 replicas, outputs with p99/p50 >= 8,
+skewness-aware and oracle generation time relative to random-fifo. Prints tables and, as the
+last line, a JSON object with predicted and measured figures and their ratios.
+
+    python bench/sim_fidelity.py [--iterations 20] [--prompts-per-step 64] [--skew-rounds 1]
+                                 [--skip-skew] [--out runs/bench-sim-fidelity]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from streamrl.planning.profile import load_profile  # noqa: E402
+from streamrl.planning.scenario import parse_scenario  # noqa: E402
+from streamrl.planning.simulate import simulate  # noqa: E402
+from streamrl.tasks import counting_prompts  # noqa: E402
+
+JOB = ROOT / "deploy/examples/rljob-tiny-cpu.yaml"
+MODES = ["colocated", "batch", "stream-sync", "stream-async"]
+SKEW = {  # bench/skew.py's configurations: (policy, dispatch settings)
+    "random-fifo": ("random-fifo", {}),
+    "oracle": ("oracle", {}),
+    "skewness-aware": ("skewness-aware", {"objective": "sum"}),
+    "skewness-aware-max": ("skewness-aware", {"objective": "max"}),
+    "random-fifo-late": ("random-fifo", {"queueFactor": 1.25}),
+}
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run(argv: list[str], log: Path) -> str:
+    """A bench or command in its own process; its output goes to `log` and is returned."""
+    print("$", " ".join(argv), flush=True)
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}); see {log}:\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def measure_profiles(out: Path, prompt_tokens: int, completion_tokens: int) -> dict[int, Path]:
+    """{threads: profile file} measured by `streamrl profile` on this machine."""
+    paths = {}
+    for threads in (1, 2):
+        path = out / f"profile-{threads}-thread.json"
+        run([sys.executable, "-m", "streamrl.cli", "profile", str(JOB), "--out", str(path), "--threads", str(threads),
+             "--prompt-tokens", str(prompt_tokens), "--completion-tokens", str(completion_tokens)],
+            out / f"profile-{threads}.log")
+        paths[threads] = path
+    return paths
+
+
+def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: int, job: dict, replicas: int = 1,
+             dispatch: dict | None = None, ranker_log_error: float = 0.5) -> dict:
+    """The job as a scenario: its batch shape and engine, this machine's profile, a run's lengths."""
+    algo, spec = job["spec"]["algorithm"], job["spec"]
+    size = load_profile(profile).model.num_params * 4  # float32 weights, as the built-in model publishes them
+    return {
+        "name": name, "pipeline": {"mode": mode},
+        "algorithm": {"numIterations": algo["numIterations"], "promptsPerStep": algo["promptsPerStep"],
+                      "groupSize": algo["groupSize"], "microBatchSize": algo["microBatchSize"]},
+        "workload": {"promptTokens": prompt_tokens, "maxNewTokens": algo["maxNewTokens"],
+                     "lengths": {"type": "replay", "path": str(lengths)}, "rankerLogError": ranker_log_error},
+        "dispatch": dispatch or {"policy": "random-fifo"},
+        "trainer": {"gpus": 1, "cost": {"type": "profile", "path": str(profile)}},
+        "generators": [{"name": "default", "replicas": replicas, "cost": {"type": "profile", "path": str(profile)},
+                        "maxBatchSize": spec["generators"]["pools"][0]["engine"]["maxBatchSize"]}],
+        # loopback: FetchWeights' measured 505 MB/s (README, bench/weights.py)
+        "network": {"local": {"bandwidthGbps": 4.0, "latencyMs": 0.1}},
+        "weights": {"sizeBytes": size},
+    }
+
+
+def modes_side_by_side(args, out: Path, profiles: dict[int, Path], prompt_tokens: int) -> dict:
+    measured = last_json(run([sys.executable, "bench/modes.py", "--iterations", str(args.iterations),
+                              "--prompts-per-step", str(args.prompts_per_step), "--out", str(out / "modes")],
+                             out / "modes.log"))
+    job = yaml.safe_load(JOB.read_text())
+    job["spec"]["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step)
+    predicted = {}
+    for mode in MODES:
+        # colocated: one process on every core; the others: a core per stage
+        profile = profiles[2] if mode == "colocated" else profiles[1]
+        sc = parse_scenario(scenario(f"modes-{mode}", mode, out / "modes" / mode / "lengths.jsonl", profile,
+                                     prompt_tokens, job))
+        predicted[mode] = simulate(sc).summary
+    rows = {}
+    for mode in MODES:
+        p, m = predicted[mode], measured
+        rows[mode] = {
+            "samples_per_s": {"predicted": round(p.samples_per_s, 2), "measured": m["samples_per_s"][mode],
+                              "ratio": round(p.samples_per_s / m["samples_per_s"][mode], 3)},
+            "pipeline_bubble_ratio": {"predicted": round(p.pipeline_bubble_ratio, 3),
+                                      "measured": m["pipeline_bubble_ratio"][mode],
+                                      "difference": round(p.pipeline_bubble_ratio
+                                                          - m["pipeline_bubble_ratio"][mode], 3)},
+        }
+    print(f"{'mode':<13} {'samples/s sim':>14} {'real':>8} {'ratio':>7} {'bubble sim':>11} {'real':>6} {'diff':>6}")
+    for mode, r in rows.items():
+        s, b = r["samples_per_s"], r["pipeline_bubble_ratio"]
+        print(f"{mode:<13} {s['predicted']:>14.1f} {s['measured']:>8.1f} {s['ratio']:>7.3f} "
+              f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}")
+    return rows
+
+
+def pairs_agreeing(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
+    """Pairs of policies ordered the same way by both (ties count as agreeing with either)."""
+    pairs = list(combinations(sorted(a), 2))
+    same = sum((a[x] - a[y]) * (b[x] - b[y]) >= 0 for x, y in pairs)
+    return same, len(pairs)
+
+
+def skew_ranking(args, out: Path, profiles: dict[int, Path], prompt_tokens: int) -> dict:
+    skew_out = out / "skew"
+    measured = last_json(run([sys.executable, "bench/skew.py", "--rounds", str(args.skew_rounds),
+                              "--iterations", str(args.skew_iterations), "--out", str(skew_out)],
+                             out / "skew.log"))["generation_s_per_iteration"]
+    job = yaml.safe_load(JOB.read_text())
+    job["spec"]["algorithm"].update(numIterations=args.skew_iterations, promptsPerStep=64)
+    lengths = skew_out / "random-fifo-r0" / "lengths.jsonl"  # the workload every policy faced (the oracle's file)
+    predicted = {}
+    for name, (policy, settings) in SKEW.items():
+        sc = parse_scenario(scenario(f"skew-{name}", "batch", lengths, profiles[1], prompt_tokens, job, replicas=2,
+                                     dispatch={"policy": policy, **settings}, ranker_log_error=args.ranker_log_error))
+        # iteration 0 is not averaged (bench/skew.py: the ranker has seen nothing yet)
+        predicted[name] = statistics.mean(r.generation_s for r in simulate(sc).iterations[1:])
+    same, total = pairs_agreeing(predicted, measured)
+    order = {"predicted": sorted(predicted, key=predicted.get), "measured": sorted(measured, key=measured.get)}
+    print(f"{'policy':<20} {'generation s sim':>17} {'real':>8} {'x random-fifo sim':>18} {'real':>6}")
+    for k in SKEW:
+        print(f"{k:<20} {predicted[k]:>17.3f} {measured[k]:>8.3f} {predicted[k] / predicted['random-fifo']:>18.3f} "
+              f"{measured[k] / measured['random-fifo']:>6.3f}")
+    print(f"order (fastest first) sim: {', '.join(order['predicted'])}; real: {', '.join(order['measured'])}; "
+          f"{same}/{total} pairs ordered alike")
+    return {"generation_s": {k: {"predicted": round(predicted[k], 4), "measured": round(measured[k], 4),
+                                 "ratio": round(predicted[k] / measured[k], 3)} for k in SKEW},
+            "order_fastest_first": order, "pairs_ordered_alike": f"{same}/{total}",
+            "ranker_log_error_assumed": args.ranker_log_error}
+
+
+def memory_bound(args) -> dict:
+    """64 H20-class replicas (analytic), a 7B model, output lengths with p99/p50 >= 8, batch mode."""
+    data = {
+        "name": "memory-bound", "model": "qwen2.5-7b", "pipeline": {"mode": "batch"},
+        "algorithm": {"numIterations": args.memory_iterations, "promptsPerStep": 512, "groupSize": 16,
+                      "microBatchSize": 4},
+        "workload": {"promptTokens": 512, "maxNewTokens": 20000, "rankerLogError": args.ranker_log_error,
+                     "lengths": {"type": "lognormal", "median": 1000, "sigma": 0.95, "promptShare": 0.7}},
+        "trainer": {"gpus": 64, "cost": {"type": "analytic", "gpu": "H800"}},
+        "generators": [{"name": "h20", "replicas": 64, "cost": {"type": "analytic", "gpu": "H20"}}],
+    }
+    out = {policy: simulate(parse_scenario({**data, "dispatch": {"policy": policy}})).summary.generation_s_mean
+           for policy in ("random-fifo", "skewness-aware", "oracle")}
+    lengths = np.array(_lengths(data))
+    ratio = float(np.percentile(lengths, 99) / np.percentile(lengths, 50))
+    print(f"memory-bound (64 x H20, qwen2.5-7b, p99/p50 {ratio:.1f}): generation s/iteration "
+          + ", ".join(f"{k} {v:.1f}" for k, v in out.items()))
+    return {"generation_s": {k: round(v, 2) for k, v in out.items()},
+            "skewness_aware_over_random_fifo": round(out["skewness-aware"] / out["random-fifo"], 3),
+            "oracle_over_random_fifo": round(out["oracle"] / out["random-fifo"], 3),
+            "length_p99_over_p50": round(ratio, 2), "replicas": 64}
+
+
+def _lengths(data: dict) -> list[int]:
+    from streamrl.planning.rollouts import Workload
+
+    sc = parse_scenario(data)
+    w = Workload(sc.workload, sc.algorithm.prompts_per_step, sc.algorithm.group_size, sc.seed)
+    return [n for j in range(sc.algorithm.num_iterations) for p in w.iteration(j) for n in p.lengths]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iterations", type=int, default=20, help="bench/modes.py iterations")
+    p.add_argument("--prompts-per-step", type=int, default=64, help="bench/modes.py prompts per iteration")
+    p.add_argument("--skew-rounds", type=int, default=1, help="bench/skew.py rounds")
+    p.add_argument("--skew-iterations", type=int, default=10, help="bench/skew.py iterations")
+    p.add_argument("--skip-skew", action="store_true", help="leave bench/skew.py out")
+    p.add_argument("--ranker-log-error", type=float, default=0.5,
+                   help="skewness-aware: sd of log(predicted/true length) the simulator assumes of the ranker")
+    p.add_argument("--memory-iterations", type=int, default=3)
+    p.add_argument("--out", default="runs/bench-sim-fidelity")
+    args = p.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    task = counting_prompts(1024, 0)
+    prompt_tokens = round(statistics.mean(len(t.text) for t in task)) + 1  # character tokens and BOS
+    completion_tokens = round(statistics.mean(len(t.answer) for t in task)) + 1  # and EOS
+    profiles = measure_profiles(out, prompt_tokens, completion_tokens)
+    modes = modes_side_by_side(args, out, profiles, prompt_tokens)
+    skew = None if args.skip_skew else skew_ranking(args, out, profiles, prompt_tokens)
+    mem = memory_bound(args)
+    within = {m: abs(r["samples_per_s"]["ratio"] - 1) <= 0.15 for m, r in modes.items()}
+    bubbles = {m: abs(r["pipeline_bubble_ratio"]["difference"]) <= 0.05 for m, r in modes.items()}
+    print(json.dumps({
+        "modes": modes,
+        "samples_per_s_within_15pct": within,
+        "pipeline_bubble_within_0_05": bubbles,
+        "skew": skew,
+        "memory_bound": mem,
+        "profiles": {t: str(pth) for t, pth in profiles.items()},
+        "prompt_tokens": prompt_tokens, "iterations": args.iterations, "prompts_per_step": args.prompts_per_step,
+    }))
+
+
+if __name__ == "__main__":
+    main()
