@@ -1,9 +1,6 @@
-"""A simulated generator replica: the engine's continuous batching and the worker's loop (work
-waits for the weight version it needs, a fetched version is swapped in between decode steps,
-waiting requests join the running batch in the product's own admission order). Between two
-things that change its batch every decode step costs the same, so a stretch of k steps is one
-event; something that would change the batch mid-stretch cuts it at the next step's end.
-Knows its GenerationCost; nothing of dispatch or the trainer."""
+"""A simulated generator replica: continuous batching in the product's admission order, work
+held until its weight version is here, versions swapped between decode steps; a stretch of
+steps with the same batch is one event. Knows its GenerationCost, not dispatch or the trainer."""
 
 from __future__ import annotations
 
@@ -67,6 +64,8 @@ class SimReplica:
         self.running: list[Sequence] = []
         self._stretch: _Stretch | None = None
         self._skewness_s = 0.0
+        self.held_since = sim.now
+        """Since when its GPUs are paid for (an added replica: from its addition, before it joined)."""
         self.num_samples = 0
         self.num_tokens = 0
         self.closed = False

@@ -1,8 +1,6 @@
-"""The autoscaler of a simulated run. Every `intervalSeconds` of simulated time it computes what
-the product's PromQL inputs (streamrl/scaling/inputs.py) would return over the same window
-from the simulated counters, parses them with the product's parse_inputs and runs one of the
-product's scaling rounds; a +1 starts a replica that says hello after the pool's joinSeconds,
-a -1 drains the pool's newest replica, as `streamrl run`'s autoscaler does."""
+"""The autoscaler of a simulated run: what the product's PromQL inputs would read from the
+simulated counters, parsed and decided by the product's own scaling round; +1 starts a replica
+(hello after joinSeconds), -1 drains the pool's newest, as `streamrl run`'s autoscaler does."""
 
 from __future__ import annotations
 
@@ -69,15 +67,17 @@ class Autoscaler:
             train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
         if decision.step > 0:
             self.asked[decision.pool] += 1
-            self.sim.after(self.pools[decision.pool].join_seconds, self._join, decision.pool)
+            self.run.joining.append((decision.pool, now))
+            self.sim.after(self.pools[decision.pool].join_seconds, self._join, decision.pool, now)
         else:
             newest = self.fleet.live(decision.pool)[-1]
             self.asked[decision.pool] -= 1
             self.fleet.drain(newest.generator_id)
 
-    def _join(self, pool: str) -> None:
+    def _join(self, pool: str, added_at: float) -> None:
         if not self.run.done:
-            self.fleet.connect(pool)
+            self.run.joining.remove((pool, added_at))
+            self.fleet.connect(pool, held_since=added_at)
 
     def _counters(self) -> _Counters:
         return _Counters({gid: (e.track.seconds("busy"), e.track.seconds("idle", NO_WORK), e.num_samples)

@@ -1,7 +1,6 @@
-"""The discrete-event core: a clock, callbacks in time order (ties in the order they were
-scheduled), processes written as generators (yield seconds to sleep, or a Signal to wait on),
-and activity tracks: each process's busy/idle spans with a reason, as the services' stage
-clocks record them. Knows nothing of RL."""
+"""The discrete-event core: callbacks in time order (ties as scheduled), processes as generators
+(yield seconds, or a Signal to wait on), and each process's busy/idle spans with a reason, as
+the services' stage clocks record them. Knows nothing of RL."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The simulated rollout side as the trainer's coordinator runs it: membership (the product's
-Replica records), dispatch by the product's WorkQueue, the long-tail plan by the product's
-planner, sample intake into complete groups, and weight versions handed out by the product's
-WeightRelay and carried over the scenario's links. Each replica's outbox is pumped straight
-into its simulated engine, as the colocated generator's is. Knows no trainer loop."""
+"""The simulated rollout side as the coordinator runs it: the product's Replica records, work
+queue, long-tail planner and weight relay over the scenario's links, and sample intake into
+groups; each replica's outbox is pumped into its simulated engine. Knows no trainer loop."""
 
 from __future__ import annotations
 
@@ -77,7 +75,8 @@ class Fleet:
         """Long-tail work goes only to long-tail replicas (both kinds exist: WorkQueue.dispatch's `routed`)."""
 
     # ---- membership -------------------------------------------------------------------
-    def connect(self, pool: str, policy_version: int = 0) -> SimReplica:
+    def connect(self, pool: str, policy_version: int = 0, held_since: float | None = None) -> SimReplica:
+        """A replica says hello (its GPUs held since `held_since`: when it was added, default now)."""
         spec, stage = self._pool_of[pool], self.stages.pools[pool]
         gid = f"{pool}-{self._counter}"
         self._counter += 1
@@ -88,6 +87,7 @@ class Fleet:
         engine = SimReplica(self.sim, gid, pool, stage.cost, stage.max_batch, Track(self.sim, f"generator-{gid}"),
                             self._on_sample, self._on_loaded, self.scenario.dispatch.low_occupancy,
                             self.scenario.weights.load_seconds, policy_version)
+        engine.held_since = self.sim.now if held_since is None else held_since
         replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
         self.replicas[gid] = replica
         self.engines[gid] = engine

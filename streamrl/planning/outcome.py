@@ -1,7 +1,6 @@
-"""What a simulated run produced, one record class each (the simulator writes them, the CLI and
-bench/sim_fidelity.py read them): each iteration as the trainer would record it, each stage's
-use of its GPUs, and the run's summary with the autoscaler's decisions. The bubble ratios mean
-what IterationRecord's mean. Imports neither torch nor grpc."""
+"""What a simulated run produced, one record each (written by the simulator, read by the CLI and
+bench/sim_fidelity.py): iterations as the trainer records them (the same bubble ratios), each
+stage's GPU use, and the summary with the autoscaler's decisions."""
 
 from __future__ import annotations
 

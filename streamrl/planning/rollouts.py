@@ -1,7 +1,5 @@
-"""The simulated prompts: for each iteration, its prompts' output lengths (drawn, or read from a
-run's lengths.jsonl), drifting over iterations, and what a ranker would predict for them.
-Each iteration draws from its own seeded stream, so every mode and policy of one seed sees
-the same samples. Knows lengths only, not time."""
+"""The simulated prompts: each iteration's output lengths (drawn from its own seeded stream, or
+a run's lengths.jsonl), drifting, and what a ranker would predict. Knows lengths, not time."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The simulator's input: a scenario file (YAML, camelCase like an RLJob) describing a run at any
-scale: pipeline mode, dispatch, workload, where each stage's seconds come from, the generator
-pools and their datacenters, the weight links and, optionally, the autoscaler. Knows the format
-and its checks; nothing of how a run unfolds (simulate.py) or what things cost (costs.py)."""
+"""The simulator's input: a scenario file (YAML, camelCase like an RLJob): mode, dispatch,
+workload, stage costs, pools and datacenters, links, autoscaling. Knows the format and its
+checks, not how a run unfolds (simulate.py) or what seconds cost (stages.py)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""`streamrl simulate`: a run as discrete events, the trainer's loop as the product runs it in
-each pipeline mode (dispatch the iteration, take finished groups all at once or micro-batch by
-micro-batch, optimizer step, publish), over the rollout side of fleet.py, with the product's
-autoscaling round deciding on the simulated metrics when the scenario enables it. Decisions are
-the product's own functions, imported; seconds come from the scenario's stage costs.
-
-Not modelled: failures and re-dispatch, stale-sample drops (the dispatch contract prevents
-them), ranker re-training, the trainer's ranks (its cost covers them), work messages' latency."""
+"""`streamrl simulate`: a run as discrete events, the trainer's loop of each pipeline mode over
+fleet.py's rollout side, and the run's results. Not modelled: failures, stale drops (dispatch
+prevents them), the ranker learning, the trainer's ranks (its cost covers them)."""
 
 from __future__ import annotations
 
@@ -52,6 +47,8 @@ class Simulator:
         self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
         self.iterations: list[SimIteration] = []
         self.scaling: list[ScalingRecord] = []
+        self.joining: list[tuple[str, float]] = []
+        """(pool, when added) of replicas the autoscaler added that have not joined yet (their GPUs are paid)."""
         self.iteration_ends: list[tuple[float, float]] = []
         """(simulated time, wall seconds) of each finished iteration (the wall-seconds gauge's history)."""
         self.policy_version = 0
@@ -183,11 +180,12 @@ class Simulator:
         for pool in sc.generators:
             stage = self.stages.pools[pool.name]
             mine = [e for e in engines if e.pool == pool.name]
-            held = sum(min(e.track.lifetime_s, end - e.track.started) for e in mine)
+            held = sum(min(e.track.ended if e.track.ended is not None else end, end) - e.held_since for e in mine)
+            held += sum(end - since for name, since in self.joining if name == pool.name)
             busy = sum(e.track.seconds("busy") for e in mine)
             gpu_s = 0.0 if colocated else held * stage.gpus_per_replica  # colocated: the trainer's GPUs
             stages.append(StageUse(name=pool.name, gpus=len(self.fleet.live(pool.name)) * stage.gpus_per_replica,
-                                   utilisation=busy / held if held else 0.0, gpu_seconds=gpu_s,
+                                   utilisation=min(1.0, busy / held) if held else 0.0, gpu_seconds=gpu_s,
                                    cost=gpu_s / 3600 * stage.gpu_hour_cost))
         wall = sum(r.wall_s for r in its)
         samples = sum(r.num_samples for r in its)

@@ -1,7 +1,6 @@
-"""A scenario's stages resolved to numbers: each pool's GenerationCost, GPUs per replica and
-GPU-hour price, the trainer's TrainingCost, and the bytes of one weight version, from a table
-in the scenario, a measured profile or the analytic roofline over the catalog. Knows where
-seconds come from, nothing of when they are spent."""
+"""A scenario's stages resolved: each pool's GenerationCost, GPUs and price, the trainer's
+TrainingCost, a weight version's bytes, from a table, a measured profile or the roofline.
+Knows where seconds come from, not when they are spent."""
 
 from __future__ import annotations
 

@@ -118,6 +118,9 @@ def test_the_elastic_policy_adds_replicas_as_generation_falls_behind():
     assert run.iterations[-1].replicas == s.replicas_final["g"]
     times = [r.time_unix for r in s.scaling]
     assert times == sorted(times) and math.isfinite(times[-1])
+    # an added replica's GPU is paid from the decision (joinSeconds before it says hello) to the end
+    pool = next(st for st in s.stages if st.name == "g")
+    assert pool.gpu_seconds == pytest.approx(2 * s.makespan_s + sum(s.makespan_s - t for t in times))
 
 
 def test_sixty_four_memory_bound_replicas_and_20k_token_outputs_simulate_in_seconds():
