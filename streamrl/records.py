@@ -230,6 +230,8 @@ class RunSummary(Record):
     num_samples_stale_dropped: int
     num_samples_reward_failed: int = 0
     """Samples whose reward function raised (reward.onError: zero scores them 0)."""
+    num_samples_previous_incarnation: int = 0
+    """Samples of work an earlier start of the trainer handed out, dropped after a resume."""
     weight_bytes_from_trainer: int
     weight_bytes_from_peers: int
     reward_first: float | None = None

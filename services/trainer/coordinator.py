@@ -142,7 +142,11 @@ class Coordinator:
 
     def on_sample(self, generator_id: str, sample: Sample) -> bool:
         """Take a finished sample; False when it was not accepted (duplicate, unknown,
-        malformed, or unscored: then the run fails and the sample stays outstanding)."""
+        malformed, or unscored: then the run fails and the sample stays outstanding; or of
+        work an earlier start of the trainer handed out: dropped)."""
+        if sample.incarnation != self.queue.sampling.incarnation:
+            self.counters.previous_incarnation()
+            return False
         intake = self.groups.receive(sample)
         if intake is Intake.UNSCORED:
             return False

@@ -21,6 +21,9 @@ class RolloutCounters:
     num_samples_stale_dropped: int = 0
     num_samples_reward_failed: int = 0
     """Samples the reward function raised on, scored 0 (reward.onError zero)."""
+    num_samples_previous_incarnation: int = 0
+    """Samples of work an earlier start of the trainer handed out, dropped (a resumed trainer
+    issues those prompts again)."""
 
     def dispatched(self) -> None:
         self.num_prompts_dispatched += 1
@@ -43,6 +46,9 @@ class RolloutCounters:
     def stale(self, n: int) -> None:
         self.num_samples_stale_dropped += n
         self.metrics.samples_stale.inc(n)
+
+    def previous_incarnation(self) -> None:
+        self.num_samples_previous_incarnation += 1
 
     def reward_failed(self) -> None:
         self.num_samples_reward_failed += 1

@@ -22,6 +22,8 @@ class SamplingConfig:
     max_new_tokens: int
     seed: int
     """Run seed; each prompt derives its own from it."""
+    incarnation: int = 0
+    """This start of the run's trainer (every Work carries it; samples echo it back)."""
 
 
 def dispatch_order(prompts: list[PromptWork]) -> list[PromptWork]:
@@ -96,5 +98,5 @@ class WorkQueue:
         sp, p = self.sampling, task.prompt
         replica.outbox.put_nowait(Work(p.prompt_id, p.token_ids, tuple(indices), sp.temperature, sp.top_p,
                                        sp.max_new_tokens, task.seed, task.min_policy_version,
-                                       priority=p.predicted_length))
+                                       priority=p.predicted_length, incarnation=sp.incarnation))
         self.counters.dispatched()
