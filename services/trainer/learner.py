@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 import math
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -121,6 +123,8 @@ class Learner:
         )
         self.policy_version = 0
         self._acc = _Accumulated()
+        self._saving: Future | None = None
+        """This rank's checkpoint save still being written (one at a time)."""
 
     # ---- the leader's side ------------------------------------------------------------
     def accumulate(self, groups: list[Group], num_samples_in_step: int) -> None:
@@ -142,6 +146,20 @@ class Learner:
         """The parameters to publish, by name (tied weights once), gathered whole to this rank."""
         self._send([("weights",)] * self.ranks.world_size)
         return self._gather()
+
+    def save(self, path: Path) -> Future | None:
+        """Start a checkpoint of every rank's shard into `path` (a collective): the state is
+        copied off the model before this returns, then written in the background; the
+        returned future (rank 0's) completes once every rank's part is on disk. A save still
+        being written is waited for first."""
+        self._send([("save", str(path))] * self.ranks.world_size)
+        return self._save(Path(path))
+
+    def load(self, path: Path) -> None:
+        """Every rank takes its shard of the model and optimizer, its LR schedule, RNG state and
+        the policy version from the checkpoint in `path` (written by any world size)."""
+        self._send([("load", str(path))] * self.ranks.world_size)
+        self._load(Path(path))
 
     def stop(self) -> None:
         """Let the other ranks leave follow()."""
@@ -166,6 +184,10 @@ class Learner:
                 self._step()
             elif command[0] == "weights":
                 self._gather()
+            elif command[0] == "save":
+                self._save(Path(command[1]))
+            elif command[0] == "load":
+                self._load(Path(command[1]))
             elif command[0] == "stop":
                 return
             else:
@@ -237,9 +259,56 @@ class Learner:
         return StepStats(int(num_samples), int(num_micro_batches), loss, clipped / n, kl / n, float(grad_norm),
                          forward_backward_s, time.monotonic() - t0)
 
+    def wait_saved(self) -> float:
+        """Wait for this rank's checkpoint save to be on disk; the seconds waited."""
+        t0 = time.monotonic()
+        if self._saving is not None:
+            self._saving.result()
+            self._saving = None
+        return time.monotonic() - t0
+
+    def _save(self, path: Path) -> Future:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.wait_saved()
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({"policy_version": self.policy_version, "scheduler": self.scheduler.state_dict(),
+                    "rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state() if str(self.device).startswith("cuda") else None},
+                   path / rank_file(self.ranks.rank))
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        self._saving = dcp.async_save({"model": model, "optimizer": optimizer}, checkpoint_id=str(path),
+                                      process_group=self.ranks.checkpoints, no_dist=self.ranks.world_size == 1)
+        return self._saving
+
+    def _load(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        state = {"model": model, "optimizer": optimizer}
+        dcp.load(state, checkpoint_id=str(path), process_group=self.ranks.checkpoints,
+                 no_dist=self.ranks.world_size == 1)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        own = path / rank_file(self.ranks.rank)
+        extra = torch.load(own if own.exists() else path / rank_file(0), weights_only=False)
+        self.policy_version = extra["policy_version"]
+        self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["rng"])
+        if extra.get("cuda_rng") is not None and str(self.device).startswith("cuda"):
+            torch.cuda.set_rng_state(extra["cuda_rng"])
+
     def _gather(self) -> dict[str, torch.Tensor]:
         with self.timings.collective(GATHER_WEIGHTS):
             return full_state_dict(self.model, self.ranks)
+
+
+def rank_file(rank: int) -> str:
+    """A rank's own part of a checkpoint beside the sharded tensors: LR schedule, RNG state,
+    policy version (a rank of a larger world than the checkpoint's takes rank 0's)."""
+    return f"rank-{rank}.pt"
 
 
 _PADDING = ((0,), ScoredSample(Sample("padding", 0, (0,), (0.0,), 0, "stop"), 0.0, 0.0))

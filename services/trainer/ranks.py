@@ -27,6 +27,9 @@ class Ranks:
     local_rank: int = 0
     control: Any = None
     """The gloo group control messages travel on (None at world size 1)."""
+    checkpoints: Any = None
+    """The gloo group asynchronous checkpoint saves coordinate on, in their own thread, beside
+    training's collectives (None at world size 1)."""
 
     @property
     def is_leader(self) -> bool:
@@ -46,8 +49,9 @@ class Ranks:
             backend = "nccl"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        checkpoints = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         log.info("rank %d of %d (local rank %d) joined the %s group", rank, world_size, local_rank, backend)
-        return cls(rank, world_size, local_rank, control)
+        return cls(rank, world_size, local_rank, control, checkpoints)
 
     def device(self, device: str) -> str:
         """The device of this rank: its local GPU on CUDA."""
