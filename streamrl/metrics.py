@@ -11,7 +11,6 @@ these names only; docs/observability.md defines each one (a test keeps it comple
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from streamrl.records import TrainerPhase
+from streamrl.timeline import Timeline
 
 BUSY_SECONDS = "streamrl_stage_busy_seconds"
 IDLE_SECONDS = "streamrl_stage_idle_seconds"
@@ -249,28 +249,9 @@ class AutoscalerMetrics:
         self.trainer_bound.labels(rljob).set(1.0 if trainer_bound else 0.0)
 
 
-class Timeline:
-    """One process's activity as spans in a JSONL file, for the run report's Gantt chart:
-    {"state": "busy"|"idle", "reason": str, "start": unix s, "end": unix s} per line."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._file = open(path, "a", buffering=1 << 16)
-
-    def span(self, state: tuple[str, str], start: float, end: float) -> None:
-        if self._file.closed:
-            return
-        self._file.write(json.dumps({"state": state[0], "reason": state[1], "start": round(start, 4),
-                                     "end": round(end, 4)}) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
-
-
 class StageClock:
     """Attributes every second of a stage to busy(reason) or idle(reason); thread-safe.
-    With a timeline it also writes each stretch in one state as a span."""
+    With a timeline it also writes each stretch in one state as a span (streamrl.timeline)."""
 
     def __init__(self, metrics: ServiceMetrics, timeline: Timeline | None = None):
         self._m = metrics
@@ -279,16 +260,15 @@ class StageClock:
         self._since = time.monotonic()
         self._totals: dict[tuple[str, str], float] = {}
         self._timeline = timeline
-        self._span_start = time.time()
+        if timeline is not None:
+            timeline.enter(self._state)
 
     def _switch(self, state: tuple[str, str]) -> None:
         with self._lock:
             now = time.monotonic()
             self._account(now)
             if state != self._state and self._timeline is not None:
-                wall = time.time()
-                self._timeline.span(self._state, self._span_start, wall)
-                self._span_start = wall
+                self._timeline.enter(state)
             self._state = state
 
     def close(self) -> None:
@@ -296,7 +276,6 @@ class StageClock:
         with self._lock:
             self._account(time.monotonic())
             if self._timeline is not None:
-                self._timeline.span(self._state, self._span_start, time.time())
                 self._timeline.close()
 
     def _account(self, now: float) -> None:
