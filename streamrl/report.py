@@ -1,6 +1,8 @@
 """The run report: PNG plots a person would rather look at than read, and a short Markdown
 summary beside them, from a run directory: the trainer's `metrics.jsonl` and `summary.json`,
-`streamrl run`'s `run.json`, `autoscaling.jsonl` and `timeline/`, each read through its record class.
+`streamrl run`'s `run.json`, `autoscaling.jsonl`, `timeline/` and `events.jsonl` (deaths, restarts,
+resumes, checkpoints, scaling: marked on the timeline and the progress plot, listed in report.md),
+each read through its record class.
 
 Written at the end of `streamrl run` and by `streamrl report DIR` for any run directory.
 The plotting functions return their figures so tests can compare what is drawn with
@@ -9,17 +11,18 @@ The plotting functions return their figures so tests can compare what is drawn w
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from streamrl.metrics import (  # noqa: E402
@@ -31,15 +34,18 @@ from streamrl.metrics import (  # noqa: E402
     WAITING_WEIGHTS,
 )
 from streamrl.records import (  # noqa: E402
+    EVENTS_FILE,
     LOCAL_RUN_FILE,
     METRICS_FILE,
     SCALING_FILE,
     SUMMARY_FILE,
     IterationRecord,
     LocalRun,
+    RunEvent,
     RunSummary,
     ScalingRecord,
 )
+from streamrl.timeline import read_spans  # noqa: E402
 
 STATES = {  # (state, reason) -> (colour, legend)
     ("busy", ""): ("#2b8cbe", "working (training / generating)"),
@@ -50,6 +56,17 @@ STATES = {  # (state, reason) -> (colour, legend)
     ("idle", WAITING_GENERATORS): ("#bdbdbd", "waiting for generators to join"),
     ("idle", WAITING_LEADER): ("#74c476", "trainer rank waiting for rank 0's next command"),
 }
+EVENT_MARKERS = {  # RunEvent.kind -> (marker, colour, legend)
+    "died": ("X", "#d7191c", "died"),
+    "restarted": ("^", "#ff7f00", "restarted"),
+    "replaced": ("v", "#ff7f00", "replaced by another replica"),
+    "resumed": (">", "#1a9641", "resumed from a checkpoint"),
+    "checkpoint": ("d", "#08519c", "checkpoint saved"),
+    "preempted": ("s", "#6a3d9a", "preempted (SIGTERM, checkpointed)"),
+    "scaled": ("P", "#525252", "autoscaler added / removed it"),
+}
+OTHER_EVENT = ("o", "#000000")
+"""An event kind this reader does not know (a newer writer's): drawn, labelled by its kind."""
 TRAINER_RANK = re.compile(r"trainer(?:-rank-(\d+))?")
 """A trainer rank's timeline: rank 0's is `trainer`, rank N's `trainer-rank-N`."""
 
@@ -68,6 +85,19 @@ class Run:
     """{process name: spans}, the trainer's ranks first (by rank), then the others by name."""
     scaling: list[ScalingRecord] = field(default_factory=list)
     """The autoscaler's changes (autoscaling.jsonl lines with a step), in order."""
+    events: list[RunEvent] = field(default_factory=list)
+    """What happened to the processes (events.jsonl), by time."""
+
+    @property
+    def start_unix(self) -> float:
+        """When the run started: the first record's time less its elapsed seconds."""
+        return self.records[0].time_unix - self.records[0].elapsed_s
+
+    def rows(self) -> list[str]:
+        """The timeline's rows: every process with spans, and any an event names without them
+        (one that died before writing any), the trainer's ranks first."""
+        names = dict.fromkeys([*self.timelines, *(e.process for e in self.events)])
+        return sorted(names, key=_row_order)
 
 
 def load_run(directory: str | Path) -> Run:
@@ -92,22 +122,20 @@ def load_run(directory: str | Path) -> Run:
     scaling = [r for r in ScalingRecord.read_lines(directory / SCALING_FILE) if r.step] \
         if (directory / SCALING_FILE).is_file() else []
     timelines = {}
-    files = sorted((directory / "timeline").glob("*.jsonl"), key=lambda p: _row_order(p.stem))
-    for path in files:
-        spans = []
-        for line in path.read_text().splitlines():
-            try:
-                spans.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a process killed mid-write leaves a partial last line
-        if spans:
+    for path in sorted((directory / "timeline").glob("*.jsonl"), key=lambda p: _row_order(p.stem)):
+        if spans := read_spans(path):
             timelines[path.stem] = spans
-    return Run(directory, name, records, summary, local, timelines, scaling)
+    events = sorted(RunEvent.read_lines(directory / EVENTS_FILE), key=lambda e: e.time_unix) \
+        if (directory / EVENTS_FILE).is_file() else []
+    return Run(directory, name, records, summary, local, timelines, scaling, events)
 
 
-def _row_order(name: str) -> tuple[int, int, str]:
+def _row_order(name: str) -> tuple:
+    """Trainer ranks by rank, then the others by name, numbers as numbers (gen-10 after gen-9)."""
     rank = trainer_rank(name)
-    return (0, rank, "") if rank is not None else (1, 0, name)
+    if rank is not None:
+        return (0, rank, ())
+    return (1, 0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p))
 
 
 def trainer_rank(name: str) -> int | None:
@@ -141,8 +169,33 @@ def rank_times(run: Run) -> list[RankTime]:
     return out
 
 
+def iteration_at(run: Run, time_unix: float) -> float:
+    """Where a moment falls on the iteration axis: iteration i ends at its record's time, so a
+    moment during it lies between i - 1 and i (before the run: its first; after: its last)."""
+    first = run.records[0]
+    times = [run.start_unix, *(r.time_unix for r in run.records)]
+    return float(np.interp(time_unix, times, [first.iteration - 1, *(r.iteration for r in run.records)]))
+
+
+def _event_style(kind: str) -> tuple[str, str, str]:
+    """(marker, colour, legend) of an event kind."""
+    return EVENT_MARKERS.get(kind, (*OTHER_EVENT, kind))
+
+
+def _event_handles(kinds: list[str]) -> list[Line2D]:
+    return [Line2D([], [], marker=_event_style(k)[0], color=_event_style(k)[1], linestyle="none",
+                   markeredgecolor="white", markersize=9, label=_event_style(k)[2]) for k in kinds]
+
+
+def _kinds(events: list[RunEvent]) -> list[str]:
+    """The kinds present, known ones in EVENT_MARKERS's order."""
+    seen = dict.fromkeys(e.kind for e in events)
+    return [k for k in EVENT_MARKERS if k in seen] + [k for k in seen if k not in EVENT_MARKERS]
+
+
 def plot_progress(run: Run) -> Figure:
-    """Reward and samples/s per iteration."""
+    """Reward and samples/s per iteration; a vertical line (gid `event:<kind>:<process>`)
+    where each event of events.jsonl happened, coloured by kind."""
     it = [r.iteration for r in run.records]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     ax1.plot(it, [r.reward_mean for r in run.records], marker="o", ms=3, color="#1a9641", label="reward")
@@ -153,6 +206,14 @@ def plot_progress(run: Run) -> Figure:
     ax2.set_ylabel("samples/s")
     ax2.set_xlabel("iteration")
     ax2.grid(alpha=0.3)
+    for e in run.events:
+        x, (_, colour, _) = iteration_at(run, e.time_unix), _event_style(e.kind)
+        for ax in (ax1, ax2):
+            ax.axvline(x, color=colour, lw=1.0, alpha=0.7, ls=":" if e.kind == "checkpoint" else "--",
+                       gid=f"event:{e.kind}:{e.process}")
+    if run.events:
+        ax1.legend(handles=[*ax1.get_lines()[:1], *_event_handles(_kinds(run.events))],
+                   loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -176,14 +237,17 @@ def plot_bubbles(run: Run) -> Figure:
 
 
 def plot_timeline(run: Run) -> Figure:
-    """A Gantt chart: one row per process, a bar per stretch of busy or idle time, coloured
-    by reason; the gaps the paper draws as bubbles are the red and orange stretches."""
-    names = list(run.timelines)
+    """A Gantt chart: one row per process (also one that died), a bar per stretch of busy or
+    idle time, coloured by reason; the gaps the paper draws as bubbles are the red and orange
+    stretches. Each event is a marker on its process's row at its time (one Line2D per kind,
+    gid `event:<kind>`)."""
+    names = run.rows()
     fig, ax = plt.subplots(figsize=(14, 1.6 + 0.5 * max(1, len(names))))
-    t0 = min((s["start"] for spans in run.timelines.values() for s in spans), default=0.0)
+    t0 = min([*(s["start"] for spans in run.timelines.values() for s in spans), *(e.time_unix for e in run.events)],
+             default=0.0)
     for row, name in enumerate(names):
         by_state: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for s in run.timelines[name]:
+        for s in run.timelines.get(name, []):
             by_state.setdefault((s["state"], s["reason"]), []).append((s["start"] - t0, s["end"] - s["start"]))
         for state, bars in by_state.items():
             ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=STATES.get(state, ("#000000",))[0],
@@ -191,12 +255,20 @@ def plot_timeline(run: Run) -> Figure:
     # Iteration boundaries from the trainer's records.
     for r in run.records:
         ax.axvline(r.time_unix - t0, color="#636363", lw=0.4, alpha=0.5)
+    row_of = {name: row for row, name in enumerate(names)}
+    for kind in _kinds(run.events):
+        marker, colour, _ = _event_style(kind)
+        these = [e for e in run.events if e.kind == kind]
+        ax.plot([e.time_unix - t0 for e in these], [row_of[e.process] for e in these], marker=marker,
+                color=colour, markeredgecolor="white", markersize=10, linestyle="none", zorder=5,
+                gid=f"event:{kind}")
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first process started (grey lines: iteration ends)")
     ax.set_title("Activity per process")
     seen = {tuple(s) for spans in run.timelines.values() for s in ((x["state"], x["reason"]) for x in spans)}
-    ax.legend(handles=[Patch(color=color, label=label) for k, (color, label) in STATES.items() if k in seen],
+    ax.legend(handles=[*(Patch(color=color, label=label) for k, (color, label) in STATES.items() if k in seen),
+                       *_event_handles(_kinds(run.events))],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
@@ -238,7 +310,10 @@ def summary_markdown(run: Run, images: list[str]) -> str:
             lines.append(f"| autoscaling | {a.scale_ups} up, {a.scale_downs} down; final "
                          f"{', '.join(f'{k}={v}' for k, v in a.replicas_final.items())} |")
         if local.failure:
-            lines.append(f"| run failed | {' '.join(local.failure.split()).replace('|', '/')} |")
+            lines.append(f"| run failed | {_cell(local.failure)} |")
+    if run.events:
+        counts = {k: sum(e.kind == k for e in run.events) for k in _kinds(run.events)}
+        lines.append(f"| process events | {', '.join(f'{k} {n}' for k, n in counts.items())} |")
     lines.append("")
     ranks = rank_times(run)
     if len(ranks) > 1:
@@ -246,14 +321,23 @@ def summary_markdown(run: Run, images: list[str]) -> str:
         lines += [f"| {r.rank} | {r.busy_s:.1f} | {sum(r.idle_s.values()):.1f} | "
                   f"{', '.join(f'{k} {v:.1f}' for k, v in sorted(r.idle_s.items()))} |" for r in ranks]
         lines.append("")
+    start = run.start_unix
+    if run.events:
+        lines += ["## Events", "", "| t (s) | kind | process | detail |", "| --- | --- | --- | --- |"]
+        lines += [f"| {e.time_unix - start:.1f} | {e.kind} | {e.process} | {_cell(e.detail)} |" for e in run.events]
+        lines.append("")
     if run.scaling:
-        start = rs[0].time_unix - rs[0].elapsed_s
         lines += ["## Autoscaling", "", "| t (s) | change | replicas | why |", "| --- | --- | --- | --- |"]
         lines += [f"| {r.time_unix - start:.1f} | {r.step:+d} {r.pool or ''} | "
                   f"{', '.join(f'{k}={v}' for k, v in r.replicas.items())} | {r.reason} |" for r in run.scaling]
         lines.append("")
     lines += [f"![{Path(i).stem}]({i})" for i in images]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text for one Markdown table cell: one line, no column separators."""
+    return " ".join(text.split()).replace("|", "/")
 
 
 def _weighted(records: list[IterationRecord], key: str) -> float:

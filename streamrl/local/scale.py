@@ -26,7 +26,7 @@ from streamrl.local.launch import Services
 from streamrl.local.plan import RunPlan
 from streamrl.metrics import AutoscalerMetrics
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
-from streamrl.records import SCALING_FILE, ScalingRecord, ScalingSummary
+from streamrl.records import SCALING_FILE, RunEvent, ScalingRecord, ScalingSummary, append_event
 from streamrl.scaling.inputs import input_queries, parse_inputs, query_window_s
 from streamrl.scaling.policy import Decision, State
 from streamrl.scaling.round import scaling_round
@@ -161,12 +161,14 @@ class LocalAutoscaler:
             replica = self.fleet.start(decision.pool)
             self.fleet.replicas.append(replica)
             self.scale_ups += 1
+            self._event(now, replica.name, f"+1 {decision.pool}: {decision.reason}")
             self.say(f"autoscaler: +1 {decision.pool} ({replica.name}): {decision.reason}")
         elif decision.step < 0:
             victim = [r for r in self.fleet.replicas if r.pool == decision.pool][-1]  # the newest
             self.fleet.replicas.remove(victim)
             self.fleet.drain(victim)
             self.scale_downs += 1
+            self._event(now, victim.name, f"-1 {decision.pool} (drains): {decision.reason}")
             self.say(f"autoscaler: -1 {decision.pool} ({victim.name} drains): {decision.reason}")
         elif decision.reason != self._last_reason and decision.trainer_bound:
             self.say(f"autoscaler: {decision.reason}")
@@ -182,6 +184,11 @@ class LocalAutoscaler:
 
     def _note(self, now: float, why: str) -> None:
         self._append(ScalingRecord(time_unix=round(now, 3), step=0, replicas=self.replicas(), reason=why))
+
+    def _event(self, now: float, process: str, detail: str) -> None:
+        """A change applied, for the report's timeline and its table of events."""
+        append_event(self.log_path.parent, RunEvent(time_unix=round(now, 3), kind="scaled", process=process,
+                                                    detail=detail))
 
     def _append(self, record: ScalingRecord) -> None:
         self.last = record

@@ -7,8 +7,16 @@ import sys
 import numpy as np
 import pytest
 
-from streamrl.records import IterationRecord, LocalRun, RunSummary, ScalingSummary, TrainerPhase, write_json
-from streamrl.report import load_run, plot_timeline, write_report
+from streamrl.records import (
+    IterationRecord,
+    LocalRun,
+    RunEvent,
+    RunSummary,
+    ScalingSummary,
+    TrainerPhase,
+    write_json,
+)
+from streamrl.report import iteration_at, load_run, plot_progress, plot_timeline, write_report
 
 
 def _record(i: int, t: float) -> IterationRecord:
@@ -136,3 +144,89 @@ def test_one_timeline_row_per_trainer_rank_in_rank_order(tmp_path):
 def test_a_single_trainer_has_no_ranks_table(tmp_path):
     write_report(_run_dir(tmp_path))
     assert "## Trainer ranks" not in (tmp_path / "run" / "report" / "report.md").read_text()
+
+
+def _events(d):
+    """A generator killed and replaced, the trainer restarted and resumed, a checkpoint, a
+    scale-up; generator-a-1 died before it wrote a span. The last line is torn."""
+    events = [RunEvent(time_unix=1006.5, kind="died", process="generator-a-0", detail="exit -9 (SIGKILL)"),
+              RunEvent(time_unix=1006.75, kind="replaced", process="generator-a-0", detail="by generator-a-2"),
+              RunEvent(time_unix=1004.0, kind="checkpoint", process="trainer", detail="iteration 1"),
+              RunEvent(time_unix=1008.0, kind="restarted", process="trainer", detail="exit -9 | 1 of 3"),
+              RunEvent(time_unix=1009.0, kind="resumed", process="trainer", detail="from iteration 1"),
+              RunEvent(time_unix=1010.0, kind="died", process="generator-a-1", detail="exit 1"),
+              RunEvent(time_unix=1011.0, kind="scaled", process="generator-a-3", detail="+1 a: generation-bound")]
+    (d / "events.jsonl").write_text("".join(e.to_json() + "\n" for e in events) + '{"time_unix": 1012.0, "ki')
+    (d / "timeline" / "generator-a-2.jsonl").write_text(
+        json.dumps({"state": "busy", "reason": "", "start": 1007.0, "end": 1012.0}) + "\n")
+    return events
+
+
+def test_events_are_marked_on_the_timeline_rows_of_their_processes(tmp_path):
+    d = _run_dir(tmp_path)
+    events = _events(d)
+    run = load_run(d)  # the torn last line of events.jsonl is skipped
+    assert [e.time_unix for e in run.events] == sorted(e.time_unix for e in events)
+    fig = plot_timeline(run)
+    ax = fig.axes[0]
+    # The process that died before writing a span has a row of its own; rows in numeric order.
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert rows == ["trainer", "generator-a-0", "generator-a-1", "generator-a-2", "generator-a-3"]
+    marks = {line.get_gid(): line for line in ax.get_lines() if (line.get_gid() or "").startswith("event:")}
+    assert set(marks) == {f"event:{k}" for k in ("died", "replaced", "checkpoint", "restarted", "resumed", "scaled")}
+    died = marks["event:died"]
+    t0 = 1000.0  # the first span's start
+    assert list(died.get_xdata()) == [6.5, 10.0]
+    assert list(died.get_ydata()) == [rows.index("generator-a-0"), rows.index("generator-a-1")]
+    assert died.get_marker() != marks["event:resumed"].get_marker()
+    assert list(marks["event:resumed"].get_xdata()) == [1009.0 - t0]
+    assert list(marks["event:resumed"].get_ydata()) == [0]
+    legend = [t.get_text() for t in ax.get_legend().texts]
+    assert {"died", "replaced by another replica", "resumed from a checkpoint", "checkpoint saved"} <= set(legend)
+    assert "preempted (SIGTERM, checkpointed)" not in legend  # only kinds that happened
+
+
+def test_events_are_vertical_lines_on_the_progress_plot_at_their_iteration(tmp_path):
+    d = _run_dir(tmp_path)
+    _events(d)
+    run = load_run(d)
+    fig = plot_progress(run)
+    reward = fig.axes[0].get_lines()[0]
+    assert list(reward.get_xdata()) == list(range(6))  # the reward line is still the first
+    for ax in fig.axes:
+        marks = [(line.get_gid(), line.get_xdata()[0]) for line in ax.get_lines()
+                 if (line.get_gid() or "").startswith("event:")]
+        # Iteration i ends at 1002 + 2 i: a moment during it lies between i - 1 and i.
+        assert marks == [("event:checkpoint:trainer", 1.0), ("event:died:generator-a-0", 2.25),
+                         ("event:replaced:generator-a-0", 2.375), ("event:restarted:trainer", 3.0),
+                         ("event:resumed:trainer", 3.5), ("event:died:generator-a-1", 4.0),
+                         ("event:scaled:generator-a-3", 4.5)]
+    assert iteration_at(run, 900.0) == -1.0 and iteration_at(run, 2000.0) == 5.0  # clamped to the run
+    assert "died" in [t.get_text() for t in fig.axes[0].get_legend().texts]
+
+
+def test_report_md_lists_the_events_from_the_runs_start(tmp_path):
+    d = _run_dir(tmp_path)
+    _events(d)
+    write_report(d)
+    md = (d / "report" / "report.md").read_text()
+    assert "| process events | died 2, restarted 1, replaced 1, resumed 1, checkpoint 1, scaled 1 |" in md
+    table = md[md.index("## Events"):]
+    rows = [line for line in table.splitlines()[4:] if line.startswith("|")]
+    # The run started at 1000 (the first record's time less its elapsed seconds).
+    assert rows == ["| 4.0 | checkpoint | trainer | iteration 1 |",
+                    "| 6.5 | died | generator-a-0 | exit -9 (SIGKILL) |",
+                    "| 6.8 | replaced | generator-a-0 | by generator-a-2 |",
+                    "| 8.0 | restarted | trainer | exit -9 / 1 of 3 |",
+                    "| 9.0 | resumed | trainer | from iteration 1 |",
+                    "| 10.0 | died | generator-a-1 | exit 1 |",
+                    "| 11.0 | scaled | generator-a-3 | +1 a: generation-bound |"]
+
+
+def test_no_events_file_no_events_table(tmp_path):
+    d = _run_dir(tmp_path)
+    write_report(d)
+    md = (d / "report" / "report.md").read_text()
+    assert "## Events" not in md and "process events" not in md
+    (d / "events.jsonl").write_text("")  # created, nothing happened yet
+    assert load_run(d).events == []
