@@ -43,7 +43,8 @@ class RolloutServicer:
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         latest = self.store.latest
-        yield response_to_pb(Welcome(self.run_id, latest.policy_version if latest else 0))
+        yield response_to_pb(Welcome(self.run_id, latest.policy_version if latest else 0,
+                                     self.coordinator.queue.sampling.incarnation))
         reader = asyncio.create_task(self._read(replica, request_iterator), name=f"read-{replica.generator_id}")
         try:
             while (msg := await replica.outbox.get()) is not None:
