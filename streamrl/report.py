@@ -182,9 +182,16 @@ def _event_style(kind: str) -> tuple[str, str, str]:
     return EVENT_MARKERS.get(kind, (*OTHER_EVENT, kind))
 
 
-def _event_handles(kinds: list[str]) -> list[Line2D]:
+def _event_handles(kinds: list[str], lines: bool = False) -> list[Line2D]:
+    """Legend entries: each kind's marker (the timeline) or its vertical line (the progress plot)."""
+    if lines:
+        return [Line2D([], [], color=_event_style(k)[1], ls=_event_dashes(k), label=_event_style(k)[2]) for k in kinds]
     return [Line2D([], [], marker=_event_style(k)[0], color=_event_style(k)[1], linestyle="none",
                    markeredgecolor="white", markersize=9, label=_event_style(k)[2]) for k in kinds]
+
+
+def _event_dashes(kind: str) -> str:
+    return ":" if kind == "checkpoint" else "--"  # checkpoints are routine, the others are not
 
 
 def _kinds(events: list[RunEvent]) -> list[str]:
@@ -209,10 +216,9 @@ def plot_progress(run: Run) -> Figure:
     for e in run.events:
         x, (_, colour, _) = iteration_at(run, e.time_unix), _event_style(e.kind)
         for ax in (ax1, ax2):
-            ax.axvline(x, color=colour, lw=1.0, alpha=0.7, ls=":" if e.kind == "checkpoint" else "--",
-                       gid=f"event:{e.kind}:{e.process}")
+            ax.axvline(x, color=colour, lw=1.0, alpha=0.7, ls=_event_dashes(e.kind), gid=f"event:{e.kind}:{e.process}")
     if run.events:
-        ax1.legend(handles=[*ax1.get_lines()[:1], *_event_handles(_kinds(run.events))],
+        ax1.legend(handles=[*ax1.get_lines()[:1], *_event_handles(_kinds(run.events), lines=True)],
                    loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
