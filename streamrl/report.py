@@ -94,10 +94,10 @@ class Run:
         return self.records[0].time_unix - self.records[0].elapsed_s
 
     def rows(self) -> list[str]:
-        """The timeline's rows: every process with spans, and any an event names without them
-        (one that died before writing any), the trainer's ranks first."""
-        names = dict.fromkeys([*self.timelines, *(e.process for e in self.events)])
-        return sorted(names, key=_row_order)
+        """The timeline's rows: every process with spans in their order, and any an event names
+        without them (one that died before writing any) sorted in among them."""
+        missing = [p for p in dict.fromkeys(e.process for e in self.events) if p not in self.timelines]
+        return sorted([*self.timelines, *missing], key=_row_order) if missing else list(self.timelines)
 
 
 def load_run(directory: str | Path) -> Run:
