@@ -28,6 +28,7 @@ SAMPLES_ACCEPTED = "streamrl_samples_accepted"
 SAMPLES_DUPLICATE = "streamrl_samples_duplicate_dropped"
 SAMPLES_REDISPATCHED = "streamrl_samples_redispatched"
 SAMPLES_STALE = "streamrl_samples_stale_dropped"
+SAMPLES_REFUSED = "streamrl_samples_refused"
 SAMPLE_STALENESS = "streamrl_sample_staleness"
 POLICY_VERSION = "streamrl_policy_version"
 ITERATION = "streamrl_iteration"
@@ -124,6 +125,8 @@ class ServiceMetrics:
         self.samples_stale = Counter(
             SAMPLES_STALE, "Samples dropped at consumption for exceeding max_staleness (and re-issued)", registry=r
         )
+        self.samples_refused = Counter(
+            SAMPLES_REFUSED, "Samples (and Connect messages) the trainer refused, by reason", ["reason"], registry=r)
         self.sample_staleness = Histogram(
             SAMPLE_STALENESS, "Trainer policy_version minus the sample's, at consumption (versions)",
             buckets=(0, 1, 2, 3, 4, 8), registry=r,

@@ -232,6 +232,9 @@ class RunSummary(Record):
     """Samples whose reward function raised (reward.onError: zero scores them 0)."""
     num_samples_previous_incarnation: int = 0
     """Samples of work an earlier start of the trainer handed out, dropped after a resume."""
+    num_samples_refused: dict[str, int] = {}
+    """Samples and Connect messages the trainer refused, by reason (docs/observability.md
+    lists the reasons); the duplicate, stale, rejected and previous-incarnation counts are parts of it."""
     weight_bytes_from_trainer: int
     weight_bytes_from_peers: int
     reward_first: float | None = None

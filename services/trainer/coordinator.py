@@ -3,8 +3,8 @@ the work queue (workqueue.py), sample intake and group assembly (groups.py) and 
 relay (relay.py) to them. Runs on the trainer's event loop (single-threaded: no locks).
 Knows no gRPC: replicas' outboxes carry domain messages and the servicer converts them.
 
-Every sample is keyed by (prompt_id, sample_index) and accepted at most once; a vanished
-replica's unfinished samples go back to the queue and out to another replica.
+Every sample is keyed by (prompt_id, sample_index), checked (intake.py) and accepted at most
+once; a vanished replica's unfinished samples go back to the queue and out to another replica.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice
 from streamrl.metrics import ServiceMetrics
@@ -20,6 +21,7 @@ from streamrl.records import GeneratorJoin, GeneratorStatus
 from streamrl.samples import Group, Sample
 from streamrl.trainer.counters import RolloutCounters
 from streamrl.trainer.groups import GroupAssembler, InFlight, Intake, PromptWork, Scorer
+from streamrl.trainer.intake import MALFORMED, MAX_MALFORMED_IN_A_ROW, Refusal, Refused, SampleRules
 from streamrl.trainer.relay import VersionSync, WeightRelay
 from streamrl.trainer.replica import Replica
 from streamrl.trainer.workqueue import SamplingConfig, WorkQueue, dispatch_order
@@ -30,11 +32,12 @@ log = logging.getLogger(__name__)
 class Coordinator:
     def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
                  scale_advantages: bool = True, queue_factor: float = 4.0, relay_pools: frozenset[str] = frozenset(),
-                 on_reward_error: str = "fail"):
+                 on_reward_error: str = "fail", vocab_size: int | None = None):
         self.metrics = metrics
         self.counters = RolloutCounters(metrics)
         self.queue = WorkQueue(sampling, self.counters, queue_factor)
-        self.groups = GroupAssembler(scorer, self.counters, scale_advantages, on_reward_error, sampling.seed)
+        rules = SampleRules(sampling.max_new_tokens, vocab_size, sampling.incarnation)
+        self.groups = GroupAssembler(scorer, self.counters, scale_advantages, on_reward_error, sampling.seed, rules)
         self.groups.requeue = self._requeue
         self.relay = WeightRelay(relay_pools)
         self.replicas: dict[str, Replica] = {}
@@ -141,27 +144,49 @@ class Coordinator:
                 raise ValueError(f"unexpected message from generator {generator_id}: {type(msg).__name__}")
 
     def on_sample(self, generator_id: str, sample: Sample) -> bool:
-        """Take a finished sample; False when it was not accepted (duplicate, unknown,
-        malformed, or unscored: then the run fails and the sample stays outstanding; or of
-        work an earlier start of the trainer handed out: dropped)."""
-        if sample.incarnation != self.queue.sampling.incarnation:
-            self.counters.previous_incarnation()
+        """Take a finished sample; False when it was not accepted: refused (intake.py says why;
+        a refused sample its sender held is generated again when it must be, one it did not
+        hold is only counted) or unscored (then the run fails and the sample stays
+        outstanding). Raises ValueError once the sender's last MAX_MALFORMED_IN_A_ROW samples
+        were all malformed: a broken generator, whose stream then ends."""
+        result = self.groups.receive(sample)
+        if result is Intake.UNSCORED:
             return False
-        intake = self.groups.receive(sample)
-        if intake is Intake.UNSCORED:
-            return False
+        key = (sample.prompt_id, sample.sample_index)
         replica = self.replicas.get(generator_id)
+        # A sample of an earlier incarnation answers none of this one's work, even under the same key.
+        held = replica is not None and key in replica.outstanding and not (
+            isinstance(result, Refused) and result.reason is Refusal.PREVIOUS_INCARNATION)
+        if held:
+            replica.outstanding.discard(key)
         if replica is not None:
-            replica.outstanding.discard((sample.prompt_id, sample.sample_index))
-            if intake is Intake.ACCEPTED:
+            if result is Intake.ACCEPTED:
                 replica.num_samples += 1
+                replica.malformed_in_a_row = 0
                 if replica.num_samples == 1:
                     self._joined(replica)
             self._release_if_drained(replica)
-        if intake is Intake.MALFORMED:
+        if isinstance(result, Refused) and result.reissue and held:
             self.queue.requeue(self.groups.get(sample.prompt_id), [sample.sample_index])
         self.dispatch()
-        return intake is Intake.ACCEPTED
+        if replica is not None and isinstance(result, Refused) and result.reason in MALFORMED:
+            replica.malformed_in_a_row += 1
+            if replica.malformed_in_a_row >= MAX_MALFORMED_IN_A_ROW:
+                raise ValueError(f"generator {generator_id} sent {replica.malformed_in_a_row} malformed samples "
+                                 f"in a row, the last {result.reason.value}: {result.detail}")
+        return result is Intake.ACCEPTED
+
+    def refuse_message(self, generator_id: str, refused: Refused) -> None:
+        """A Connect message refused at the stream's edge (not a sample): counted like samples."""
+        self.groups.refuse(refused, generator_id)
+
+    def set_vocab_size(self, vocab_size: int) -> None:
+        """The trainer model's vocabulary: a sample holding a token id outside it is refused."""
+        self.groups.rules = replace(self.groups.rules, vocab_size=vocab_size)
+
+    @property
+    def rules(self) -> SampleRules:
+        return self.groups.rules
 
     def _joined(self, replica: Replica) -> None:
         """Its first accepted sample: how long it took from its process's start."""
@@ -221,6 +246,7 @@ class Coordinator:
 
     # ---- weights ----------------------------------------------------------------------
     def announce_weights(self, notice: WeightsNotice) -> None:
+        self.groups.published_version = max(self.groups.published_version, notice.policy_version)
         self.relay.announce(notice, self.replicas.values())
 
     def version_sync(self, policy_version: int) -> VersionSync:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from streamrl.metrics import ServiceMetrics
+from streamrl.trainer.intake import MALFORMED, Refusal
 
 
 @dataclass
@@ -17,13 +18,20 @@ class RolloutCounters:
     num_samples_duplicate_dropped: int = 0
     num_samples_redispatched: int = 0
     num_samples_rejected: int = 0
-    """Malformed samples (index out of range, log-probs not matching tokens); re-issued."""
+    """Malformed samples (intake.MALFORMED reasons); those of a prompt in flight are re-issued."""
     num_samples_stale_dropped: int = 0
     num_samples_reward_failed: int = 0
     """Samples the reward function raised on, scored 0 (reward.onError zero)."""
     num_samples_previous_incarnation: int = 0
     """Samples of work an earlier start of the trainer handed out, dropped (a resumed trainer
     issues those prompts again)."""
+    num_samples_refused: dict[str, int] = field(default_factory=dict)
+    """Refused samples and Connect messages by reason (intake.Refusal values); the three
+    counts above are parts of it, kept for the run summary's readers."""
+
+    def __post_init__(self) -> None:
+        for reason in Refusal:  # every reason exported from the start, at 0
+            self.metrics.samples_refused.labels(reason.value)
 
     def dispatched(self) -> None:
         self.num_prompts_dispatched += 1
@@ -32,27 +40,29 @@ class RolloutCounters:
         self.num_samples_accepted += 1
         self.metrics.samples_accepted.inc()
 
-    def duplicate(self) -> None:
-        self.num_samples_duplicate_dropped += 1
-        self.metrics.samples_duplicate.inc()
-
     def redispatched(self, n: int) -> None:
         self.num_samples_redispatched += n
         self.metrics.samples_redispatched.inc(n)
 
-    def rejected(self) -> None:
-        self.num_samples_rejected += 1
-
-    def stale(self, n: int) -> None:
-        self.num_samples_stale_dropped += n
-        self.metrics.samples_stale.inc(n)
-
-    def previous_incarnation(self) -> None:
-        self.num_samples_previous_incarnation += 1
+    def refused(self, reason: Refusal, n: int = 1) -> int:
+        """Count n refusals of one reason; returns that reason's total so far."""
+        total = self.num_samples_refused[reason.value] = self.num_samples_refused.get(reason.value, 0) + n
+        self.metrics.samples_refused.labels(reason.value).inc(n)
+        if reason is Refusal.DUPLICATE:
+            self.num_samples_duplicate_dropped += n
+            self.metrics.samples_duplicate.inc(n)
+        elif reason is Refusal.STALE:
+            self.num_samples_stale_dropped += n
+            self.metrics.samples_stale.inc(n)
+        elif reason is Refusal.PREVIOUS_INCARNATION:
+            self.num_samples_previous_incarnation += n
+        elif reason in MALFORMED:
+            self.num_samples_rejected += n
+        return total
 
     def reward_failed(self) -> None:
         self.num_samples_reward_failed += 1
 
-    def totals(self) -> dict[str, int]:
+    def totals(self) -> dict[str, int | dict[str, int]]:
         """Every count by name (the run summary's fields)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metrics"}

@@ -1,7 +1,7 @@
-"""Sample intake and group assembly: prompts in flight, each finished sample checked and
-scored on arrival (before any bookkeeping changes, so a sample that cannot be scored is
-neither lost nor counted), complete groups handed to the learner by iteration, samples
-older than the staleness contract dropped and re-issued at consumption."""
+"""Sample intake and group assembly: prompts in flight, each finished sample checked
+(intake.py decides) and scored on arrival (before any bookkeeping changes, so a sample that
+cannot be scored is neither lost nor counted), complete groups handed to the learner by
+iteration, samples older than the staleness contract dropped and re-issued at consumption."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ from enum import Enum, auto
 from streamrl.rewards import RewardError
 from streamrl.samples import Group, Sample, ScoredSample, group_advantages
 from streamrl.trainer.counters import RolloutCounters
+from streamrl.trainer.intake import (
+    MALFORMED,
+    STREAM,
+    Refusal,
+    Refused,
+    SampleRules,
+    check_sample,
+    worth_logging,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +70,22 @@ class InFlight:
 
 
 class Intake(Enum):
-    """What became of a sample that arrived."""
+    """What became of a sample that arrived, when it was not refused (intake.Refused)."""
 
     ACCEPTED = auto()
-    DUPLICATE = auto()
-    """Already received, or its prompt is unknown or complete: dropped."""
-    MALFORMED = auto()
-    """Index out of range or log-probs not matching its tokens: re-issue it."""
     UNSCORED = auto()
     """The reward function raised and reward.onError is `fail`: the run fails."""
 
 
 class GroupAssembler:
     def __init__(self, scorer: Scorer, counters: RolloutCounters, scale_advantages: bool = True,
-                 on_reward_error: str = "fail", seed: int = 0):
+                 on_reward_error: str = "fail", seed: int = 0, rules: SampleRules | None = None):
         self.scorer = scorer
         self.counters = counters
+        self.rules = rules or SampleRules(max_new_tokens=1 << 30)
+        """What every sample must satisfy (the job's and the model's limits)."""
+        self.published_version = 0
+        """The newest weight version announced to generators; no sample is of a later one."""
         self.scale_advantages = scale_advantages
         self.on_reward_error = on_reward_error
         self.seed = seed
@@ -86,6 +95,7 @@ class GroupAssembler:
         self.failure: RewardError | None = None
         """Why the run must stop (raised to whoever waits for groups)."""
         self._inflight: dict[str, InFlight] = {}
+        self._finished: set[str] = set()  # prompt ids whose group completed (late copies are duplicates)
         self._ready: dict[int, deque[InFlight]] = {}  # iteration -> complete, not yet consumed
         self._ready_event = asyncio.Event()
 
@@ -101,17 +111,14 @@ class GroupAssembler:
     def get(self, prompt_id: str) -> InFlight | None:
         return self._inflight.get(prompt_id)
 
-    def receive(self, sample: Sample) -> Intake:
-        """Check and score a sample; only an ACCEPTED one changes the group."""
+    def receive(self, sample: Sample) -> Intake | Refused:
+        """Check and score a sample; only an ACCEPTED one changes the group. A refused one is
+        counted by its reason and changes nothing (the caller re-issues it if `reissue`)."""
         task = self._inflight.get(sample.prompt_id)
-        if task is None or sample.sample_index in task.received:
-            self.counters.duplicate()
-            return Intake.DUPLICATE
-        if sample.sample_index >= task.group_size or len(sample.logprobs) != len(sample.completion_token_ids):
-            self.counters.rejected()
-            log.warning("rejected malformed sample %s/%d from %s", sample.prompt_id, sample.sample_index,
-                        sample.generator_id)
-            return Intake.MALFORMED
+        refused = check_sample(sample, task, sample.prompt_id in self._finished, self.rules, self.published_version)
+        if refused is not None:
+            self.refuse(refused, sample.generator_id)
+            return refused
         try:
             reward = self.scorer(sample, task.prompt.answer)
         except RewardError as err:
@@ -125,9 +132,20 @@ class GroupAssembler:
         self.counters.accepted()
         if len(task.received) == task.group_size:
             del self._inflight[task.prompt_id]
+            self._finished.add(task.prompt_id)
             self._ready.setdefault(task.iteration, deque()).append(task)
             self._ready_event.set()
         return Intake.ACCEPTED
+
+    def refuse(self, refused: Refused, generator_id: str, n: int = 1) -> None:
+        """Count a refusal (of a sample or a Connect message) and log it while that stays readable."""
+        total = self.counters.refused(refused.reason, n)
+        if worth_logging(total):
+            benign = refused.reason not in MALFORMED and refused.reason not in STREAM  # races of a healthy run
+            what = "a sample" if n == 1 else f"{n} samples"
+            source = f" from generator {generator_id}" if generator_id else ""
+            (log.info if benign else log.warning)("refused %s%s (%s, %d so far): %s", what, source,
+                                                  refused.reason.value, total, refused.detail)
 
     def fail(self, err: RewardError) -> None:
         """Stop handing out groups: whoever waits for them gets the error."""
@@ -152,9 +170,9 @@ class GroupAssembler:
             del task.received[i]
         task.min_policy_version = max(task.min_policy_version, min_policy_version)
         self._inflight[task.prompt_id] = task
-        self.counters.stale(len(stale))
-        log.warning("dropped %d samples of %s older than v%d; re-issued", len(stale), task.prompt_id,
-                    min_policy_version)
+        self._finished.discard(task.prompt_id)
+        self.refuse(Refused(Refusal.STALE, f"{len(stale)} samples of {task.prompt_id} are older than "
+                                           f"v{min_policy_version} at consumption; re-issued"), "", len(stale))
         self.requeue(task, stale)
         return True
 

@@ -89,6 +89,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     device = ranks.device(spec.trainer.device)
     learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype,
                       metrics)
+    coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
     recorder = Recorder(out_dir)
 

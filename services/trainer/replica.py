@@ -31,6 +31,8 @@ class Replica:
     """Samples assigned to it and not yet received."""
     num_samples: int = 0
     """Samples accepted from it."""
+    malformed_in_a_row: int = 0
+    """Malformed samples it sent since its last accepted one (intake.MAX_MALFORMED_IN_A_ROW ends its stream)."""
     load: LoadReport | None = None
     """Its latest load report."""
     awaiting_weights: int | None = None

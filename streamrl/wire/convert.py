@@ -44,10 +44,17 @@ def sample_to_pb(s: Sample) -> pb.Sample:
     )
 
 
+def _finish_from_pb(value: int) -> str:
+    """"stop" or "length"; anything else keeps its wire name (the trainer's intake refuses it)."""
+    if value in _FINISH_FROM_PB:
+        return _FINISH_FROM_PB[value]
+    return pb.FinishReason.Name(value) if value in pb.FinishReason.values() else f"FinishReason {value}"
+
+
 def sample_from_pb(m: pb.Sample, generator_id: str) -> Sample:
     return Sample(
         m.prompt_id, m.sample_index, tuple(m.completion_token_ids), tuple(m.logprobs), m.policy_version,
-        _FINISH_FROM_PB.get(m.finish_reason, "stop"), generator_id, m.queue_s, m.generate_s, m.incarnation,
+        _finish_from_pb(m.finish_reason), generator_id, m.queue_s, m.generate_s, m.incarnation,
     )
 
 

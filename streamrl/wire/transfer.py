@@ -87,11 +87,11 @@ def chunk_responses(version: WeightVersion, offset_bytes: int) -> Iterator[bytes
 
 def rollout_handler(connect, fetch_weights) -> grpc.GenericRpcHandler:
     """The streamrl.v1.Rollout service from its two behaviours, FetchWeights sending the
-    pre-encoded chunks as they are."""
+    pre-encoded chunks as they are. Connect reads each ConnectRequest as the bytes that came,
+    so the servicer can refuse (and count) one too large or undecodable before parsing it."""
     return grpc.method_handlers_generic_handler("streamrl.v1.Rollout", {
         "Connect": grpc.stream_stream_rpc_method_handler(
-            connect, request_deserializer=pb.ConnectRequest.FromString,
-            response_serializer=pb.ConnectResponse.SerializeToString),
+            connect, request_deserializer=None, response_serializer=pb.ConnectResponse.SerializeToString),
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
             fetch_weights, request_deserializer=pb.FetchWeightsRequest.FromString, response_serializer=None),
     })

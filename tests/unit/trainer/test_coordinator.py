@@ -161,20 +161,37 @@ def test_too_stale_sample_is_dropped_at_consumption_and_reissued():
     async def go():
         c = _coordinator(group_size=2)
         a = c.connect(Hello("a", "p", 8, "torch", 0))
-        c.add_prompts(3, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=2)
+        c.announce_weights(WeightsNotice(2, 100, 1, "ff"))
+        c.add_prompts(3, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=1)
         _drain(a)
-        c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 1, "stop", "a"))  # v1: too old for v2
+        c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 1, "stop", "a"))  # v1: fine on arrival
         c.on_sample("a", Sample("p0", 1, (7, 2), (-0.1, -0.2), 2, "stop", "a"))
-        waiter = asyncio.ensure_future(c.take_groups(3, 2, 2, min_policy_version=2))
+        waiter = asyncio.ensure_future(c.take_groups(3, 2, 2, min_policy_version=2))  # the learner moved on
         await asyncio.sleep(0)
         assert not waiter.done()
-        assert c.counters.num_samples_stale_dropped == 1
+        assert c.counters.num_samples_stale_dropped == 1 and c.counters.num_samples_refused == {"stale": 1}
         [work] = _drain(a)
         assert work.sample_indices == (0,) and work.min_policy_version == 2
         c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 2, "stop", "a"))
         [group] = await asyncio.wait_for(waiter, 1)
         assert [s.sample.policy_version for s in group.samples] == [2, 2]
         assert c.counters.num_samples_accepted == 3
+
+    run(go())
+
+
+def test_sample_too_stale_on_arrival_is_refused_and_reissued_before_it_joins_a_group():
+    async def go():
+        c = _coordinator(group_size=2)
+        a = c.connect(Hello("a", "p", 8, "torch", 0))
+        c.announce_weights(WeightsNotice(2, 100, 1, "ff"))
+        c.add_prompts(3, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=2)
+        _drain(a)
+        assert c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 1, "stop", "a")) is False  # v1 < v2
+        assert c.counters.num_samples_stale_dropped == 1 and c.counters.num_samples_accepted == 0
+        [work] = _drain(a)
+        assert work.sample_indices == (0,) and work.min_policy_version == 2
+        assert c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 2, "stop", "a")) is True
 
     run(go())
 
