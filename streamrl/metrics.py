@@ -40,6 +40,8 @@ WEIGHT_FETCH_SECONDS = "streamrl_weight_fetch_seconds"
 WEIGHT_SYNC_BYTES = "streamrl_weight_sync_bytes"
 WEIGHT_SERVED_BYTES = "streamrl_weight_served_bytes"
 WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
+CHECKPOINT_WAIT_SECONDS = "streamrl_trainer_checkpoint_wait_seconds"
+CHECKPOINT_ITERATION = "streamrl_trainer_checkpoint_iteration"
 BATCH_OCCUPANCY = "streamrl_batch_occupancy"
 SKEWNESS_BUBBLE_SECONDS = "streamrl_skewness_bubble_seconds"
 GENERATION_BARRIER_SECONDS = "streamrl_generation_barrier_seconds"
@@ -151,6 +153,13 @@ class ServiceMetrics:
         self.weight_served_bytes = Counter(WEIGHT_SERVED_BYTES, "Weight bytes served to generators", registry=r)
         self.weight_publish_seconds = Histogram(
             WEIGHT_PUBLISH_SECONDS, "Trainer: seconds to serialize and publish a version", registry=r,
+        )
+        self.checkpoint_wait_seconds = Counter(
+            CHECKPOINT_WAIT_SECONDS, "Trainer: seconds training waited on checkpoints (copying the state off the "
+            "model, and a previous save still being written)", registry=r,
+        )
+        self.checkpoint_iteration = Gauge(
+            CHECKPOINT_ITERATION, "Trainer: iterations the newest complete checkpoint holds", registry=r,
         )
         self.batch_occupancy = Gauge(BATCH_OCCUPANCY, "Running sequences / engine batch cap", registry=r)
         self.skewness_bubble_seconds = Counter(
