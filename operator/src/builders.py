@@ -6,7 +6,9 @@ Per job: a ConfigMap holding the spec every service loads; the trainer as an Ind
 (one pod per trainer node, `processesPerNode` ranks in each started by torch.distributed.run;
 its exit is the run's outcome) with a headless Service that gives its pods stable names for
 the rendezvous, and a Service selecting only the index-0 pod (rank 0), the one endpoint
-generators dial; the ranker as a Deployment and Service (skewness-aware dispatch only); one
+generators dial; the trainer's run directory on a PersistentVolumeClaim when
+checkpoint.volume asks (created here unless it names an existing claim), so checkpoints
+outlive its pods; the ranker as a Deployment and Service (skewness-aware dispatch only); one
 generator Deployment per pool, with that pool's node selector, tolerations, GPUs and template.
 """
 
@@ -30,6 +32,16 @@ TEMPLATE_HASH = "streamrl.io/trainer-template-hash"
 means the operator replaces the whole group)."""
 RESTARTS = "streamrl.io/group-restarts"
 """Annotation on the trainer Job: how many times the whole group was restarted before it."""
+PREEMPTED_EXIT_CODE = 75
+"""EX_TEMPFAIL: a trainer stopped by SIGTERM saves a checkpoint and exits with this (phase
+Preempted). Its Job fails through the pod failure policy's first rule, which the operator
+reads as a preemption: the group is restarted without spending the restart budget."""
+TRAINER_GRACE_S = 300
+"""A trainer pod's terminationGracePeriodSeconds (unless its placement.template sets one):
+time, after SIGTERM (suspend, a drained node, an eviction), to finish the step and save."""
+LAUNCHER_MARGIN_S = 15
+"""Of the grace period, what torch.distributed.run keeps for itself: its ranks get the rest
+to save before it kills them."""
 HOSTNAME_MAX = 63
 SPEC_MOUNT, OUT_MOUNT, CACHE_MOUNT = "/etc/streamrl/job", "/var/lib/streamrl/out", "/var/cache/streamrl"
 JOB_FILE = f"{SPEC_MOUNT}/job.yaml"
@@ -114,13 +126,15 @@ def _resources(placement) -> dict:
 
 
 def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[str, int], settings: Settings,
-                 pool: str | None = None, env: list[dict] | None = None, restart_policy: str | None = None) -> dict:
+                 pool: str | None = None, env: list[dict] | None = None, restart_policy: str | None = None,
+                 out_volume: dict | None = None) -> dict:
     """The pod template of one role: the operator's part, with the user's template merged
-    under it (the operator's fields win, the user's extra ones are kept)."""
+    under it (the operator's fields win, the user's extra ones are kept). `out_volume`: the
+    source of the run directory (default: the pod's own disk)."""
     spec = job.spec
     volumes = [
         {"name": "job", "configMap": {"name": name(job.metadata.name, "spec")}},
-        {"name": "out", "emptyDir": {}},
+        {"name": "out", **(out_volume or {"emptyDir": {}})},
         {"name": "cache", "emptyDir": {}},
     ]
     mounts = [
@@ -194,13 +208,25 @@ def uses_ranker(job: RLJob) -> bool:
     return job.spec.generators.dispatch.policy == "skewness-aware"
 
 
+def grace_s(job: RLJob) -> int:
+    """Seconds a trainer pod has after SIGTERM: its template's terminationGracePeriodSeconds,
+    else TRAINER_GRACE_S."""
+    own = ((job.spec.trainer.placement.template or {}).get("spec") or {}).get("terminationGracePeriodSeconds")
+    return own if isinstance(own, int) and own >= 0 else TRAINER_GRACE_S
+
+
 def trainer_args(job: RLJob, namespace: str) -> tuple[list[str] | None, list[str]]:
     """(command, args) of a trainer pod's container. One rank: the image's `streamrl trainer`.
     More: torch.distributed.run starts `processesPerNode` ranks with the node rank from the
     Job's completion index, rendezvous at the index-0 pod's stable name; each rank serves its
-    admin on ADMIN_PORT + its local rank (the configmap's trainer.adminPort)."""
+    admin on ADMIN_PORT + its local rank (the configmap's trainer.adminPort). On SIGTERM it
+    passes the signal to its ranks and waits for them (they save) almost the whole grace
+    period (its own default is 30 s), then exits 1 whatever their status: a sharded group
+    stopped that way is told from a failure by the suspension or the pod's DisruptionTarget
+    condition, not by the exit code (see reconcile.preemption)."""
     j, trainer = job.metadata.name, job.spec.trainer
-    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", "0.0.0.0"]
+    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", "0.0.0.0",
+            "--preempted-exit-code", str(PREEMPTED_EXIT_CODE)]
     if uses_ranker(job):
         args += ["--ranker", f"{name(j, 'ranker')}:{RANKER_GRPC_PORT}"]
     if trainer.world_size == 1:
@@ -209,7 +235,7 @@ def trainer_args(job: RLJob, namespace: str) -> tuple[list[str] | None, list[str
     command = ["python", "-m", "torch.distributed.run", "--nnodes", str(trainer.nodes),
                "--nproc-per-node", str(trainer.processes_per_node), "--node-rank", "$(JOB_COMPLETION_INDEX)",
                "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT), "--max-restarts", "0",
-               "--no-python", "streamrl"]
+               "--shutdown-timeout", str(max(grace_s(job) - LAUNCHER_MARGIN_S, 1)), "--no-python", "streamrl"]
     return command, args
 
 
@@ -224,13 +250,40 @@ def template_hash(spec: dict) -> str:
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def claim_name(job: RLJob) -> str | None:
+    """The PersistentVolumeClaim of the trainer's run directory (None: the pod's own disk)."""
+    volume = job.spec.checkpoint.volume
+    if volume is None:
+        return None
+    return volume.claim_name or name(job.metadata.name, "checkpoints")
+
+
+def build_checkpoint_claim(job: RLJob, namespace: str, owner: dict | None = None) -> dict | None:
+    """The claim the operator creates for checkpoint.volume (None when there is no volume or
+    it names an existing claim). ReadWriteMany when several trainer pods write their shards
+    into it, unless accessMode says otherwise. Retained (no owner reference, so the garbage
+    collector keeps it when the RLJob goes) unless `retain: false`."""
+    volume, j = job.spec.checkpoint.volume, job.metadata.name
+    if volume is None or volume.claim_name:
+        return None
+    mode = volume.access_mode or ("ReadWriteOnce" if job.spec.trainer.nodes == 1 else "ReadWriteMany")
+    spec: dict[str, Any] = {"accessModes": [mode], "resources": {"requests": {"storage": volume.size}}}
+    if volume.storage_class:
+        spec["storageClassName"] = volume.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(job, name(j, "checkpoints"), namespace, labels(j, "checkpoints"),
+                              None if volume.retain else owner),
+            "spec": spec}
+
+
 def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,
                   restarts: int = 0) -> dict:
     """The trainer as an Indexed Job, the way JobSet and the Kubeflow trainer build one:
     parallelism = completions = trainer.nodes, pods named `<job>-trainer-<index>` under the
-    headless Service. Any pod failing fails the Job (the pod failure policy; the operator then
-    restarts the whole group within its budget, never half of it); rank 0 (index 0) finishing
-    completes it."""
+    headless Service, the run directory on the checkpoint claim when there is one. Any pod
+    failing fails the Job (the pod failure policy; the operator then restarts the whole group,
+    never half of it: within its budget, or free when the failure was a preemption: exit code
+    PREEMPTED_EXIT_CODE first, a disruption next); rank 0 (index 0) finishing completes it."""
     j, trainer = job.metadata.name, job.spec.trainer
     if len(f"{name(j, 'trainer')}-{trainer.nodes - 1}") > HOSTNAME_MAX:
         raise SpecError(f"metadata.name: {j!r} is too long for a trainer of {trainer.nodes} nodes: its pods' "
@@ -239,16 +292,21 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     ports = {"grpc": TRAINER_GRPC_PORT, **admin_ports(job)}
     if trainer.world_size > 1:
         ports["rendezvous"] = RENDEZVOUS_PORT
-    template = pod_template(job, "trainer", trainer.placement, args, ports, settings, restart_policy="Never")
+    claim = claim_name(job)
+    template = pod_template(job, "trainer", trainer.placement, args, ports, settings, restart_policy="Never",
+                            out_volume={"persistentVolumeClaim": {"claimName": claim}} if claim else None)
     if command:
         template["spec"]["containers"][0]["command"] = command
     template["spec"]["subdomain"] = name(j, "trainer-ranks")
+    template["spec"]["terminationGracePeriodSeconds"] = grace_s(job)
     spec = {
         "completionMode": "Indexed", "completions": trainer.nodes, "parallelism": trainer.nodes,
         "backoffLimit": 0,
-        "podFailurePolicy": {"rules": [
-            {"action": "FailJob", "onExitCodes": {"containerName": MAIN, "operator": "NotIn", "values": [0]}},
+        "podFailurePolicy": {"rules": [  # in order, the first match decides (the operator reads which)
+            {"action": "FailJob", "onExitCodes": {"containerName": MAIN, "operator": "In",
+                                                  "values": [PREEMPTED_EXIT_CODE]}},
             {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": MAIN, "operator": "NotIn", "values": [0]}},
         ]},
         "successPolicy": {"rules": [{"succeededIndexes": "0"}]},
         "suspend": job.spec.suspend,
@@ -341,7 +399,9 @@ def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict |
     """Every object in the RLJob's own cluster (pools with a clusterRef are built apart)."""
     j = job.metadata.name
     trainer_address = f"{name(j, 'trainer')}.{namespace}.svc:{TRAINER_GRPC_PORT}"
-    out = [build_configmap(job, namespace, owner), build_trainer(job, namespace, settings, owner),
+    claim = build_checkpoint_claim(job, namespace, owner)
+    out = [build_configmap(job, namespace, owner), *([claim] if claim else []),
+           build_trainer(job, namespace, settings, owner),
            build_trainer_service(job, namespace, owner), build_trainer_ranks_service(job, namespace, owner)]
     if uses_ranker(job):
         out += build_ranker(job, namespace, settings, owner)

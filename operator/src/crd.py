@@ -201,9 +201,20 @@ def status_schema() -> dict:
             "expectedPods": {**integer, "description": "Trainer pods the spec asks for: trainer.nodes (0 while "
                                                        "suspended)."},
             "restarts": {**integer, "description": "Times the whole trainer group was restarted after a pod "
-                                                   "failed (a new spec starts again from 0)."},
+                                                   "failed, counted against spec.trainer.restartLimit (a new spec "
+                                                   "starts again from 0)."},
+            "preemptions": {**integer, "description": "Times the group was restarted after it was stopped from "
+                                                      "outside (exit code 75 after saving on SIGTERM, an eviction or "
+                                                      "node drain, a suspension): not counted against the budget."},
             "iteration": integer, "policyVersion": integer, "reward": number,
             "pipelineBubbleRatio": number, "samplesPerSecond": number,
+            "incarnation": {**integer, "description": "The trainer's starts in this run, minus one."},
+            "resumedFrom": {**integer, "nullable": True,
+                            "description": "The iteration the trainer's current start resumed at (unset: fresh)."},
+            "lastCheckpoint": _obj("The newest checkpoint written whole.", {
+                "iteration": {**integer, "description": "Iterations trained before it (a resume continues there)."},
+                "time": {"type": "string", "format": "date-time"},
+            }, nullable=True),
         }),
         "ranker": _obj("The output-length ranker.", {"ready": {"type": "boolean"}, "recall": number}),
         "autoscaling": _obj("The autoscaler: its mode, what its last round saw and decided, and why.", {
@@ -251,6 +262,8 @@ PRINTER_COLUMNS = [
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.trainer.restarts",
      "description": "Whole-group restarts of the trainer", "priority": 1},
     {"name": "Step", "type": "integer", "jsonPath": ".status.trainer.iteration"},
+    {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.trainer.lastCheckpoint.iteration",
+     "description": "Iteration of the newest checkpoint", "priority": 1},
     {"name": "Reward", "type": "number", "jsonPath": ".status.trainer.reward"},
     {"name": "Bubble", "type": "number", "jsonPath": ".status.trainer.pipelineBubbleRatio",
      "description": "Pipeline-bubble ratio of the last iteration"},

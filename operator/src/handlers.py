@@ -4,7 +4,8 @@ puts them on a registry with the settings' intervals; importing this module regi
 nothing and reads no environment.
 
 RLJob: create/resume/spec change -> apply every child (reconcile.py), write the status
-(observe.py, phases.py). A timer refreshes the status. A daemon per RLJob runs the
+(observe.py, phases.py) and post a Resumed Event when the trainer reports a start resumed
+from a checkpoint. A timer refreshes the status and supervises the trainer group. A daemon per RLJob runs the
 autoscaler (autoscaler.py) every spec.autoscaling.intervalSeconds. Deletion: children in
 other clusters are removed through a finalizer (owner references cannot cross clusters).
 RLCluster: checked and probed (clusters.py); the result is its status.
@@ -19,10 +20,10 @@ import kopf
 
 from streamrl.operator import clusters, reconcile
 from streamrl.operator.autoscaler import autoscale
-from streamrl.operator.builders import build_children, build_trainer, owner_reference
+from streamrl.operator.builders import build_checkpoint_claim, build_children, build_trainer, owner_reference
 from streamrl.operator.kube import KubeError
 from streamrl.operator.observe import observe
-from streamrl.operator.phases import JobPhase, Observed, derive
+from streamrl.operator.phases import JobPhase, Observed, derive, resumed_event
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
 from streamrl.spec import GROUP, VERSION, SpecError
@@ -38,29 +39,47 @@ async def reconcile_rljob(body, meta, namespace, status, patch, memo, logger, **
     runtime: Runtime = memo.runtime
     generation = int(meta.get("generation") or 1)
     previous = (status or {}).get("conditions")
+    owner = owner_reference(body)
     try:
         job = reconcile.job_of(body)
-        children = build_children(job, namespace, runtime.settings, owner_reference(body))
+        children = build_children(job, namespace, runtime.settings, owner)
         reconcile.validate(children)
     except SpecError as err:
         logger.warning("invalid RLJob: %s", err)
         patch.status.update(derive(Observed(generation=generation, invalid=str(err)), previous, _now()))
         return  # not retried: a new spec brings a new attempt
     trainer = next(c for c in children if c["kind"] == "Job")
-    await reconcile.apply(runtime, [c for c in children if c is not trainer], logger)
-    group = await reconcile.ensure_trainer(runtime, trainer, _restarts(status), runtime.settings.trainer_backoff_limit,
-                                           logger)
+    claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
+    await reconcile.apply(runtime, [c for c in children if c is not trainer and c is not claim], logger)
+    claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger)
+    group = await reconcile.ensure_trainer(runtime, trainer, _count(status, "restarts"),
+                                           reconcile.restart_budget(job, runtime.settings), logger,
+                                           _count(status, "preemptions"))
     await reconcile.prune(runtime, job, namespace)
     problem = await reconcile.apply_remote(runtime, job, namespace)
-    observed = await observe(runtime, job, namespace, generation, problem, status, group)
+    observed = await observe(runtime, job, namespace, generation, problem, status, group, claim_problem)
+    _announce_resume(runtime, body, namespace, status, observed)
     patch.status.update(derive(observed, previous, _now()))
     if problem:
         raise kopf.TemporaryError(problem, delay=runtime.retry_delay_s)
 
 
-def _restarts(status) -> int:
-    """Whole-group trainer restarts so far, as the job's status records them."""
-    return int(((status or {}).get("trainer") or {}).get("restarts") or 0)
+def _count(status, key: str) -> int:
+    """A count status.trainer records (restarts, preemptions): 0 before any."""
+    return int(((status or {}).get("trainer") or {}).get(key) or 0)
+
+
+def _announce_resume(runtime: Runtime, body, namespace: str, status, observed: Observed) -> None:
+    """A Resumed Event once per trainer start that resumed from a checkpoint: the last start
+    announced is remembered in the memo and, across operator restarts, in status.trainer."""
+    key = f"{namespace}/{body['metadata']['name']}"
+    recorded = ((status or {}).get("trainer") or {}).get("incarnation")
+    seen = max(runtime.resumed.get(key, -1), -1 if recorded is None else int(recorded))
+    message = resumed_event(observed.trainer, seen)
+    if message is None:
+        return
+    runtime.resumed[key] = observed.trainer.incarnation
+    kopf.event(body, type="Normal", reason="Resumed", message=message)
 
 
 async def refresh_rljob_status(body, meta, namespace, status, patch, memo, logger, **_):
@@ -79,11 +98,16 @@ async def refresh_rljob_status(body, meta, namespace, status, patch, memo, logge
     # The cluster problem is the spec handler's finding (it retries until it clears); keep it.
     problem = next((c.get("message") or None for c in conditions
                     if c["type"] == "ClustersReady" and c["status"] == "False"), None)
-    trainer = build_trainer(job, namespace, runtime.settings, owner_reference(body))
-    group = await reconcile.ensure_trainer(runtime, trainer, _restarts(status), runtime.settings.trainer_backoff_limit,
-                                           logger)
-    patch.status.update(derive(await observe(runtime, job, namespace, generation, problem, status, group),
-                               conditions, _now()))
+    owner = owner_reference(body)
+    claim = build_checkpoint_claim(job, namespace, owner)
+    claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger)
+    trainer = build_trainer(job, namespace, runtime.settings, owner)
+    group = await reconcile.ensure_trainer(runtime, trainer, _count(status, "restarts"),
+                                           reconcile.restart_budget(job, runtime.settings), logger,
+                                           _count(status, "preemptions"))
+    observed = await observe(runtime, job, namespace, generation, problem, status, group, claim_problem)
+    _announce_resume(runtime, body, namespace, status, observed)
+    patch.status.update(derive(observed, conditions, _now()))
 
 
 async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
@@ -102,6 +126,7 @@ async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
     finally:  # the job is gone (or the operator stops): forget what was kept for it
         runtime.scaling.pop(f"{namespace}/{name}", None)
         runtime.unreadable.pop(f"{namespace}/{name}", None)
+        runtime.resumed.pop(f"{namespace}/{name}", None)
 
 
 def _has_remote_pools(spec, **_) -> bool:

@@ -20,7 +20,7 @@ import httpx
 
 PLURALS = {"Namespace": "namespaces", "ConfigMap": "configmaps", "Service": "services", "Secret": "secrets",
            "Deployment": "deployments", "Job": "jobs", "RLJob": "rljobs", "RLCluster": "rlclusters",
-           "Event": "events"}
+           "Event": "events", "PersistentVolumeClaim": "persistentvolumeclaims"}
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 

@@ -74,9 +74,11 @@ async def _ready_replicas(client, path: str) -> int:
 
 
 async def observe(runtime: Runtime, job: RLJob, namespace: str, generation: int, cluster_problem: str | None,
-                  status: dict | None = None, group: TrainerGroup | None = None) -> Observed:
+                  status: dict | None = None, group: TrainerGroup | None = None,
+                  claim_problem: str | None = None) -> Observed:
     """Everything the phase machine needs about one RLJob (`status`: its current status;
-    `group`: what was just done to its trainer Job)."""
+    `group`: what was just done to its trainer Job; `claim_problem`: why its checkpoint
+    claim cannot be mounted yet)."""
     j = job.metadata.name
     replicas = job.spec.generators.pool_replicas()
     pools = []
@@ -100,5 +102,5 @@ async def observe(runtime: Runtime, job: RLJob, namespace: str, generation: int,
             0 if job.spec.suspend else job.spec.trainer.nodes)
     return Observed(generation=generation, suspended=job.spec.suspend, trainer_group=group, trainer_pods=pods,
                     trainer_job=job_status, trainer=trainer, trainer_unreadable=unreadable,
-                    pools=pools, cluster_problem=cluster_problem, ranker=ranker,
+                    pools=pools, cluster_problem=cluster_problem, claim_problem=claim_problem, ranker=ranker,
                     label_selector=generator_selector(j), scaling_limited=_scaling_limited(job, status))

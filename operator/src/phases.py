@@ -4,6 +4,7 @@ typed /status (streamrl.records.TrainerStatus)."""
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -38,18 +39,22 @@ class JobPhase(StrEnum):
 @dataclass(frozen=True)
 class TrainerGroup:
     """What the operator did to the trainer Job this round (reconcile.ensure_trainer), and the
-    job's count of whole-group restarts."""
+    job's counts of whole-group restarts."""
 
     action: str
     """created | unchanged | updated | rolling (replaced for a new spec) | restarting (a failed
     group deleted, to be created again) | waiting (the old Job is still being deleted) | failed
     (failed with no restart left) | finished"""
     restarts: int
+    """Restarts after failures, counted against the budget."""
     message: str = ""
     job_status: dict | None = None
     """The Job's status as this round saw it (None: no Job before this round). The phase is
     read from it, never from a later read: a Job that failed in between is this round's
     "unchanged" group and the next round's restart, never a transient Failed."""
+    preemptions: int = 0
+    """Restarts after the group was stopped from outside (a preemption, a disruption, a
+    suspension): free, the trainer resumes from its checkpoint."""
 
     @property
     def replacing(self) -> bool:
@@ -80,6 +85,8 @@ class Observed:
     """[{name, cluster, replicas, readyReplicas}] per generator pool."""
     cluster_problem: str | None = None
     """Why a pool's cluster cannot be used; None = all usable (or none remote)."""
+    claim_problem: str | None = None
+    """Why the trainer's pods cannot mount the checkpoint claim yet; None = they can (or none)."""
     ranker: dict | None = None
     """{ready, recall} when the job has a ranker."""
     label_selector: str = ""
@@ -107,18 +114,35 @@ def _phase(obs: Observed) -> tuple[JobPhase, str]:
     if _job_finished(obs.trainer_job, "Complete") or (obs.trainer_job or {}).get("succeeded"):
         return JobPhase.SUCCEEDED, "the trainer finished every iteration"
     group = obs.trainer_group
-    if group is not None and group.replacing:
-        return JobPhase.PENDING, group.message
-    if _job_finished(obs.trainer_job, "Failed"):
+    replacing = group is not None and group.replacing
+    if _job_finished(obs.trainer_job, "Failed") and not replacing:
         return JobPhase.FAILED, (group.message if group and group.message else
                                  "the trainer failed; see its pods' logs")
-    if obs.suspended:
+    if obs.suspended:  # its group stopped on SIGTERM (saving a checkpoint) and is created again, suspended
         return JobPhase.SUSPENDED, "spec.suspend is true: every role is scaled to zero"
+    if replacing:
+        return JobPhase.PENDING, group.message
     if trainer is not None and trainer.phase == TrainerPhase.RUNNING:
         return JobPhase.RUNNING, f"iteration {trainer.iteration} of {trainer.num_iterations}"
+    if obs.claim_problem:
+        return JobPhase.PENDING, obs.claim_problem
     if obs.trainer_unreadable:
         return JobPhase.PENDING, f"the trainer's /status is unreadable: {obs.trainer_unreadable}"
     return JobPhase.PENDING, trainer.phase.value if trainer else "waiting for the trainer and generators to start"
+
+
+def _rfc3339(time_unix: float) -> str:
+    return datetime.datetime.fromtimestamp(time_unix, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resumed_event(trainer: TrainerStatus | None, seen_incarnation: int) -> str | None:
+    """The message of the `Resumed` Event to post when the trainer reports a start resumed
+    from a checkpoint that no Event was posted for yet (`seen_incarnation`: the last start
+    one was posted for or the status recorded, -1 = none); None: nothing to post."""
+    if trainer is None or trainer.resumed_from is None or trainer.incarnation <= seen_incarnation:
+        return None
+    return (f"the trainer resumed at iteration {trainer.resumed_from} from its checkpoint "
+            f"(start {trainer.incarnation + 1} of run {trainer.run_id})")
 
 
 def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> dict:
@@ -164,14 +188,18 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
         "generators": {"replicas": replicas, "readyReplicas": ready_generators, "labelSelector": obs.label_selector,
                        "pools": obs.pools},
     }
+    group = obs.trainer_group
     status["trainer"] = {"ready": trainer_ready, "readyPods": pods_ready, "expectedPods": pods_expected,
-                         "restarts": obs.trainer_group.restarts if obs.trainer_group else 0}
+                         "restarts": group.restarts if group else 0, "preemptions": group.preemptions if group else 0}
     if trainer is not None:
-        last = trainer.last
+        last, saved = trainer.last, trainer.last_checkpoint
         status["trainer"].update({
             "iteration": trainer.iteration, "policyVersion": trainer.policy_version,
             **({"reward": last.reward_mean, "pipelineBubbleRatio": last.pipeline_bubble_ratio} if last else {}),
             "samplesPerSecond": trainer.samples_per_s,
+            # written even when None: the status is merge-patched, and a null removes what an earlier start left
+            "incarnation": trainer.incarnation, "resumedFrom": trainer.resumed_from,
+            "lastCheckpoint": {"iteration": saved.iteration, "time": _rfc3339(saved.time_unix)} if saved else None,
         })
     if obs.ranker is not None:
         status["ranker"] = obs.ranker

@@ -1,21 +1,25 @@
 """Making the clusters match an RLJob: parse its body, check the built children against
-Kubernetes's own schemas, apply them, prune what the spec no longer asks for, and create
-or update the pools that live in registered clusters (by origin labels, since owner
-references cannot cross clusters). Knows no phase: it returns what went wrong."""
+Kubernetes's own schemas, apply them, supervise the trainer group (restarts within the
+budget, preemptions free), keep the checkpoint claim, prune what the spec no longer asks
+for, and create or update the pools that live in registered clusters (by origin labels,
+since owner references cannot cross clusters). Knows no phase: it returns what went wrong."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import httpx
 import kubernetes_validate
 
 from streamrl.operator.builders import (
+    PREEMPTED_EXIT_CODE,
     RESTARTS,
     TEMPLATE_HASH,
     TRAINER_GRPC_PORT,
     build_configmap,
     build_generators,
+    claim_name,
     generator_selector,
     name,
     uses_ranker,
@@ -23,6 +27,7 @@ from streamrl.operator.builders import (
 from streamrl.operator.kube import KubeError, path_for, path_of
 from streamrl.operator.phases import TrainerGroup
 from streamrl.operator.runtime import Runtime
+from streamrl.operator.settings import Settings
 from streamrl.spec import API_VERSION, GROUP, KIND, RLJob, SpecError, parse_job
 
 KUBERNETES_VERSION = "1.33"
@@ -61,12 +66,39 @@ def job_condition(job: dict | None, kind: str) -> dict | None:
                  if c.get("type") == kind and c.get("status") == "True"), None)
 
 
+def restart_budget(job: RLJob, settings: Settings) -> int:
+    """Whole-group restarts of a failed trainer before the job fails: spec.trainer.restartLimit,
+    else the operator's STREAMRL_TRAINER_BACKOFF_LIMIT."""
+    limit = job.spec.trainer.restart_limit
+    return settings.trainer_backoff_limit if limit is None else limit
+
+
+_PREEMPTED = re.compile(rf"\bexit code {PREEMPTED_EXIT_CODE}\b")
+
+
+def preemption(failed: dict, suspended: bool) -> str | None:
+    """Why a failed trainer Job was stopped from outside rather than broken (its restart is
+    free), or None (it counts against the budget). `failed`: the Job's Failed condition, whose
+    message names the pod failure policy's rule that matched (see builders.build_trainer)."""
+    if suspended:
+        return "stopped while suspended"
+    if failed.get("reason") != "PodFailurePolicy":
+        return None
+    message = failed.get("message") or ""
+    if _PREEMPTED.search(message):
+        return f"preempted: the trainer saved a checkpoint and exited {PREEMPTED_EXIT_CODE}"
+    if "condition DisruptionTarget" in message:
+        return "disrupted: a trainer pod was evicted, preempted or its node drained"
+    return None
+
+
 async def ensure_trainer(runtime: Runtime, desired: dict, restarts: int, budget: int,
-                         logger: logging.Logger | logging.LoggerAdapter) -> TrainerGroup:
+                         logger: logging.Logger | logging.LoggerAdapter, preemptions: int = 0) -> TrainerGroup:
     """Make the trainer Job match `desired`, a whole group at a time. A Job cannot change its
     pods once created: a new template (the spec changed) replaces the Job and its pods (a new
-    spec is a new attempt: restarts start again from 0); a failed Job (any one pod failing
-    fails it) is deleted and created again, every pod at once, while `restarts` < `budget`.
+    spec is a new attempt: the counts start again from 0); a failed Job (any one pod failing
+    fails it) is deleted and created again, every pod at once: free when it was stopped from
+    outside (a preemption, see `preemption`), else while `restarts` < `budget`.
     Deletion is in the foreground: the new Job is created once the old one and its pods are
     gone, so no new rank meets an old one at the rendezvous."""
     path = path_for(desired)
@@ -75,13 +107,13 @@ async def ensure_trainer(runtime: Runtime, desired: dict, restarts: int, budget:
         desired["metadata"]["annotations"][RESTARTS] = str(restarts)
         await runtime.kube.create(desired)
         logger.info("created the trainer Job %s (group restarts so far: %d)", desired["metadata"]["name"], restarts)
-        return TrainerGroup("created", restarts)
+        return TrainerGroup("created", restarts, preemptions=preemptions)
     seen = current.get("status") or {}
     if current["metadata"].get("deletionTimestamp"):
         return TrainerGroup("waiting", restarts, "waiting for the previous trainer Job and its pods to be deleted",
-                            seen)
+                            seen, preemptions)
     if job_condition(current, "Complete"):
-        return TrainerGroup("finished", restarts, job_status=seen)
+        return TrainerGroup("finished", restarts, job_status=seen, preemptions=preemptions)
     wanted = desired["metadata"]["annotations"][TEMPLATE_HASH]
     if (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH) != wanted:
         await runtime.kube.delete(path, propagation="Foreground")
@@ -90,17 +122,55 @@ async def ensure_trainer(runtime: Runtime, desired: dict, restarts: int, budget:
     failed = job_condition(current, "Failed")
     if failed:
         why = failed.get("message") or failed.get("reason") or "a trainer pod failed"
+        free = preemption(failed, bool((current.get("spec") or {}).get("suspend")))
+        if free:
+            await runtime.kube.delete(path, propagation="Foreground")
+            logger.info("the trainer group was %s (%s): restarting every rank, not counted against the restart "
+                        "budget", free, why)
+            return TrainerGroup("restarting", restarts, f"restarting the trainer group, {free} (not counted "
+                                                        f"against the restart budget): {why}", seen, preemptions + 1)
         if restarts >= budget:
             return TrainerGroup("failed", restarts, f"the trainer group failed after {restarts} restart(s) "
-                                                    f"(budget {budget}): {why}", seen)
+                                                    f"(budget {budget}): {why}", seen, preemptions)
         await runtime.kube.delete(path, propagation="Foreground")
         logger.warning("the trainer group failed (%s): restarting every rank (restart %d of %d)", why,
                        restarts + 1, budget)
         return TrainerGroup("restarting", restarts + 1,
-                            f"restarting the trainer group (restart {restarts + 1} of {budget}): {why}", seen)
+                            f"restarting the trainer group (restart {restarts + 1} of {budget}): {why}", seen,
+                            preemptions)
     desired["metadata"]["annotations"][RESTARTS] = current["metadata"]["annotations"].get(RESTARTS, str(restarts))
     action, _ = await runtime.kube.apply(desired)  # what a Job may change: suspend
-    return TrainerGroup(action, restarts, job_status=seen)
+    return TrainerGroup(action, restarts, job_status=seen, preemptions=preemptions)
+
+
+async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: dict | None, owner: dict | None,
+                       logger: logging.Logger | logging.LoggerAdapter) -> str | None:
+    """The checkpoint claim: created once when the operator makes it (`desired`; its spec is
+    the cluster's afterwards: a bound claim's size and mode are not the operator's to change),
+    its owner reference following `retain`; an existing claim (claimName) only looked for.
+    Returns why the trainer's pods cannot mount it yet (None: they can, or there is no volume)."""
+    claim = claim_name(job)
+    if claim is None:
+        return None
+    path = path_of("v1", "PersistentVolumeClaim", namespace, claim)
+    current = await runtime.kube.get(path)
+    if current is not None and current["metadata"].get("deletionTimestamp"):
+        return f"waiting for the previous PersistentVolumeClaim {claim} to be deleted (checkpoint.volume)"
+    if desired is None:
+        return None if current is not None else (
+            f"checkpoint.volume.claimName: PersistentVolumeClaim {claim!r} not found in namespace {namespace}; "
+            "the trainer's pods wait for it")
+    if current is None:
+        await runtime.kube.create(desired)
+        logger.info("created the checkpoint claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
+                    ["storage"], desired["spec"]["accessModes"][0])
+        return None
+    owners = desired["metadata"].get("ownerReferences")
+    ours = [o for o in current["metadata"].get("ownerReferences") or [] if owner and o.get("uid") == owner["uid"]]
+    if bool(owners) != bool(ours):  # retain changed: the garbage collector keeps it, or takes it with the job
+        await runtime.kube.patch(path, {"metadata": {"ownerReferences": owners}})
+        logger.info("checkpoint claim %s: %s", claim, "deleted with the job" if owners else "kept after the job")
+    return None
 
 
 def origin_labels(cluster_id: str, namespace: str, job: str) -> dict[str, str]:

@@ -35,3 +35,6 @@ class Runtime:
     unreadable: dict[str, str] = field(default_factory=dict)
     """Per RLJob ("namespace/name"): why its trainer's last /status did not parse (a
     warning is logged when this changes, not on every refresh)."""
+    resumed: dict[str, int] = field(default_factory=dict)
+    """Per RLJob ("namespace/name"): the trainer start (incarnation) a Resumed Event was last
+    posted for (with status.trainer.incarnation, so each start is announced once)."""

@@ -116,6 +116,9 @@ def test_rbac_is_least_privilege():
     [secret_role] = [r for r in objects["Role"] if "secrets" in r["rules"][0]["resources"]]
     assert secret_role["metadata"]["namespace"] == "streamrl-system"  # kubeconfigs: the operator's namespace only
     assert not any("delete" in r["verbs"] for r in rules if "rljobs" in r["resources"])
+    # Checkpoint claims: created, never deleted by the operator (a claim not retained goes with its job).
+    [claims] = [r for r in rules if "persistentvolumeclaims" in r["resources"]]
+    assert "create" in claims["verbs"] and "delete" not in claims["verbs"]
     # Watching chosen namespaces: namespaced Roles there, no cluster-wide rights over jobs.
     scoped = by_kind(render("operator.watchNamespaces={team-a,team-b}"))
     job_roles = [r for r in scoped["Role"] if any("deployments" in x["resources"] for x in r["rules"])]

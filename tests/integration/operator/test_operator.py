@@ -117,8 +117,9 @@ async def test_status_reflects_the_trainers_progress(k8s, operator):
         await create(k8s, example("live"))
         await wait_for(lambda: get(k8s, RLJOB, "live")["status"]["phase"] == "Running", what="phase Running")
         trainer = get(k8s, RLJOB, "live")["status"]["trainer"]
-        assert trainer == {"ready": True, "readyPods": 0, "expectedPods": 1, "restarts": 0, "iteration": 7,
-                           "policyVersion": 7, "reward": 0.625, "pipelineBubbleRatio": 0.04, "samplesPerSecond": 512.0}
+        assert trainer == {"ready": True, "readyPods": 0, "expectedPods": 1, "restarts": 0, "preemptions": 0,
+                           "iteration": 7, "policyVersion": 7, "reward": 0.625, "pipelineBubbleRatio": 0.04,
+                           "samplesPerSecond": 512.0, "incarnation": 0}  # resumedFrom, lastCheckpoint null: unset
     finally:
         admin.stop()
 
@@ -145,7 +146,8 @@ async def test_a_trainer_status_with_a_renamed_field_is_reported_unreadable(k8s,
             ("Pending", "the trainer's /status is unreadable: policy_version: Field required")
         ready = {c["type"]: c for c in status["conditions"]}["Ready"]
         assert (ready["status"], ready["reason"]) == ("False", "TrainerStatusUnreadable")
-        assert status["trainer"] == {"ready": False, "readyPods": 0, "expectedPods": 1, "restarts": 0}  # none half-read
+        assert status["trainer"] == {"ready": False, "readyPods": 0, "expectedPods": 1, "restarts": 0,
+                                     "preemptions": 0}  # none half-read
     finally:
         admin.stop()
 

@@ -8,7 +8,10 @@ import pytest
 
 from streamrl.operator.builders import (
     MAIN,
+    OUT_MOUNT,
+    PREEMPTED_EXIT_CODE,
     TEMPLATE_HASH,
+    TRAINER_GRACE_S,
     build_children,
     build_generators,
     generator_selector,
@@ -36,7 +39,8 @@ def test_every_object_validates_strictly(path):
     assert {o["kind"] for o in objects} >= {"ConfigMap", "Job", "Service", "Deployment"}
     for obj in objects:
         assert kubernetes_validate.validate(obj, "1.33", strict=True) == "1.33", obj["metadata"]["name"]
-        assert obj["metadata"]["ownerReferences"] == [OWNER]
+        retained = obj["kind"] == "PersistentVolumeClaim"  # kept after the job (checkpoint.volume.retain)
+        assert obj["metadata"].get("ownerReferences") == (None if retained else [OWNER])
         assert obj["metadata"]["labels"]["streamrl.io/job"] == load_job(path).metadata.name
         assert obj["metadata"]["namespace"] == "rl"
 
@@ -210,3 +214,87 @@ def test_the_template_hash_changes_with_what_a_job_cannot_change_and_not_with_su
     assert digest(trainer_job(trainer={"nodes": 2})) != digest(base)
     assert digest(trainer_job(image="streamrl:other")) != digest(base)
     assert template_hash(base["spec"]) == digest(base)
+
+
+def _objects(nodes: int = 1, per_node: int = 1, **spec) -> dict[tuple[str, str], dict]:
+    job = parse_job({"metadata": {"name": "ck"}, "spec": {"model": {"source": "builtin-tiny"},
+                                                          "trainer": {"nodes": nodes, "processesPerNode": per_node},
+                                                          **spec}})
+    objects = build_children(job, "rl", Settings(), OWNER)
+    for obj in objects:
+        assert kubernetes_validate.validate(obj, "1.33", strict=True) == "1.33", obj["metadata"]["name"]
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def _out_volume(objects: dict, name: str = "ck-trainer") -> dict:
+    pod = objects["Job", name]["spec"]["template"]["spec"]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "out"]
+    assert mount["mountPath"] == OUT_MOUNT  # the trainer's --out
+    assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--out") + 1] == OUT_MOUNT
+    [volume] = [v for v in pod["volumes"] if v["name"] == "out"]
+    return volume
+
+
+@pytest.mark.parametrize("nodes, volume, mode", [
+    (1, {"size": "50Gi", "storageClass": "premium-rwo"}, "ReadWriteOnce"),
+    (3, {"size": "1Ti", "storageClass": "filestore"}, "ReadWriteMany"),  # every node writes its shards
+    (3, {"size": "1Ti", "accessMode": "ReadWriteOnce"}, "ReadWriteOnce"),  # said so: taken as said
+])
+def test_the_checkpoint_claim_is_created_with_its_size_class_and_mode_and_mounted_as_the_run_directory(
+        nodes, volume, mode):
+    objects = _objects(nodes, checkpoint={"volume": volume})
+    claim = objects["PersistentVolumeClaim", "ck-checkpoints"]
+    assert claim["spec"]["accessModes"] == [mode]
+    assert claim["spec"]["resources"] == {"requests": {"storage": volume["size"]}}
+    assert claim["spec"].get("storageClassName") == volume.get("storageClass")
+    assert "ownerReferences" not in claim["metadata"]  # retained: the garbage collector leaves it
+    assert claim["metadata"]["labels"]["streamrl.io/job"] == "ck"
+    assert _out_volume(objects) == {"name": "out", "persistentVolumeClaim": {"claimName": "ck-checkpoints"}}
+    # Only the trainer's run directory: a generator keeps its own disk.
+    gen = objects["Deployment", "ck-gen-default"]["spec"]["template"]["spec"]
+    assert {"name": "out", "emptyDir": {}} in gen["volumes"]
+
+
+def test_an_existing_claim_is_mounted_and_none_is_created():
+    objects = _objects(2, checkpoint={"volume": {"claimName": "team-ckpt"}})
+    assert not [k for k in objects if k[0] == "PersistentVolumeClaim"]
+    assert _out_volume(objects) == {"name": "out", "persistentVolumeClaim": {"claimName": "team-ckpt"}}
+
+
+def test_a_claim_not_retained_carries_the_owner_reference():
+    claim = _objects(checkpoint={"volume": {"retain": False}})["PersistentVolumeClaim", "ck-checkpoints"]
+    assert claim["metadata"]["ownerReferences"] == [OWNER]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"] and "storageClassName" not in claim["spec"]
+
+
+def test_without_a_volume_the_run_directory_is_the_pods_own_disk():
+    objects = _objects()
+    assert not [k for k in objects if k[0] == "PersistentVolumeClaim"]
+    assert _out_volume(objects) == {"name": "out", "emptyDir": {}}
+
+
+def test_the_pod_failure_policy_tells_a_preemption_and_a_disruption_from_a_failure():
+    """Rules match in order: exit 75 (saved on SIGTERM) first, a disruption next, any other
+    non-zero exit last; the Job's Failed message names the rule, the operator reads it."""
+    rules = _objects()["Job", "ck-trainer"]["spec"]["podFailurePolicy"]["rules"]
+    assert rules == [
+        {"action": "FailJob",
+         "onExitCodes": {"containerName": MAIN, "operator": "In", "values": [PREEMPTED_EXIT_CODE]}},
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": MAIN, "operator": "NotIn", "values": [0]}},
+    ]
+
+
+@pytest.mark.parametrize("template, grace", [(None, TRAINER_GRACE_S),
+                                             ({"spec": {"terminationGracePeriodSeconds": 900}}, 900)])
+def test_a_trainer_pod_has_time_to_save_after_sigterm_and_its_launcher_waits_for_its_ranks(template, grace):
+    placement = {"placement": {"template": template}} if template else {}
+    job = parse_job({"metadata": {"name": "ck"}, "spec": {"model": {"source": "builtin-tiny"}, "trainer": {
+        "nodes": 2, "processesPerNode": 2, **placement}}})
+    [trainer] = [o for o in build_children(job, "rl", Settings(), OWNER) if o["kind"] == "Job"]
+    assert kubernetes_validate.validate(trainer, "1.33", strict=True) == "1.33"
+    pod = trainer["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+    command, args = pod["containers"][0]["command"], pod["containers"][0]["args"]
+    assert int(command[command.index("--shutdown-timeout") + 1]) == grace - 15  # torchrun's default is 30 s
+    assert args[args.index("--preempted-exit-code") + 1] == str(PREEMPTED_EXIT_CODE)  # not 0: not "done"

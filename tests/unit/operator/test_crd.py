@@ -101,7 +101,10 @@ def test_crd_surface():
     assert status["generators"]["properties"]["labelSelector"]["type"] == "string"
     assert {"phase", "conditions", "observedGeneration", "trainer", "ranker", "generators"} <= status.keys()
     assert [c["name"] for c in version["additionalPrinterColumns"]] == \
-        ["Phase", "Ready", "Generators", "Trainer-Pods", "Restarts", "Step", "Reward", "Bubble", "Age"]
+        ["Phase", "Ready", "Generators", "Trainer-Pods", "Restarts", "Step", "Checkpoint", "Reward", "Bubble", "Age"]
+    trainer = status["trainer"]["properties"]
+    assert {"restarts", "preemptions", "incarnation", "resumedFrom"} <= trainer.keys()
+    assert trainer["lastCheckpoint"]["properties"].keys() == {"iteration", "time"}
     assert len(CONDITIONS) == 7
     # Pod templates stay free-form in the schema (the operator validates them).
     pool = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["generators"]["properties"][
