@@ -50,6 +50,8 @@ def cmd_trainer(args) -> int:
     trainer = job.spec.trainer
     ranks = Ranks.from_environment(trainer.device, trainer.process_group_timeout_seconds)
     options = {"ranks": ranks} if ranks.world_size > 1 else {}
+    if args.preempted_exit_code:
+        options["preempted_exit_code"] = args.preempted_exit_code
     return asyncio.run(serve(job, model_dir, Path(args.out), host=args.host,
                              endpoint_file=Path(args.endpoint_file) if args.endpoint_file else None,
                              ranker_address=args.ranker, admin_port=args.admin_port, **options))
@@ -373,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoint-file", help="write {admin_port, grpc_port, pid} here once listening")
     p.add_argument("--ranker", help="ranker gRPC address host:port (skewness-aware dispatch)")
     p.add_argument("--admin-port", type=int, help="admin HTTP port (default: spec.trainer.adminPort)")
+    p.add_argument("--preempted-exit-code", type=int, default=0,
+                   help="exit status after SIGTERM (phase Preempted, a checkpoint written; default 0). A Job "
+                        "that must not count a preempted trainer as done sets another (the operator: 75)")
     p.set_defaults(fn=cmd_trainer)
 
     p = sub.add_parser("generator", help="serve one generator replica that dials the trainer")

@@ -69,6 +69,8 @@ class Service:
         self._services: tuple[str, ...] = ()
         self._serving = False
         self._signals = 0
+        self.last_signal: int | None = None
+        """The latest signal that reached run() (SIGTERM or SIGINT), for services that treat them apart."""
         self._leaving: asyncio.Task | None = None
 
     # ---- start ------------------------------------------------------------------------
@@ -113,6 +115,7 @@ class Service:
 
         def signalled(signum: int) -> None:
             self._signals += 1
+            self.last_signal = signum
             log.info("%s: %s (%d)", self.role, signal.Signals(signum).name, self._signals)
             self._leaving = loop.create_task(self.leave())  # held: the loop keeps only a weak reference
             on_signal(self._signals)

@@ -63,6 +63,15 @@ class RolloutCounters:
     def reward_failed(self) -> None:
         self.num_samples_reward_failed += 1
 
+    def restore(self, saved: dict[str, int], accepted_trained: int) -> None:
+        """Continue a resumed run's counts. Accepted samples count those of the iterations
+        trained (a checkpoint can be taken with the next iterations' samples already in: they
+        are generated and accepted again)."""
+        for name, value in saved.items():
+            if name in self.totals():
+                setattr(self, name, value)
+        self.num_samples_accepted = accepted_trained
+
     def totals(self) -> dict[str, int | dict[str, int]]:
         """Every count by name (the run summary's fields)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metrics"}

@@ -189,6 +189,7 @@ class Learner:
             elif command[0] == "load":
                 self._load(Path(command[1]))
             elif command[0] == "stop":
+                self.wait_saved()  # its part of a checkpoint is on disk before it leaves
                 return
             else:
                 raise ValueError(f"unknown command from rank 0: {command[0]!r}")

@@ -1,10 +1,14 @@
 """The trainer's main loop, one iteration at a time: dispatch prompts -> take finished
 groups (all at once, or micro-batch by micro-batch while generation runs) -> optimizer
-step -> publish weights. The same loop drives colocated, batch and stream-sync modes."""
+step -> publish weights -> every checkpoint.everyIterations, a checkpoint (written while
+the next iterations run). The same loop drives every pipeline mode. A loop can start from a
+checkpoint's state (restore) and be asked to stop at its next safe point (never inside the
+learner, whose ranks must finish a command together)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -14,10 +18,11 @@ from pathlib import Path
 
 from streamrl.messages import WeightsNotice
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
-from streamrl.records import IterationRecord, StepStats, TrainerPhase
+from streamrl.records import CheckpointInfo, IterationRecord, RunEvent, StepStats, TrainerPhase, append_event
 from streamrl.samples import Group
 from streamrl.spec import RLJobSpec
 from streamrl.tasks import Prompt, PromptCursor
+from streamrl.trainer.checkpoint import Checkpoints, JobIdentity, TrainerState
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.groups import PromptWork
 from streamrl.trainer.learner import Learner
@@ -58,10 +63,64 @@ class TrainLoop:
         """The latest iteration's long-tail demand (re-planned when replicas join or leave)."""
         coordinator.on_membership_change = self._replan
         self.iteration = 0
+        self.first_iteration = 0
+        """Where this start began: 0, or the iteration a checkpoint resumed at."""
         self._dispatched = -1
         self._phase = TrainerPhase.STARTING
         self.phase = TrainerPhase.STARTING
         self.last: IterationRecord | None = None
+        self.ledger: list[list[str]] = []
+        """The prompt ids trained in each iteration, iteration by iteration."""
+        self.checkpoints: Checkpoints | None = None
+        self.identity: JobIdentity | None = None
+        self.run_id, self.incarnation = "", 0
+        self._saving: tuple[object, Path, TrainerState] | None = None
+        """(rank 0's save future, its staging directory, the state it records) being written."""
+        self.stopping: TrainerPhase | None = None
+        """Set by stop_soon: the phase to end in at the next safe point."""
+        self._busy = 0
+        self._task: asyncio.Task | None = None
+
+    def enable_checkpoints(self, checkpoints: Checkpoints, identity: JobIdentity, run_id: str,
+                           incarnation: int) -> None:
+        self.checkpoints, self.identity, self.run_id, self.incarnation = checkpoints, identity, run_id, incarnation
+
+    def restore(self, state: TrainerState) -> None:
+        """Continue a run from a checkpoint's state (the learner loaded its part): the prompts
+        of every iteration from state.iteration on are drawn and issued again, under the same
+        ids (the cursor is replayed: it is seeded)."""
+        algo = self.spec.algorithm
+        for _ in range(state.iteration):
+            self.cursor.take(algo.prompts_per_step)
+        self.first_iteration = self.iteration = state.iteration
+        self._dispatched = state.iteration - 1
+        self.ledger = [list(ids) for ids in state.ledger[: state.iteration]]
+        self.last = self.recorder.records[-1] if self.recorder.records else None
+        self.coordinator.counters.restore(state.counters, sum(r.num_samples for r in self.recorder.records))
+
+    def stop_soon(self, phase: TrainerPhase) -> None:
+        """End the run in `phase` at the next safe point: now if waiting for samples or
+        generators, else once the uninterrupted section in progress is done."""
+        self.stopping = phase
+        if self._task is not None and not self._busy:
+            self._task.cancel()
+
+    @contextlib.asynccontextmanager
+    async def _uninterrupted(self):
+        """A section a stop must not cut: a learner command (every rank runs it to its end),
+        or an iteration's close (step, ledger, publish, record: all or none). A stop asked
+        meanwhile is taken right after."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+        if self.stopping is not None and not self._busy:
+            raise asyncio.CancelledError(f"stopping: {self.stopping.value}")
+
+    async def _learner(self, fn, *args):
+        async with self._uninterrupted():
+            return await asyncio.to_thread(fn, *args)
 
     @property
     def phase(self) -> TrainerPhase:
@@ -120,7 +179,8 @@ class TrainLoop:
 
     async def publish(self) -> WeightsNotice:
         t0 = time.monotonic()
-        version = await asyncio.to_thread(self.store.publish, self.learner.policy_version, self.learner.weights())
+        weights = await self._learner(self.learner.weights)
+        version = await asyncio.to_thread(self.store.publish, self.learner.policy_version, weights)
         notice = WeightsNotice(version.policy_version, version.size_bytes, version.num_chunks, version.sha256)
         self.coordinator.announce_weights(notice)
         self.metrics.policy_version.set(version.policy_version)
@@ -128,6 +188,7 @@ class TrainLoop:
         return notice
 
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         algo = self.spec.algorithm
         self.metrics.clock.busy()
         await self.publish()
@@ -136,10 +197,51 @@ class TrainLoop:
         self.metrics.clock.idle(WAITING_GENERATORS)
         await self.coordinator.wait_for_generators(self.spec.trainer.min_generators)
         self.phase = TrainerPhase.RUNNING
-        for it in range(algo.num_iterations):
+        for it in range(self.first_iteration, algo.num_iterations):
             self.iteration = it
+            await self.finish_checkpoint(wait=False)
             await self.run_iteration(it)
+        await self.checkpoint()  # the end is resumable too: a longer numIterations continues from it
+        await self.finish_checkpoint(wait=True)
         self.phase = TrainerPhase.SUCCEEDED
+
+    # ---- checkpoints ------------------------------------------------------------------
+    async def checkpoint(self) -> None:
+        """Start a checkpoint of the iterations trained so far (a save still being written is
+        completed first: that wait is the only time training waits on the disk)."""
+        if self.checkpoints is None:
+            return
+        trained = len(self.ledger)
+        if self.checkpoints.last is not None and self.checkpoints.last.iteration == trained and not self._saving:
+            return  # nothing new since the last one
+        t0 = time.monotonic()
+        await self.finish_checkpoint(wait=True)
+        staging = self.checkpoints.staging(trained)
+        future = await self._learner(self.learner.save, staging)
+        self.metrics.checkpoint_wait_seconds.inc(time.monotonic() - t0)
+        state = TrainerState(identity=self.identity, run_id=self.run_id, incarnation=self.incarnation,
+                             iteration=trained, policy_version=self.learner.policy_version,
+                             world_size=self.learner.ranks.world_size, time_unix=time.time(), ledger=self.ledger,
+                             counters=self.coordinator.counters.totals())
+        self._saving = (future, staging, state)
+
+    async def finish_checkpoint(self, wait: bool) -> CheckpointInfo | None:
+        """Complete the checkpoint being written once every rank's part is on disk (now, with
+        `wait`): its manifest, the rename into place, the old ones pruned."""
+        if self._saving is None:
+            return None
+        future, staging, state = self._saving
+        if not wait and not future.done():
+            return None
+        t0 = time.monotonic()
+        await asyncio.to_thread(future.result)
+        self.metrics.checkpoint_wait_seconds.inc(time.monotonic() - t0)
+        self._saving = None
+        info = await asyncio.to_thread(self.checkpoints.complete_save, staging, state)
+        self.metrics.checkpoint_iteration.set(info.iteration)
+        append_event(self.recorder.out_dir, RunEvent(time_unix=time.time(), kind="checkpoint", process="trainer",
+                                                     detail=f"iteration {info.iteration}"))
+        return info
 
     async def run_iteration(self, it: int) -> None:
         algo = self.spec.algorithm
@@ -171,18 +273,22 @@ class TrainLoop:
             if done == total:
                 generation_s = time.monotonic() - t0
             clock.busy()
-            await asyncio.to_thread(self.learner.accumulate, got, total)
-        stats = await asyncio.to_thread(self.learner.step)
-        self.metrics.train_step_seconds.observe(stats.train_s)
-        await self.publish()
-        every = self.spec.checkpoint.every_iterations
-        if every and self.save_model and (it + 1) % every == 0:
-            await asyncio.to_thread(self.save_model, self.recorder.out_dir / "checkpoints" / f"iter-{it + 1:05d}")
-        clock.idle(WAITING_SAMPLES)
-        wall = time.monotonic() - t0
-        replicas = max(1, len(self.coordinator.replicas))
-        skew_ratio = min(1.0, (self.coordinator.skewness_bubble_seconds() - skew0) / (replicas * wall))
-        self._record(it, groups, stats, wall, clock.seconds("idle", WAITING_SAMPLES) - idle0, generation_s, skew_ratio)
+            await self._learner(self.learner.accumulate, got, total)
+        async with self._uninterrupted():  # the iteration closes whole, or not at all
+            stats = await asyncio.to_thread(self.learner.step)
+            self.ledger.append(sorted(g.prompt_id for g in groups))
+            self.recorder.trained(it, self.ledger[-1], self.incarnation)
+            self.metrics.train_step_seconds.observe(stats.train_s)
+            await self.publish()
+            clock.idle(WAITING_SAMPLES)
+            wall = time.monotonic() - t0
+            replicas = max(1, len(self.coordinator.replicas))
+            skew_ratio = min(1.0, (self.coordinator.skewness_bubble_seconds() - skew0) / (replicas * wall))
+            self._record(it, groups, stats, wall, clock.seconds("idle", WAITING_SAMPLES) - idle0, generation_s,
+                         skew_ratio)
+            every = self.spec.checkpoint.every_iterations
+            if every and (it + 1) % every == 0:
+                await self.checkpoint()
 
     def _observe(self, group: Group) -> None:
         """Staleness, recent lengths, the ranker's feedback and the run's length record."""

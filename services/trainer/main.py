@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -21,11 +22,12 @@ from prometheus_client import CollectorRegistry
 from streamrl.admin import merged_registry
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
-from streamrl.records import TrainerPhase, TrainerStatus
+from streamrl.records import CheckpointInfo, RunEvent, TrainerPhase, TrainerStatus, append_event
 from streamrl.rewards import sample_scorer
 from streamrl.service import ExitCode, Service
 from streamrl.spec import RLJob
 from streamrl.tasks import load_prompts
+from streamrl.trainer.checkpoint import CheckpointRefused, Checkpoints, JobIdentity, begin_start
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.lengths import setup_lengths
@@ -58,12 +60,29 @@ InProcessFactory = Callable[[Coordinator, WeightStore], InProcessGenerator]
 """Builds the in-process generator once the coordinator exists (on the running loop)."""
 
 
+def job_identity(job: RLJob, model_dir: Path) -> JobIdentity:
+    """What a checkpoint must match to be resumed by this job."""
+    import json
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    shape = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "vocab_size")
+    algo, task = job.spec.algorithm, job.spec.task
+    return JobIdentity(model={k: config[k] for k in shape if k in config},
+                       algorithm={"groupSize": algo.group_size, "promptsPerStep": algo.prompts_per_step,
+                                  "seed": algo.seed},
+                       task={"name": task.name.value if hasattr(task.name, "value") else str(task.name),
+                             "seed": task.seed, "numPrompts": task.num_prompts, "curriculum": task.curriculum})
+
+
 async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0.1",
                 endpoint_file: Path | None = None, ranker_address: str | None = None,
                 admin_port: int | None = None, in_process: InProcessFactory | None = None,
-                ranks: Ranks | None = None) -> int:
-    """Train until every iteration is done (exit 0), a signal stops it (130) or it fails (1);
-    summary.json and the final model are written on every way out. Rank 0 does all of that;
+                ranks: Ranks | None = None, preempted_exit_code: int = ExitCode.OK) -> int:
+    """Train until every iteration is done (exit 0), SIGINT stops it (130), SIGTERM preempts
+    it (`preempted_exit_code`, 0 by default: phase Preempted, resumable) or it fails (1);
+    summary.json, a checkpoint (when stopped) and the final model are written on every way
+    out. A start that finds a checkpoint of its run resumes from it. Rank 0 does all of that;
     the other ranks of a sharded trainer follow it (`follow`)."""
     spec, algo = job.spec, job.spec.algorithm
     ranks = ranks or Ranks()
@@ -81,7 +100,10 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     def decode(token_ids: tuple[int, ...]) -> str:
         return tok.decode(token_ids, skip_special_tokens=True)
 
-    coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed),
+    start = begin_start(out_dir, lambda: uuid.uuid4().hex[:12])
+    run_id, incarnation = start.run_id, start.starts - 1
+    coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed,
+                                             incarnation),
                               sample_scorer(spec.reward.function, decode), metrics, algo.scale_advantages,
                               queue_factor=spec.generators.dispatch.effective_queue_factor,
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay),
@@ -91,7 +113,16 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                       metrics)
     coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
-    recorder = Recorder(out_dir)
+    identity = job_identity(job, model_dir)
+    checkpoints = Checkpoints(out_dir, spec.checkpoint.keep)
+    checkpoints.clear_staging()
+    try:
+        found = checkpoints.newest(identity)
+    except CheckpointRefused as err:
+        log.error("not starting: %s", err)
+        learner.stop()
+        return ExitCode.FAILED
+    recorder = Recorder(out_dir, resume_at=found[1].iteration if found else None)
 
     def save_model(path: Path) -> None:
         learner.model.save_pretrained(path, state_dict=learner.weights())  # gathered whole from every rank
@@ -100,7 +131,19 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     lengths = setup_lengths(spec, ranker_address)
     loop = TrainLoop(spec, coordinator, learner, store, encode, load_prompts(spec.task), recorder, metrics,
                      save_model, lengths)
-    run_id = uuid.uuid4().hex[:12]
+    loop.enable_checkpoints(checkpoints, identity, run_id, incarnation)
+    resumed_from = None
+    if found:
+        path, state = found
+        learner.load(path)
+        loop.restore(state)
+        checkpoints.last = CheckpointInfo(iteration=state.iteration, time_unix=state.time_unix, path=str(path))
+        metrics.checkpoint_iteration.set(state.iteration)
+        resumed_from = state.iteration
+        append_event(out_dir, RunEvent(time_unix=time.time(), kind="resumed", process="trainer",
+                                       detail=f"iteration {state.iteration} from {path.name} (start {start.starts})"))
+        log.info("resuming run %s at iteration %d from %s (policy version %d; start %d of this run)", run_id,
+                 state.iteration, path, learner.policy_version, start.starts)
     started = time.monotonic()
 
     def status() -> TrainerStatus:
@@ -112,6 +155,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             num_samples_accepted=coordinator.counters.num_samples_accepted,
             samples_per_s=sum(r.num_samples for r in records) / wall if wall else 0.0,
             uptime_s=time.monotonic() - started, last=loop.last, **coordinator.status(),
+            incarnation=incarnation, resumed_from=resumed_from, last_checkpoint=checkpoints.last,
         )
 
     local = in_process(coordinator, store) if in_process else None
@@ -136,18 +180,21 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             await task
             return ExitCode.OK
         except asyncio.CancelledError:
-            loop.phase = TrainerPhase.INTERRUPTED
-            log.warning("trainer interrupted after %d iterations", len(recorder.records))
-            return ExitCode.INTERRUPTED
+            loop.phase = loop.stopping or TrainerPhase.INTERRUPTED
+            log.warning("trainer %s after %d iterations", loop.phase.value.lower(), len(recorder.records))
+            return preempted_exit_code if loop.phase == TrainerPhase.PREEMPTED else ExitCode.INTERRUPTED
         except Exception:
             loop.phase = TrainerPhase.FAILED
             log.exception("trainer failed")
             return ExitCode.FAILED
         finally:
+            await _save_on_the_way_out(loop, out_dir)
             summary = recorder.summary(phase=loop.phase, mode=spec.pipeline.mode.value,
                                        weight_bytes_from_trainer=coordinator.relay.bytes_by_source.get("trainer", 0),
                                        weight_bytes_from_peers=coordinator.relay.bytes_by_source.get("peer", 0),
-                                       generator_joins=coordinator.joins, **coordinator.counters.totals())
+                                       generator_joins=coordinator.joins, incarnation=incarnation,
+                                       resumed_from=resumed_from, last_checkpoint=checkpoints.last,
+                                       **coordinator.counters.totals())
             recorder.close()
             metrics.clock.close()
             save_model(out_dir / "model")
@@ -160,7 +207,31 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                 local.stop()
             learner.stop()
 
-    return await shell.run(train(), lambda n: task.cancel())
+    def signalled(n: int) -> None:
+        if n > 1:  # again: stop now (the checkpoint and model are still written on the way out)
+            task.cancel()
+            return
+        phase = TrainerPhase.PREEMPTED if shell.last_signal == signal.SIGTERM else TrainerPhase.INTERRUPTED
+        log.info("trainer: %s at the next safe point (a checkpoint is written first)", phase.value.lower())
+        loop.stop_soon(phase)
+
+    return await shell.run(train(), signalled)
+
+
+async def _save_on_the_way_out(loop: TrainLoop, out_dir: Path) -> None:
+    """A stopped run checkpoints what it trained (resumable); any save still being written
+    completes. A failed run keeps its last complete checkpoint (its state may be half-changed)."""
+    stopped = loop.stopping is not None or loop.phase in (TrainerPhase.INTERRUPTED, TrainerPhase.PREEMPTED)
+    loop.stopping = None  # the sections below must run to their end
+    try:
+        if stopped and loop.phase != TrainerPhase.FAILED and loop.ledger:
+            await loop.checkpoint()
+        await loop.finish_checkpoint(wait=True)
+        if loop.phase == TrainerPhase.PREEMPTED:
+            append_event(out_dir, RunEvent(time_unix=time.time(), kind="preempted", process="trainer",
+                                           detail=f"after iteration {len(loop.ledger)}"))
+    except Exception:
+        log.exception("the checkpoint on the way out failed; the last complete one stays")
 
 
 async def follow(job: RLJob, model_dir: Path, out_dir: Path, ranks: Ranks, host: str, admin_port: int,
