@@ -43,16 +43,18 @@ class LoopThread:
 
 class TrainerServer(LoopThread):
     def __init__(self, store: WeightStore, relay_pools: frozenset[str] = frozenset(),
-                 security: SecuritySpec | None = None):
+                 security: SecuritySpec | None = None, vocab_size: int | None = None):
         super().__init__()
         self.store = store
         self.relay_pools = relay_pools
         self.security = security or SecuritySpec()
+        self.vocab_size = vocab_size
         self.call(self._start())
 
     async def _start(self):
+        """A coordinator sampling at most 8 new tokens per sample (of vocab_size ids when given)."""
         self.coordinator = Coordinator(SamplingConfig(1.0, 1.0, 8, 0), lambda s, a: 0.0, ServiceMetrics("trainer"),
-                                       relay_pools=self.relay_pools)
+                                       relay_pools=self.relay_pools, vocab_size=self.vocab_size)
         self.server = new_server(self.security)
         self.server.add_generic_rpc_handlers((RolloutServicer(self.coordinator, self.store, "run").handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), self.server)
@@ -68,6 +70,13 @@ class TrainerServer(LoopThread):
 
         self.call(announce())
         return notice
+
+    def on_loop(self, fn):
+        """fn() run on the server's loop (where the coordinator lives); its result."""
+        async def run():
+            return fn()
+
+        return self.call(run())
 
     def num_connected(self) -> int:
         async def count():
