@@ -106,11 +106,12 @@ def spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: P
     return Child(name, proc, log_path)
 
 
-def stop(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM each one still running, then wait; kill any still there after `timeout_s`."""
+def stop(children: list[Child], timeout_s: float = STOP_TIMEOUT_S, sig: int = signal.SIGTERM) -> None:
+    """Signal each one still running (SIGTERM, or SIGINT for an interrupted run's trainer),
+    then wait; kill any still there after `timeout_s`."""
     for c in children:
         if c.proc.poll() is None:
-            c.proc.send_signal(signal.SIGTERM)
+            c.proc.send_signal(sig)
     deadline = time.monotonic() + timeout_s
     for c in children:
         try:

@@ -5,6 +5,7 @@ pinned to cores of its own where there are enough. Knows nothing of Prometheus o
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,13 +91,18 @@ class Services:
                 raise RunFailed(f"trainer rank {child.labels.get('rank')} ({child.name}) exited with {code}; "
                                 f"see {child.log_path}:\n{child.tail()}")
 
-    def stop(self) -> None:
-        """The trainer first (it writes its summary and model), then the others, then the
-        replicas' zygote."""
-        stop([self.trainer])
+    def stop(self, interrupted: bool = False) -> None:
+        """The trainer first (it writes its checkpoint, summary and model: SIGINT when the run
+        was interrupted, so it ends Interrupted; SIGTERM otherwise, Preempted and resumable),
+        then the others, then the replicas' zygote."""
+        stop([self.trainer], TRAINER_STOP_TIMEOUT_S, signal.SIGINT if interrupted else signal.SIGTERM)
         stop([c for c in self.children() if c is not self.trainer])
         if self.launcher.zygote is not None:
             self.launcher.zygote.close()
+
+
+TRAINER_STOP_TIMEOUT_S = 60.0
+"""The trainer's time to stop: its current step, a checkpoint, the summary and the model."""
 
 
 def start_services(plan: RunPlan, model_dir: Path) -> Services:

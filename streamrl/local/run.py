@@ -65,7 +65,7 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
     plan.prepare()
     say(plan.describe())
     model_dir = resolve_model_dir(plan.job.spec, log=say).resolve()
-    services, keeper, failure, stopped_by = None, None, None, None
+    services, keeper, failure, stopped_by, interrupted = None, None, None, None, False
     try:
         if monitor is not None:
             say(f"prometheus: {monitor.start()} (data in {monitor.server.directory})")
@@ -76,6 +76,7 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
         show_progress(plan, services, quiet, _ticks(keeper, monitor, services))
     except KeyboardInterrupt as err:
         stopped_by = err.signum if isinstance(err, Terminated) else None
+        interrupted = stopped_by is None
         say(f"{'interrupted' if stopped_by is None else str(err)}: stopping services (the trainer writes its "
             "summary and model first)")
     except RunFailed as err:
@@ -83,7 +84,7 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
         warn(f"run failed: {failure}")
     finally:
         if services is not None:
-            services.stop()
+            services.stop(interrupted=interrupted)
         if isinstance(keeper, LocalAutoscaler):
             keeper.close()
         if monitor is not None:

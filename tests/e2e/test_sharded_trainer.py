@@ -66,8 +66,9 @@ def test_two_ranks_learn_and_accept_every_sample_once(write_job, tmp_path, mode)
     assert time.sleep(0.5) or _left_behind(out) == ""
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_or_sigterm_stops_every_rank(write_job, tmp_path, sig, code):
+@pytest.mark.parametrize("sig, code, phase", [(signal.SIGINT, 130, TrainerPhase.INTERRUPTED),
+                                              (signal.SIGTERM, 143, TrainerPhase.PREEMPTED)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_rank(write_job, tmp_path, sig, code, phase):
     out = tmp_path / "run"
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(_job(write_job, "stream-sync", 1000)),
                             "--out", str(out), "--quiet"], env=child_env(), stderr=subprocess.PIPE, text=True)
@@ -81,8 +82,13 @@ def test_ctrl_c_or_sigterm_stops_every_rank(write_job, tmp_path, sig, code):
         for kind in ("forward_all_gather", "optimizer_step", "all_reduce", "gather_weights"):
             assert got[f"streamrl_trainer_collective_seconds_total|{kind}"] > 0, (process, kind)
     run.send_signal(sig)
-    assert run.wait(60) == code, run.stderr.read()[-3000:]
-    assert RunSummary.read(out / "summary.json").phase == TrainerPhase.INTERRUPTED
+    assert run.wait(90) == code, run.stderr.read()[-3000:]
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.phase == phase
+    # Stopped at a safe point with what both ranks trained checkpointed: a rerun resumes there.
+    assert summary.last_checkpoint is not None and summary.last_checkpoint.iteration == summary.num_iterations
+    assert sorted(p.name for p in Path(summary.last_checkpoint.path).iterdir()) == \
+        [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json", "rank-0.pt", "rank-1.pt", "trainer.json"]
     assert (out / "model" / "model.safetensors").is_file()  # gathered from both ranks, written
     assert time.sleep(0.5) or _left_behind(out) == ""
 
