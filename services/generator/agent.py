@@ -2,6 +2,11 @@
 the moment it finishes, pulls new weights in the background (from a pool peer when told),
 reports its load, and drains when asked to leave.
 
+A stream the trainer ends (status OK) is its goodbye: the run is over, the replica exits 0.
+A stream that breaks (the trainer died, restarted, the link failed) is not: the replica
+keeps its engine and weights, abandons the work that stream gave it (the trainer issues it
+again), dials again with backoff (spec.generators.reconnect) and says Hello again.
+
 asyncio on the gRPC side (the stream's reader and writer, weight fetches, load reports);
 the engine runs on its own thread (Worker), whose callbacks hop onto the event loop.
 Queues carry domain messages; streamrl.wire converts at the stream's edge.
@@ -14,16 +19,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
 from streamrl.generator.engine import Engine, ptl_batch_sizes
+from streamrl.generator.reconnect import Backoff
 from streamrl.generator.relay import Relay
-from streamrl.generator.worker import LoadWeights, Worker
+from streamrl.generator.worker import Abandon, LoadWeights, TrainerVersion, Worker
 from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice, Welcome, Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import Sample
-from streamrl.spec import SecuritySpec
+from streamrl.spec import ReconnectSpec, SecuritySpec
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.weights import WeightsCorruptError, deserialize
 from streamrl.wire.channels import open_channel
@@ -33,6 +40,28 @@ from streamrl.wire.transfer import WeightSource, fetch_blob
 log = logging.getLogger("streamrl.generator")
 
 _CLOSE = object()
+
+RETRYABLE = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+})
+"""Codes a broken stream may end with that dialling again can mend (the trainer went away, or
+failed on something this replica no longer holds). Others (a refused Hello, a bad token)
+end the replica with exit 1."""
+WELCOME_TIMEOUT_S = 10.0
+"""How long a reconnect attempt waits for the trainer's Welcome before it counts as failed."""
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How one Connect stream ended."""
+
+    final: bool
+    """True: this replica is done (the trainer's goodbye, drained, stopped, refused)."""
+    welcomed: bool
+    """The trainer had welcomed it on this stream (a live link broke, not just an attempt)."""
+    cause: str = ""
+    """Why it broke, for the log (when not final)."""
 
 
 def _on_thread(fn: Callable[[], None], name: str) -> asyncio.Future:
@@ -55,7 +84,8 @@ def _on_thread(fn: Callable[[], None], name: str) -> asyncio.Future:
 class GeneratorAgent:
     def __init__(self, engine: Engine, trainer_address: str, generator_id: str, pool: str,
                  metrics: ServiceMetrics, engine_type: str = "torch", relay: Relay | None = None,
-                 security: SecuritySpec | None = None, low_occupancy: float = 0.5, started_unix: float = 0.0):
+                 security: SecuritySpec | None = None, low_occupancy: float = 0.5, started_unix: float = 0.0,
+                 reconnect: ReconnectSpec | None = None):
         self.engine = engine
         self.trainer_address = trainer_address
         self.generator_id = generator_id
@@ -64,10 +94,19 @@ class GeneratorAgent:
         self.metrics = metrics
         self.relay = relay
         self.security = security or SecuritySpec()
+        self.reconnect = reconnect or ReconnectSpec()
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._from_engine, on_loaded=self._loaded,
                              waiting_weights=lambda: bool(self._fetching), low_occupancy=low_occupancy)
         self.connected = threading.Event()
-        """Set once the trainer welcomed this replica (readiness)."""
+        """Set while a trainer has welcomed this replica on the live stream (readiness)."""
+        self.run_id = ""
+        """The run id of the trainer that welcomed it last ("" before the first Welcome)."""
+        self.incarnation: int | None = None
+        """Welcome.incarnation of the trainer that welcomed it last."""
+        self.num_reconnects = 0
+        """Times it was welcomed again after its stream broke."""
+        self.num_abandoned = 0
+        """Samples of broken streams' work dropped, in the engine or unsent (the trainer re-issues them)."""
         self.drain_timeout_s = 120.0
         """A drain that takes longer stops at once (the trainer re-dispatches what is left)."""
         self.report_interval_s = 0.5
@@ -78,7 +117,11 @@ class GeneratorAgent:
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: asyncio.Queue | None = None
+        """The live stream's outgoing messages (a new queue per stream)."""
         self._stopping: asyncio.Event | None = None
+        self._engine: asyncio.Future | None = None
+        self._trainer_version = 0
+        """The newest version the trainer on the live stream publishes, as far as it has said."""
         self._draining = False
         self._left_early = False
         self._sent_one = False
@@ -88,6 +131,8 @@ class GeneratorAgent:
         if isinstance(msg, Sample) and not self._sent_one:
             self._sent_one = True
             log.info("first sample sent%s", self._since_start())
+        # The outbox as of now: a sample of a stream that broke lands in that stream's queue,
+        # which is dropped (Abandon's ordering guarantees none arrives after the next stream starts).
         self._loop.call_soon_threadsafe(self._outbox.put_nowait, msg)
 
     def _since_start(self) -> str:
@@ -97,16 +142,21 @@ class GeneratorAgent:
         self._from_engine(WeightsLoaded(msg.policy_version, sync_s, msg.size_bytes, msg.source))
 
     # ---- the stream -------------------------------------------------------------------
-    async def _requests(self):
+    async def _requests(self, outbox: asyncio.Queue):
         yield request_to_pb(Hello(
             self.generator_id, self.pool, self.engine.stats().capacity, self.engine_type, self.engine.policy_version,
-            self.relay.address if self.relay else "", tuple(self.engine.latency_profile()), self.started_unix))
-        while (msg := await self._outbox.get()) is not _CLOSE:
+            self.relay.address if self.relay else "", tuple(self.engine.latency_profile()),
+            0.0 if self.run_id else self.started_unix))  # a reconnect is no new process: no join time
+        while (msg := await outbox.get()) is not _CLOSE:
             yield request_to_pb(msg)
 
-    async def _read(self, call) -> None:
+    async def _read(self, call, welcome_timeout_s: float | None) -> _Ended:
+        """Hand what the trainer sends to the engine and the fetcher until the stream ends."""
+        welcomed = False
+        responses = aiter(call)
         try:
-            async for response in call:
+            response = await asyncio.wait_for(anext(responses, None), welcome_timeout_s)
+            while response is not None:
                 match response_from_pb(response):
                     case Work() as work:
                         self.worker.inbox.put(work)
@@ -115,40 +165,77 @@ class GeneratorAgent:
                     case BatchCap() as cap:
                         self.worker.inbox.put(cap)
                     case Welcome() as welcome:
-                        self.connected.set()
-                        log.info("connected to trainer run %s (v%d)%s", welcome.run_id, welcome.policy_version,
-                                 self._since_start())
-            log.info("drained: the trainer has every sample this replica held" if self._draining
-                     else "trainer closed the stream")
+                        welcomed = True
+                        self._welcomed(welcome)
+                response = await anext(responses, None)
+        except TimeoutError:
+            return _Ended(False, False, f"no Welcome within {welcome_timeout_s:.0f}s")
         except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.CANCELLED:
-                log.error("stream to trainer failed: %s %s", err.code().name, err.details())
-                self.exit_code = 1
-        finally:
-            self._stopping.set()
-            self.worker.stop()
+            return self._broke(err, welcomed)
+        log.info("drained: the trainer has every sample this replica held" if self._draining
+                 else "the trainer closed the stream: the run is over")
+        return _Ended(True, welcomed)
 
-    async def _report_load(self) -> None:
+    def _broke(self, err: grpc.aio.AioRpcError, welcomed: bool) -> _Ended:
+        if self._stopping.is_set():  # cancelled here: stop(), or a drain that timed out
+            return _Ended(True, welcomed)
+        cause = f"{err.code().name}: {err.details()}"
+        if self._draining:
+            log.warning("the stream to trainer %s broke while draining (%s): leaving; the trainer issues what this "
+                        "replica held again", self.trainer_address, cause)
+            return _Ended(True, welcomed)
+        if err.code() in RETRYABLE or (err.code() == grpc.StatusCode.ALREADY_EXISTS and self.run_id):
+            return _Ended(False, welcomed, cause)  # ALREADY_EXISTS: the trainer has yet to see the old stream go
+        log.error("trainer %s refused this replica: %s", self.trainer_address, cause)
+        self.exit_code = 1
+        return _Ended(True, welcomed)
+
+    def _welcomed(self, welcome: Welcome) -> None:
+        restarted = bool(self.run_id) and welcome.run_id != self.run_id
+        held = self.engine.policy_version
+        self._trainer_version = welcome.policy_version
+        self.worker.inbox.put(TrainerVersion(welcome.policy_version))
+        if restarted and self.relay:  # its versions above the trainer's may differ from the new trainer's
+            self.relay.forget()
+        fetch = "" if welcome.policy_version == held else f"; this replica holds v{held} and fetches the trainer's"
+        if not self.run_id:
+            log.info("connected to trainer run %s (incarnation %d, v%d)%s%s", welcome.run_id, welcome.incarnation,
+                     welcome.policy_version, fetch, self._since_start())
+        else:
+            self.num_reconnects += 1
+            log.warning("reconnected to trainer %s: run %s (%s, incarnation %d, v%d)%s", self.trainer_address,
+                        welcome.run_id, "a new start of the trainer" if restarted else "the same trainer",
+                        welcome.incarnation, welcome.policy_version, fetch)
+        self.run_id, self.incarnation = welcome.run_id, welcome.incarnation
+        self.connected.set()
+
+    async def _report_load(self, outbox: asyncio.Queue) -> None:
         last_tokens, last_t = 0, time.monotonic()
-        while not self._stopping.is_set():
-            try:
-                await asyncio.wait_for(self._stopping.wait(), self.report_interval_s)
-            except TimeoutError:
-                pass
+        while True:
+            await asyncio.sleep(self.report_interval_s)
             st = self.engine.stats()
             now = time.monotonic()
             rate = (st.num_generated_tokens - last_tokens) / (now - last_t)
             last_tokens, last_t = st.num_generated_tokens, now
-            self._outbox.put_nowait(LoadReport(st.num_running, st.num_waiting, st.num_generated_tokens, rate,
-                                               tuple(self.engine.latency_profile()), self.worker.skewness_bubble_s))
+            outbox.put_nowait(LoadReport(st.num_running, st.num_waiting, st.num_generated_tokens, rate,
+                                         tuple(self.engine.latency_profile()), self.worker.skewness_bubble_s))
 
     # ---- weights ----------------------------------------------------------------------
     def _start_fetch(self, notice: WeightsNotice) -> None:
-        if notice.policy_version <= self.engine.policy_version or notice.policy_version in self._fetching:
+        """Fetch a version the trainer announced unless it is held or older than one it
+        announced already; one older than the held version is a rollback (the trainer resumed
+        from an earlier version than this replica last loaded)."""
+        version = notice.policy_version
+        if version < self._trainer_version or version in self._fetching:
             return
-        self._fetching.add(notice.policy_version)
-        task = asyncio.create_task(self._fetch_and_load(notice, time.monotonic()),
-                                   name=f"fetch-v{notice.policy_version}")
+        if version > self._trainer_version:
+            self._trainer_version = version
+            self.worker.inbox.put(TrainerVersion(version))
+        if version == self.engine.policy_version:
+            return
+        self._fetching.add(version)
+        task = asyncio.create_task(self._fetch_and_load(notice, time.monotonic(), version < self.engine.policy_version),
+                                   name=f"fetch-v{version}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -168,7 +255,7 @@ class GeneratorAgent:
                 await channel.close()
         return await fetch_blob(source, notice, stopping=self._stopping), "trainer"
 
-    async def _fetch_and_load(self, notice: WeightsNotice, t0: float) -> None:
+    async def _fetch_and_load(self, notice: WeightsNotice, t0: float, rollback: bool = False) -> None:
         try:
             blob, source = await self._fetch(notice, self._weights)
             if self.relay:
@@ -176,7 +263,7 @@ class GeneratorAgent:
             self.metrics.weight_sync_bytes.labels(source).inc(len(blob))
             self.metrics.weight_fetch_seconds.labels(source).observe(time.monotonic() - t0)
             tensors = await asyncio.to_thread(deserialize, blob)
-            self.worker.inbox.put(LoadWeights(notice.policy_version, tensors, t0, len(blob), source))
+            self.worker.inbox.put(LoadWeights(notice.policy_version, tensors, t0, len(blob), source, rollback))
         except (WeightsCorruptError, grpc.aio.AioRpcError) as err:
             if not self._stopping.is_set():
                 log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
@@ -186,39 +273,113 @@ class GeneratorAgent:
 
     # ---- lifecycle --------------------------------------------------------------------
     async def run(self, connect_timeout_s: float = 60.0) -> int:
-        """Connect and serve until the trainer closes the stream (0), the link breaks (1) or
-        stop() is called (0)."""
+        """Connect and serve until the trainer says goodbye (0), a drain completes (0), stop()
+        is called (0), the trainer refuses this replica (1) or cannot be reached again within
+        spec.generators.reconnect.giveUpAfterSeconds of a break (1)."""
         if self._left_early:
             return 0
         self._loop = asyncio.get_running_loop()
         self._outbox = asyncio.Queue()
         self._stopping = asyncio.Event()
         channel = open_channel(self.trainer_address, self.security)
-        self._weights = WeightSource(channel)
         try:
-            try:
-                await asyncio.wait_for(channel.channel_ready(), connect_timeout_s)
-            except TimeoutError:
-                log.error("trainer %s unreachable after %.0fs", self.trainer_address, connect_timeout_s)
-                return 1
+            await asyncio.wait_for(channel.channel_ready(), connect_timeout_s)
             capacity = self.engine.stats().capacity
             sizes = ptl_batch_sizes(capacity)
             t0 = time.monotonic()
             await asyncio.to_thread(self.engine.measure_latency, sizes)
             log.info("PTL(BS) measured at %d batch sizes in %.2fs", len(sizes), time.monotonic() - t0)
-            call = rollout_pb2_grpc.RolloutStub(channel).Connect(self._requests())
-            reader = asyncio.create_task(self._read(call), name="reader")
-            reporter = asyncio.create_task(self._report_load(), name="load")
-            await _on_thread(self.worker.run, "engine")
-            self._stopping.set()
-            self._outbox.put_nowait(_CLOSE)
-            if self._draining:  # let the last samples reach the trainer and its stream end
-                await asyncio.wait({reader}, timeout=10)
-            call.cancel()
-            await asyncio.wait({reader, reporter, *self._tasks}, timeout=5)
-            return self.exit_code
-        finally:
+        except TimeoutError:
+            log.error("trainer %s unreachable after %.0fs", self.trainer_address, connect_timeout_s)
             await channel.close()
+            return 1
+        except BaseException:
+            await channel.close()
+            raise
+        self._engine = _on_thread(self.worker.run, "engine")
+        try:
+            await self._serve(channel)
+        finally:
+            self._stopping.set()
+            self.worker.stop()
+            await self._engine  # an engine that failed raises here
+        return self.exit_code
+
+    async def _serve(self, channel) -> None:
+        """One stream after another: after a break, abandon its work and dial again with
+        backoff until welcomed, stopped, or past the give-up deadline."""
+        backoff: Backoff | None = None
+        while True:
+            try:
+                ended = await self._session(channel, WELCOME_TIMEOUT_S if backoff else None)
+            finally:
+                await channel.close()
+            if ended.final or self._stopping.is_set() or self._draining or self._engine.done():
+                return
+            now = time.monotonic()
+            if backoff is None or ended.welcomed:  # a live link broke (not just a failed attempt)
+                backoff = Backoff(self.reconnect, now)
+                in_engine, unsent = await self._abandon()
+                log.warning("the stream to trainer %s broke (%s): abandoned its work, %d samples generating or "
+                            "queued and %d finished but unsent (the trainer issues them again); keeping the engine "
+                            "and weights v%d and reconnecting for up to %gs", self.trainer_address, ended.cause,
+                            in_engine, unsent, self.engine.policy_version, self.reconnect.give_up_after_seconds)
+            wait = backoff.next_wait(now)
+            if wait is None:
+                log.error("giving up: trainer %s not reachable again within %gs of the break "
+                          "(spec.generators.reconnect.giveUpAfterSeconds; %d attempts, the last: %s)",
+                          self.trainer_address, self.reconnect.give_up_after_seconds, backoff.attempts, ended.cause)
+                self.exit_code = 1
+                return
+            log.warning("reconnecting to trainer %s in %.2fs (attempt %d; cause: %s)", self.trainer_address, wait,
+                        backoff.attempts, ended.cause)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), wait)
+                return  # stopped (or asked to drain: there is nothing to finish) while waiting
+            except TimeoutError:
+                pass
+            channel = open_channel(self.trainer_address, self.security)
+
+    async def _session(self, channel, welcome_timeout_s: float | None) -> _Ended:
+        """One Connect stream, from Hello until it ends or this replica stops."""
+        outbox = self._outbox = asyncio.Queue()
+        self._weights = WeightSource(channel)
+        call = rollout_pb2_grpc.RolloutStub(channel).Connect(self._requests(outbox))
+        reader = asyncio.create_task(self._read(call, welcome_timeout_s), name="reader")
+        reporter = asyncio.create_task(self._report_load(outbox), name="load")
+        stopping = asyncio.create_task(self._stopping.wait(), name="stopping")
+        try:
+            await asyncio.wait({reader, stopping, self._engine}, return_when=asyncio.FIRST_COMPLETED)
+            if not reader.done():  # stopping, or the engine thread ended
+                self._stopping.set()
+                outbox.put_nowait(_CLOSE)
+                if self._draining:  # let the last samples reach the trainer and its stream end
+                    await asyncio.wait({reader}, timeout=10)
+                call.cancel()
+                await asyncio.wait({reader}, timeout=5)
+            if reader.done() and not reader.cancelled():  # a call cancelled here ends its reader cancelled
+                return reader.result()
+            return _Ended(True, False)
+        finally:
+            self.connected.clear()
+            pending = [reader, reporter, stopping, *self._tasks]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _abandon(self) -> tuple[int, int]:
+        """Drop the broken stream's work: (samples dropped from the engine, finished samples
+        dropped unsent)."""
+        loop = self._loop
+        dropped = loop.create_future()
+        self.worker.inbox.put(Abandon(lambda n: loop.call_soon_threadsafe(dropped.set_result, n)))
+        await asyncio.wait({dropped, self._engine}, return_when=asyncio.FIRST_COMPLETED)
+        in_engine = dropped.result() if dropped.done() else 0
+        unsent = 0
+        while not self._outbox.empty():  # every sample emitted before Abandon is in it by now
+            unsent += isinstance(self._outbox.get_nowait(), Sample)
+        self.num_abandoned += in_engine + unsent
+        return in_engine, unsent
 
     def stop(self) -> None:
         """Stop at once (thread-safe); the trainer re-dispatches what this replica held."""
@@ -244,6 +405,10 @@ class GeneratorAgent:
             self._stop()
             return
         self._draining = True
+        if self.run_id and not self.connected.is_set():
+            log.info("draining (%s) while reconnecting: this replica holds nothing; leaving", reason or "asked")
+            self._stop()
+            return
         log.info("draining (%s): finishing the samples this replica holds", reason or "asked")
         # The trainer ends the stream once every sample assigned here has arrived (assignments
         # still on the wire included); then this replica exits.

@@ -1,6 +1,6 @@
 """`streamrl generator`: one generator replica (engine + agent, and its relay on the shell's
 gRPC server) in the service shell. SIGTERM drains it (scale-down, pod deletion); a second
-one stops it at once."""
+one stops it at once. A trainer that goes away is dialled again (spec.generators.reconnect)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ log = logging.getLogger("streamrl.generator")
 async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, generator_id: str | None = None,
                 host: str = "127.0.0.1", admin_port: int = 0, relay_port: int = 0, advertise_host: str | None = None,
                 endpoint_file: Path | None = None, timeline: Path | None = None) -> int:
-    """Serve until the trainer closes the stream (exit 0), a drain completes (0) or the link
-    breaks (1)."""
+    """Serve until the trainer closes the stream (exit 0), a drain completes (0), or the trainer
+    refuses it or stays unreachable for spec.generators.reconnect.giveUpAfterSeconds after a
+    break (1)."""
     started = process_started_unix()
     log.info("imports done %.1fs after the process started", time.time() - started)
     spec = job.spec
@@ -42,7 +43,9 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
         if agent is None:
             return {"generator_id": gid, "pool": pool.name, "phase": "Loading"}
         st = agent.engine.stats()
-        return {"generator_id": gid, "pool": pool.name, "phase": "Serving",
+        phase = "Reconnecting" if agent.run_id and not agent.connected.is_set() else "Serving"
+        return {"generator_id": gid, "pool": pool.name, "phase": phase, "run_id": agent.run_id,
+                "num_reconnects": agent.num_reconnects,
                 "policy_version": agent.engine.policy_version, "num_running": st.num_running,
                 "num_waiting": st.num_waiting, "num_generated_tokens": st.num_generated_tokens,
                 "capacity": st.capacity}
@@ -60,7 +63,8 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
                                           ("streamrl.v1.Rollout",), relay_port)
             relay.address = f"{advertise_host or host}:{port}"
         agent = up["agent"] = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type,
-                                             relay, spec.security, spec.generators.dispatch.low_occupancy, started)
+                                             relay, spec.security, spec.generators.dispatch.low_occupancy, started,
+                                             spec.generators.reconnect)
         await shell.serving()
         log.info("generator %s (pool %s, %s engine, batch %d) dialling %s; admin http://%s:%d", gid, pool.name,
                  pool.engine.type, engine.stats().capacity, trainer_address, host, shell.admin.port)

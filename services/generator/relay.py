@@ -24,6 +24,10 @@ class Relay:
     def hold(self, version: WeightVersion) -> None:
         self.store.add(version)
 
+    def forget(self) -> None:
+        """Drop every version held (the trainer restarted: its versions may differ from these)."""
+        self.store = WeightStore(self.store.keep, self.store.chunk_bytes)
+
     def handler(self) -> grpc.GenericRpcHandler:
         return rollout_handler(self.Connect, self.FetchWeights)
 

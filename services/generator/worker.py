@@ -2,7 +2,8 @@
 sample the moment it finishes, swaps weights between steps.
 
 Transport-agnostic: the gRPC agent (remote replicas) and the colocated trainer (in-process)
-feed the same inbox (Work, BatchCap, LoadWeights, Stop) and receive the same callbacks.
+feed the same inbox (Work, BatchCap, LoadWeights, TrainerVersion, Abandon, Stop) and receive
+the same callbacks.
 """
 
 from __future__ import annotations
@@ -33,6 +34,26 @@ class LoadWeights:
     size_bytes: int = 0
     source: str = "trainer"
     """Where the bytes came from: "trainer" or "peer"."""
+    rollback: bool = False
+    """Load it even over a newer version: a restarted trainer resumed from an earlier one."""
+
+
+@dataclass(frozen=True)
+class TrainerVersion:
+    """The newest version the trainer this replica talks to publishes. Work waits while the
+    engine holds a newer one (weights of a trainer that has since restarted from an earlier
+    version), so no sample comes from weights its trainer never had."""
+
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """Drop every request and every deferred assignment (the stream they came on broke: the
+    trainer issues them again). `done(n)` is called on the engine thread with how many
+    samples were dropped; no sample of that work is emitted after it."""
+
+    done: Callable[[int], None]
 
 
 class Stop:
@@ -59,7 +80,10 @@ class Worker:
         self._waiting_weights = waiting_weights
         self.low_occupancy = low_occupancy
         self._deferred: list[Work] = []
-        self._sample_of: dict[str, tuple[str, int]] = {}  # request_id -> (prompt_id, sample_index)
+        self._sample_of: dict[str, tuple[str, int, int]] = {}
+        """request_id -> (prompt_id, sample_index, incarnation of the Work it answers)."""
+        self.version_ceiling: int | None = None
+        """The trainer's newest version (TrainerVersion); None: no bound (in-process trainer)."""
         self._stopped = threading.Event()
         self.skewness_bubble_s = 0.0
         """Skewness-bubble seconds so far (also exported as a counter)."""
@@ -114,7 +138,8 @@ class Worker:
         if isinstance(msg, Work):
             self._deferred.append(msg)
         elif isinstance(msg, LoadWeights):
-            if msg.policy_version <= self.engine.policy_version:
+            held = self.engine.policy_version
+            if msg.policy_version == held or (msg.policy_version < held and not msg.rollback):
                 return
             self.engine.load_weights(msg.tensors.items(), msg.policy_version)
             sync_s = time.monotonic() - msg.notice_at
@@ -123,29 +148,40 @@ class Worker:
             self._on_loaded(msg, sync_s)
         elif isinstance(msg, BatchCap):
             self.engine.set_batch_cap(msg.max_batch_size)
+        elif isinstance(msg, TrainerVersion):
+            self.version_ceiling = msg.policy_version
+        elif isinstance(msg, Abandon):
+            dropped = len(self._sample_of) + sum(len(w.sample_indices) for w in self._deferred)
+            self.engine.abort(list(self._sample_of))
+            self._sample_of.clear()
+            self._deferred.clear()
+            msg.done(dropped)
         elif isinstance(msg, Stop):
             self._stopped.set()
         else:
             raise TypeError(f"unexpected worker message {msg!r}")
 
     def _release_deferred(self) -> None:
-        ready = [w for w in self._deferred if w.min_policy_version <= self.engine.policy_version]
+        held, ceiling = self.engine.policy_version, self.version_ceiling
+        if ceiling is not None and held > ceiling:
+            return  # these weights are newer than the trainer's: wait for its version
+        ready = [w for w in self._deferred if w.min_policy_version <= held]
         if not ready:
             return
-        self._deferred = [w for w in self._deferred if w.min_policy_version > self.engine.policy_version]
+        self._deferred = [w for w in self._deferred if w.min_policy_version > held]
         for w in ready:
             for i in w.sample_indices:
                 rid = f"{w.prompt_id}/{i}"
-                self._sample_of[rid] = (w.prompt_id, i)
+                self._sample_of[rid] = (w.prompt_id, i, w.incarnation)
                 self.engine.add_request(GenerationRequest(
                     rid, w.prompt_token_ids, w.max_new_tokens, w.temperature, w.top_p, w.seed + i, w.priority,
                 ))
 
     def _emit(self, done) -> None:
-        prompt_id, index = self._sample_of.pop(done.request_id)
+        prompt_id, index, incarnation = self._sample_of.pop(done.request_id)
         self.metrics.samples_streamed.inc()
         self._on_sample(Sample(prompt_id, index, done.token_ids, done.logprobs, done.policy_version,
-                               done.finish_reason, self.generator_id, done.queue_s, done.generate_s))
+                               done.finish_reason, self.generator_id, done.queue_s, done.generate_s, incarnation))
 
     def stop(self) -> None:
         self.inbox.put(Stop())

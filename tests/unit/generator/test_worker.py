@@ -1,0 +1,91 @@
+"""The engine thread's side of a reconnect, on a real tiny engine: every sample carries the
+incarnation of the work it answers; Abandon drops a broken stream's work, running and
+deferred, and nothing of it is emitted afterwards; work waits while the engine holds weights
+newer than its trainer's, until a rollback load brings the trainer's version."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from streamrl.generator.torch_engine import TorchEngine
+from streamrl.generator.worker import Abandon, LoadWeights, TrainerVersion, Worker
+from streamrl.messages import Work
+from streamrl.metrics import ServiceMetrics
+from streamrl.models import load_model
+from streamrl.samples import Sample
+
+
+@pytest.fixture
+def worker(tiny_model_dir):
+    # No token is EOS: every sample runs to max_new_tokens, so lengths are known.
+    engine = TorchEngine(load_model(tiny_model_dir), max_batch_size=4, eos_token_id=-1)
+    samples: list[Sample] = []
+    w = Worker(engine, "g0", ServiceMetrics("generator"), on_sample=samples.append)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    yield w, samples
+    w.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def _work(prompt_id: str, n: int, max_new: int = 4, incarnation: int = 0, min_version: int = 0) -> Work:
+    return Work(prompt_id=prompt_id, prompt_token_ids=(1, 5, 6), sample_indices=tuple(range(n)), temperature=1.0,
+                top_p=1.0, max_new_tokens=max_new, seed=3, min_policy_version=min_version, incarnation=incarnation)
+
+
+def _wait(cond, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_samples_carry_the_incarnation_of_the_work_they_answer(worker):
+    w, samples = worker
+    w.inbox.put(_work("old", 2, incarnation=3))
+    w.inbox.put(_work("new", 2, incarnation=4))
+    _wait(lambda: len(samples) == 4, "4 samples")
+    assert sorted((s.prompt_id, s.sample_index, s.incarnation) for s in samples) == [
+        ("new", 0, 4), ("new", 1, 4), ("old", 0, 3), ("old", 1, 3)]
+
+
+def test_abandon_drops_running_and_deferred_work_and_none_of_it_is_emitted_after(worker):
+    w, samples = worker
+    w.inbox.put(_work("long", 3, max_new=200))
+    w.inbox.put(_work("later", 2, min_version=5))  # deferred: the engine holds v0
+    _wait(lambda: w.engine.stats().num_running == 3, "the long samples to run")
+    dropped: list[int] = []
+    w.inbox.put(Abandon(dropped.append))
+    _wait(lambda: dropped, "Abandon to be handled")
+    emitted = len(samples)
+    assert dropped[0] + emitted == 5 and dropped[0] >= 2  # the deferred two at least, and what still ran
+    assert not w.engine.has_unfinished()
+    time.sleep(0.5)
+    assert len(samples) == emitted  # nothing of the abandoned work comes out afterwards
+    w.inbox.put(_work("fresh", 1))  # the engine serves on
+    _wait(lambda: any(s.prompt_id == "fresh" for s in samples), "the fresh sample")
+
+
+def test_work_waits_while_the_engine_is_ahead_of_its_trainer_until_a_rollback_load(worker):
+    w, samples = worker
+    weights = {k: v.detach().clone() for k, v in w.engine.model.named_parameters()}
+    w.inbox.put(LoadWeights(2, weights, time.monotonic()))
+    _wait(lambda: w.engine.policy_version == 2, "v2 loaded")
+    w.inbox.put(TrainerVersion(1))  # a restarted trainer that resumed at v1
+    w.inbox.put(_work("p", 2))
+    time.sleep(0.5)
+    assert samples == []  # not generated with weights the trainer never had
+    w.inbox.put(LoadWeights(1, weights, time.monotonic()))  # an older version, not a rollback: ignored
+    time.sleep(0.3)
+    assert w.engine.policy_version == 2 and samples == []
+    changed = {k: v + 0.01 for k, v in weights.items()}
+    w.inbox.put(LoadWeights(1, changed, time.monotonic(), rollback=True))
+    _wait(lambda: len(samples) == 2, "the held work to run on v1")
+    assert w.engine.policy_version == 1 and {s.policy_version for s in samples} == {1}
+    params = dict(w.engine.model.named_parameters())
+    assert all(torch.equal(params[k], t) for k, t in changed.items())
