@@ -29,7 +29,7 @@ def cmd_run(args) -> int:
     from streamrl.local.run import run
 
     return run(Path(args.job), Path(args.out) if args.out else None, quiet=args.quiet, prometheus=args.prometheus,
-               cores=args.cores)
+               cores=args.cores, fresh=args.fresh)
 
 
 def cmd_trainer(args) -> int:
@@ -267,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job", help="RLJob YAML file")
     p.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--fresh", action="store_true",
+                   help="start over: when --out holds a run, use a new directory beside it (<out>-2, ...); "
+                        "without it, a run directory with checkpoints is resumed")
     p.add_argument("--prometheus", action="store_true",
                    help="start a Prometheus server (the `prometheus` binary on PATH) on loopback scraping every "
                         "process of the run, with StreamRL's rules; its data stays in <out>/prometheus "

@@ -42,9 +42,11 @@ def _on_stop_signal(signum: int, _frame) -> None:
 
 
 def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, prometheus: bool = False,
-        cores: int | None = None) -> int:
+        cores: int | None = None, fresh: bool = False) -> int:
     """Run the job to its end (or Ctrl-C, SIGTERM or SIGHUP, or a failure of the run itself);
     returns the exit status (130 after Ctrl-C, 128 + the signal's number after the others)."""
+    if fresh and out_dir is not None:
+        out_dir = _fresh(out_dir)
     if threading.current_thread() is not threading.main_thread():
         return _run(job_file, out_dir, quiet, prometheus, cores)
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -55,6 +57,27 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
             signal.signal(sig, handler)
 
 
+def _fresh(out_dir: Path) -> Path:
+    """`out_dir`, or when it holds a run the first free <out_dir>-N beside it (never removed)."""
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return out_dir
+    n = 2
+    while (candidate := out_dir.with_name(f"{out_dir.name}-{n}")).exists():
+        n += 1
+    print(f"--fresh: {out_dir} holds a run; starting over in {candidate}", file=sys.stderr, flush=True)
+    return candidate
+
+
+def _resuming(out_dir: Path) -> str | None:
+    """What a start in `out_dir` resumes from, said before it starts (the trainer decides)."""
+    complete = sorted(p.name for p in (out_dir / "checkpoints").glob("iter-*")
+                      if p.is_dir() and not p.name.endswith(".tmp") and (p / "manifest.json").exists())
+    if not complete:
+        return None
+    return (f"resuming: {out_dir} holds checkpoints up to {complete[-1]}; the trainer continues from the newest "
+            "that is whole (--fresh starts over in a new directory)")
+
+
 def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, cores: int | None) -> int:
     def warn(msg: str) -> None:  # failures are said even with --quiet
         print(msg, file=sys.stderr, flush=True)
@@ -62,8 +85,11 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
     say = (lambda msg: None) if quiet else warn
     plan = plan_run(load_job(job_file), out_dir, prometheus, cores, say)
     monitor = RunMonitor(plan) if plan.prometheus_for else None  # no binary: nothing starts
+    resuming = _resuming(plan.out_dir)
     plan.prepare()
     say(plan.describe())
+    if resuming:
+        warn(resuming)  # said even with --quiet: the run continues an earlier one
     model_dir = resolve_model_dir(plan.job.spec, log=say).resolve()
     services, keeper, failure, stopped_by, interrupted = None, None, None, None, False
     try:
