@@ -246,6 +246,9 @@ class RunSummary(Record):
     resumed_from: int | None = None
     """The iteration the last start resumed at (None: it started fresh)."""
     last_checkpoint: CheckpointInfo | None = None
+    checkpoint_wait_s: float = 0.0
+    """Seconds this start of the trainer waited on checkpoints (copying state off the model, a
+    previous save still being written); the rest of every save overlapped training."""
 
     @classmethod
     def of(cls, records: list[IterationRecord], **totals) -> RunSummary:

@@ -80,6 +80,8 @@ class TrainLoop:
         """Set by stop_soon: the phase to end in at the next safe point."""
         self._busy = 0
         self._task: asyncio.Task | None = None
+        self.checkpoint_wait_s = 0.0
+        """Seconds training waited on checkpoints in this start."""
 
     def enable_checkpoints(self, checkpoints: Checkpoints, identity: JobIdentity, run_id: str,
                            incarnation: int) -> None:
@@ -218,12 +220,16 @@ class TrainLoop:
         await self.finish_checkpoint(wait=True)
         staging = self.checkpoints.staging(trained)
         future = await self._learner(self.learner.save, staging)
-        self.metrics.checkpoint_wait_seconds.inc(time.monotonic() - t0)
+        self._waited(time.monotonic() - t0)
         state = TrainerState(identity=self.identity, run_id=self.run_id, incarnation=self.incarnation,
                              iteration=trained, policy_version=self.learner.policy_version,
                              world_size=self.learner.ranks.world_size, time_unix=time.time(), ledger=self.ledger,
                              counters=self.coordinator.counters.totals())
         self._saving = (future, staging, state)
+
+    def _waited(self, seconds: float) -> None:
+        self.checkpoint_wait_s += seconds
+        self.metrics.checkpoint_wait_seconds.inc(seconds)
 
     async def finish_checkpoint(self, wait: bool) -> CheckpointInfo | None:
         """Complete the checkpoint being written once every rank's part is on disk (now, with
@@ -235,7 +241,7 @@ class TrainLoop:
             return None
         t0 = time.monotonic()
         await asyncio.to_thread(future.result)
-        self.metrics.checkpoint_wait_seconds.inc(time.monotonic() - t0)
+        self._waited(time.monotonic() - t0)
         self._saving = None
         info = await asyncio.to_thread(self.checkpoints.complete_save, staging, state)
         self.metrics.checkpoint_iteration.set(info.iteration)

@@ -194,6 +194,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                                        weight_bytes_from_peers=coordinator.relay.bytes_by_source.get("peer", 0),
                                        generator_joins=coordinator.joins, incarnation=incarnation,
                                        resumed_from=resumed_from, last_checkpoint=checkpoints.last,
+                                       checkpoint_wait_s=round(loop.checkpoint_wait_s, 3),
                                        **coordinator.counters.totals())
             recorder.close()
             metrics.clock.close()
