@@ -86,7 +86,7 @@ class Killer(threading.Thread):
             trained = len(_iterations(self.out))
             if trained >= pending[0][0]:
                 at, what = pending.pop(0)
-                pattern = f"{self.out}/trainer.json" if what == "trainer" else f"{self.out}/generator-"
+                pattern = f"{self.out}/trainer.json" if what == "trainer" else f"{self.out}/endpoints/generator-"
                 pids = _pids(pattern)
                 if not pids:  # between a death and its replacement: try again shortly
                     pending.insert(0, (at, what))
