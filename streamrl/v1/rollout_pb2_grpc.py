@@ -56,8 +56,15 @@ class RolloutServicer:
         generator sends a Sample the moment each one finishes and a LoadReport now and then.
         A stream that ends (or breaks) means the replica is gone: its unfinished samples
         are dispatched again elsewhere.
-        Errors: INVALID_ARGUMENT when the first message is not a Hello or an id is empty,
-        ALREADY_EXISTS when the generator id is connected already.
+        A bad sample (unknown prompt, index outside the group, log-probs not matching the tokens
+        or not finite and <= 0, a token id outside the vocabulary, an empty completion or one
+        longer than max_new_tokens, a version not published yet or too stale, a duplicate) is
+        refused and counted while the stream goes on; the trainer asks again for it if needed.
+        Errors, ending the stream: INVALID_ARGUMENT when the first message is not a Hello, the
+        Hello is bad (empty id, capacity 0), a second Hello comes, a message is empty, does not
+        parse or is larger than any valid one, or the generator's last 8 samples were all
+        malformed; ALREADY_EXISTS when the generator id is connected already. The status's
+        details start with the reason (e.g. "oversized: ...").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
