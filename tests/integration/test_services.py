@@ -88,6 +88,7 @@ def test_generator_that_dies_mid_iteration_has_its_samples_redispatched_and_none
     assert summary.num_samples_accepted == expected
     assert summary.num_samples_redispatched >= 1
     assert summary.num_samples_duplicate_dropped == 0
+    assert summary.num_samples_refused == {}  # real generators' samples pass every intake check
     assert summary.num_prompts_dispatched > 3 * 12  # the re-dispatches are extra assignments
     records = IterationRecord.read_lines(tmp_path / "out/metrics.jsonl")
     assert [r.num_samples for r in records] == [48, 48, 48]
