@@ -306,6 +306,9 @@ class LocalRun(Record):
     """Every generator replica's life, start to exit, summed."""
     generator_replicas_started: int
     trainer_exit_code: int | None = None
+    """The last start's rank 0 exit code."""
+    trainer_restarts: int = 0
+    """Times the runner restarted the trainer (its whole group) after it failed."""
     autoscaling: ScalingSummary | None = None
     failure: str | None = None
     """Why `streamrl run` failed the run itself (e.g. Prometheus scraping nothing); None: it did not."""

@@ -191,7 +191,7 @@ class GeneratorAgent:
         return _Ended(True, welcomed)
 
     def _welcomed(self, welcome: Welcome) -> None:
-        restarted = bool(self.run_id) and welcome.run_id != self.run_id
+        restarted = bool(self.run_id) and (welcome.run_id, welcome.incarnation) != (self.run_id, self.incarnation)
         held = self.engine.policy_version
         self._trainer_version = welcome.policy_version
         self.worker.inbox.put(TrainerVersion(welcome.policy_version))

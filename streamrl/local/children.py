@@ -84,17 +84,18 @@ class Child:
 
 
 def spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: Path,
-          zygote: Zygote | None = None, env: dict[str, str] | None = None) -> Child:
+          zygote: Zygote | None = None, env: dict[str, str] | None = None, log_mode: str = "w") -> Child:
     """Start `streamrl <argv>` with `threads` torch threads, pinned to `cores` (none: unpinned),
     in its own session (a Ctrl-C reaches the runner, which stops it in order); forked from
-    `zygote` when given (its imports are done: it starts in milliseconds)."""
+    `zygote` when given (its imports are done: it starts in milliseconds). Its log is
+    <log_dir>/<name>.log, appended to with `log_mode` "a" (a restart after its predecessor)."""
     overrides = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                  "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     log_path = log_dir / f"{name}.log"
     if zygote is not None:
         proc = zygote.spawn([*argv], overrides, log_path)
     else:
-        with log_path.open("w") as log:
+        with log_path.open(log_mode) as log:
             proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *argv], env=dict(os.environ, **overrides),
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)

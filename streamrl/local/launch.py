@@ -1,6 +1,7 @@
-"""Starting a local run's processes: the ranker when dispatch needs it, the trainer, then
-every generator replica (and later ones the supervisor or the autoscaler asks for), each
-pinned to cores of its own where there are enough. Knows nothing of Prometheus or scaling."""
+"""Starting a local run's processes: the ranker when dispatch needs it, the trainer's ranks
+(again, all of them, when the supervisor restarts the trainer), then every generator replica
+(and later ones the supervisor or the autoscaler asks for), each pinned to cores of its own
+where there are enough. Knows nothing of Prometheus or scaling."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.local import RunFailed
 from streamrl.local.children import Child, spawn, stop
 from streamrl.local.plan import RunPlan, available_cores, generator_process, trainer_rank_process
 from streamrl.local.ports import free_port
@@ -65,31 +65,77 @@ class GeneratorLauncher:
         return child
 
 
+class TrainerGroup:
+    """The trainer's ranks as one unit (rank 0 is `trainer`): started together and, when the
+    supervisor restarts the trainer, stopped and started again together, with the same command
+    line, admin ports, cores and run directory (a fresh rendezvous port: the old one may linger)."""
+
+    def __init__(self, plan: RunPlan, argv: list[str], threads: int, cores: CorePlanner):
+        self.plan, self.argv, self.threads = plan, argv, threads
+        self.world_size = plan.job.spec.trainer.processes_per_node  # a local run is one node
+        self.cores = [cores.take(threads) for _ in range(self.world_size)]
+        """Each rank's cores, kept across restarts."""
+        self.ranks: list[Child] = []
+        """The ranks of the current start, rank 0 first."""
+        self.starts = 0
+
+    @property
+    def leader(self) -> Child:
+        return self.ranks[0]
+
+    def start(self, started: list[Child]) -> Child:
+        """Spawn every rank (noted in `started` as each starts, so a failure stops those
+        already running); returns rank 0. A restart appends to the ranks' logs."""
+        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(self.world_size)}
+        self.starts += 1
+        self.ranks = []
+        for rank in range(self.world_size):
+            # Every rank as torchrun would start them (its environment names it), on cores of its own.
+            env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)} if self.world_size > 1 else None
+            name = trainer_rank_process(rank) if rank else "trainer"
+            if self.starts > 1:
+                with (self.plan.out_dir / "logs" / f"{name}.log").open("a") as log:
+                    log.write(f"\n---- streamrl run: start {self.starts} of {name} ----\n")
+            self.ranks.append(_start(started, name, self.argv, self.plan, self.threads, self.cores[rank], env,
+                                     "a" if self.starts > 1 else "w"))
+        return self.leader
+
+
 @dataclass
 class Services:
     """A local run's processes, as started."""
 
-    trainer: Child
+    trainer_group: TrainerGroup
     trainer_admin: str
-    """The trainer's admin URL (its /status)."""
+    """The trainer's admin URL (its /status; the same port across restarts)."""
     launcher: GeneratorLauncher
     """Starts generator replicas (none in colocated mode)."""
     ranker: Child | None = None
-    trainer_ranks: list[Child] = field(default_factory=list)
-    """The trainer's other ranks (rank 0 is `trainer`), when it is sharded."""
+    retired: list[Child] = field(default_factory=list)
+    """Trainer ranks of earlier starts (exited)."""
+
+    @property
+    def trainer(self) -> Child:
+        """Rank 0 of the trainer's current start."""
+        return self.trainer_group.leader
+
+    @property
+    def trainer_ranks(self) -> list[Child]:
+        """The current start's other ranks, when the trainer is sharded."""
+        return self.trainer_group.ranks[1:]
 
     def children(self) -> list[Child]:
-        """Every process started, ranker and trainer first (also those that exited)."""
-        return [*([self.ranker] if self.ranker else []), self.trainer, *self.trainer_ranks, *self.launcher.children]
+        """Every process of the run, ranker and trainer first (also those that exited, but not
+        the trainer ranks of earlier starts: see `retired`)."""
+        return [*([self.ranker] if self.ranker else []), *self.trainer_group.ranks, *self.launcher.children]
 
-    def check_trainer_ranks(self) -> None:
-        """A trainer rank that died while rank 0 runs fails the run at once, named (rank 0 would
-        otherwise wait in a collective until the process group's timeout)."""
-        for child in self.trainer_ranks:
-            code = child.proc.poll()
-            if code not in (None, 0) and self.trainer.running():
-                raise RunFailed(f"trainer rank {child.labels.get('rank')} ({child.name}) exited with {code}; "
-                                f"see {child.log_path}:\n{child.tail()}")
+    def restart_trainer(self) -> Child:
+        """Stop what is left of the trainer's ranks (SIGTERM, SIGKILL after GROUP_STOP_TIMEOUT_S:
+        a rank whose peer died may be stuck in a collective) and start all of them again;
+        returns the new rank 0, not waited for (it listens in a moment, on the same ports)."""
+        stop([c for c in self.trainer_group.ranks if c.running()], GROUP_STOP_TIMEOUT_S)
+        self.retired.extend(self.trainer_group.ranks)
+        return self.trainer_group.start([])
 
     def stop(self, interrupted: bool = False) -> None:
         """The trainer first (it writes its checkpoint, summary and model: SIGINT when the run
@@ -101,6 +147,8 @@ class Services:
             self.launcher.zygote.close()
 
 
+GROUP_STOP_TIMEOUT_S = 10.0
+"""The surviving ranks' time to stop when the trainer group restarts after a rank died."""
 TRAINER_STOP_TIMEOUT_S = 60.0
 """The trainer's time to stop: its current step, a checkpoint, the summary and the model."""
 
@@ -125,20 +173,13 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
         threads = (len(cores.cores) or 1) if colocated else spec.trainer.threads
         argv = ["trainer", str(plan.job_file), "--model-dir", str(model_dir), "--out", str(out), "--threads",
                 str(threads), *(["--ranker", f"127.0.0.1:{ranker.wait_listening()['grpc_port']}"] if ranker else [])]
-        world_size = spec.trainer.processes_per_node  # a local run is one node
-        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size)}
-        # Every rank as torchrun would start them (its environment names it), on cores of its own.
-        trainer, *trainer_ranks = [
-            _start(started, trainer_rank_process(rank) if rank else "trainer", argv, plan, threads,
-                   cores.take(threads), {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world_size > 1
-                   else None)
-            for rank in range(world_size)]
-        endpoint = trainer.wait_listening()
+        group = TrainerGroup(plan, argv, threads, cores)
+        endpoint = group.start(started).wait_listening()
         launcher = GeneratorLauncher(plan, model_dir, f"127.0.0.1:{endpoint['grpc_port']}", cores, zygote)
         for name, labels in plan.processes.items():  # none in colocated mode
             if labels["role"] == "generator":
                 started.append(launcher.start(labels["pool"], plan.admin_ports[name]))
-        return Services(trainer, f"http://127.0.0.1:{endpoint['admin_port']}", launcher, ranker, trainer_ranks)
+        return Services(group, f"http://127.0.0.1:{endpoint['admin_port']}", launcher, ranker)
     except BaseException:
         stop(started)
         if zygote is not None:
@@ -147,12 +188,12 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
 
 
 def _start(started: list[Child], name: str, argv: list[str], plan: RunPlan, threads: int, cores: list[int],
-           env: dict[str, str] | None = None) -> Child:
+           env: dict[str, str] | None = None, log_mode: str = "w") -> Child:
     """Spawn a planned process with its endpoint file and admin port; note it in `started`."""
     endpoint = plan.out_dir / f"{name}.json"
     endpoint.unlink(missing_ok=True)
     child = spawn(name, [*argv, "--endpoint-file", str(endpoint), "--admin-port", str(plan.admin_ports[name])],
-                  threads, cores, plan.out_dir / "logs", env=env)
+                  threads, cores, plan.out_dir / "logs", env=env, log_mode=log_mode)
     child.endpoint_file, child.admin_port, child.labels = endpoint, plan.admin_ports[name], plan.processes[name]
     started.append(child)
     return child

@@ -1,7 +1,8 @@
 """What a local run will start, decided from the job and the flags before anything starts:
-its processes and their Prometheus labels, their admin ports, the cores it may use, whether
-its generators are elastic. The run directory is absolute, as is every path handed to
-another program. Starts nothing."""
+its processes and their Prometheus labels, their admin ports and the trainer's gRPC port
+(fixed in the run's job, so a restarted trainer listens where its generators dial), the
+cores it may use, whether its generators are elastic. The run directory is absolute, as is
+every path handed to another program. Starts nothing."""
 
 from __future__ import annotations
 
@@ -81,8 +82,18 @@ def plan_run(job: RLJob, out_dir: Path | None, prometheus: bool, cores: int | No
         "spec.autoscaling.mode Internal (local autoscaling reads its inputs from Prometheus)" if elastic else None
     out_dir = out_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     processes = plan_processes(job)
-    return RunPlan(job, Path(out_dir).resolve(), cores or available, elastic, prometheus_for, processes,
-                   {name: free_port() for name in processes})
+    return RunPlan(with_trainer_port(job), Path(out_dir).resolve(), cores or available, elastic, prometheus_for,
+                   processes, {name: free_port() for name in processes})
+
+
+def with_trainer_port(job: RLJob) -> RLJob:
+    """The job with a free trainer gRPC port written in where it says 0 (any): a trainer the
+    run restarts listens on the port its generators dial again. Colocated mode listens on none."""
+    trainer = job.spec.trainer
+    if trainer.port or job.spec.pipeline.mode == PipelineMode.colocated:
+        return job
+    spec = job.spec.model_copy(update={"trainer": trainer.model_copy(update={"port": free_port()})})
+    return job.model_copy(update={"spec": spec})
 
 
 def plan_processes(job: RLJob) -> dict[str, dict[str, str]]:

@@ -1,6 +1,6 @@
 """The progress bar of a local run: the trainer's /status (a TrainerStatus) every half
-second until the trainer exits, and a warning when another process exits with an error.
-Knows nothing of what the ticks it runs do."""
+second until the trainer exits for good (a tick may restart it), and a warning when another
+process exits with an error. Knows nothing of what the ticks it runs do."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ POLL_S = 0.5
 
 def show_progress(plan: RunPlan, services: Services, quiet: bool,
                   tick: Callable[[Callable[[str], None]], None] = lambda say: None) -> None:
-    """Show progress until the trainer exits; `tick(say)` runs every POLL_S (`say` prints
-    above the bar). Exceptions from `tick` end the wait (the caller stops the run)."""
+    """Show progress until the trainer exits and `tick(say)`, which runs every POLL_S (`say`
+    prints above the bar), has not started it again. Exceptions from `tick` end the wait (the
+    caller stops the run)."""
     from tqdm import tqdm
 
     job = plan.job
@@ -30,8 +31,9 @@ def show_progress(plan: RunPlan, services: Services, quiet: bool,
     failed: set[str] = set()
     try:
         with httpx.Client(timeout=2.0) as http:
-            while services.trainer.running():
-                status = _status(http, f"{services.trainer_admin}/status")
+            while True:
+                alive = services.trainer.running()
+                status = _status(http, f"{services.trainer_admin}/status") if alive else None
                 if status is not None:
                     bar.update(status.iteration - shown)
                     shown = status.iteration
@@ -42,10 +44,12 @@ def show_progress(plan: RunPlan, services: Services, quiet: bool,
                         bubble=f"{last.pipeline_bubble_ratio:.2f}" if last else "nan")
                 for child in services.children():
                     if child.name not in failed and not child.running() and child.proc.returncode != 0 \
-                            and child is not services.trainer:
+                            and child.role != "trainer":  # the trainer's exits are the tick's to tell
                         failed.add(child.name)
                         bar.write(f"warning: {child.name} exited with {child.proc.returncode}; see {child.log_path}")
                 tick(say)
+                if not alive and not services.trainer.running():  # exited, and not restarted
+                    break
                 time.sleep(POLL_S)
         metrics = plan.out_dir / METRICS_FILE
         if metrics.exists():  # iterations finished between the last poll and the exit

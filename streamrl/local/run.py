@@ -16,7 +16,7 @@ from streamrl.local.monitor import RunMonitor
 from streamrl.local.plan import RunPlan, plan_run
 from streamrl.local.progress import show_progress
 from streamrl.local.scale import LocalAutoscaler, autoscale
-from streamrl.local.supervise import ReplicaRestarts
+from streamrl.local.supervise import Deaths, ReplicaRestarts, TrainerRestarts
 from streamrl.models import resolve_model_dir
 from streamrl.records import LOCAL_RUN_FILE, METRICS_FILE, SUMMARY_FILE, LocalRun, RunSummary, write_json
 from streamrl.spec import load_job
@@ -96,7 +96,8 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
         if monitor is not None:
             say(f"prometheus: {monitor.start()} (data in {monitor.server.directory})")
         services = start_services(plan, model_dir)
-        keeper = autoscale(plan, services, monitor, say) if plan.elastic else ReplicaRestarts(services.launcher)
+        keeper = (autoscale(plan, services, monitor, say) if plan.elastic
+                  else ReplicaRestarts(services.launcher, out_dir=plan.out_dir))
         if monitor is not None:
             monitor.wait_until_scraped(services.children, say, warn)
         show_progress(plan, services, quiet, _ticks(keeper, monitor, services))
@@ -128,10 +129,16 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
 
 
 def _ticks(keeper: Keeper, monitor: RunMonitor | None, services: Services) -> Callable[[Say], None]:
-    """What runs every progress poll: the trainer's ranks, the supervisor or autoscaler, then
-    Prometheus's targets."""
+    """What runs every progress poll: the trainer's restarts (said even with --quiet), the
+    deaths of other processes, the supervisor or autoscaler, then Prometheus's targets."""
+    from tqdm import tqdm
+
+    plan = services.trainer_group.plan
+    trainer, deaths = TrainerRestarts(services, plan.job.spec.trainer.restart_limit, plan.out_dir), Deaths(plan.out_dir)
+
     def tick(say: Say) -> None:
-        services.check_trainer_ranks()
+        trainer.tick(lambda msg: tqdm.write(msg, file=sys.stderr))
+        deaths.tick(services.children())
         keeper.tick(say)
         if monitor is not None:
             monitor.update(services.children())
@@ -146,6 +153,7 @@ def _write_records(plan: RunPlan, services: Services, keeper: Keeper | None, fai
         generator_replica_seconds=round(sum(c.seconds() for c in services.launcher.children), 2),
         generator_replicas_started=len(services.launcher.children),
         trainer_exit_code=services.trainer.proc.returncode,
+        trainer_restarts=services.trainer_group.starts - 1,
         autoscaling=keeper.summary() if isinstance(keeper, LocalAutoscaler) else None,
         failure=failure)
     write_json(plan.out_dir / LOCAL_RUN_FILE, record)

@@ -1,24 +1,107 @@
-"""The restart policy of a local run's fixed generators: a replica that crashed is replaced,
-as a Deployment would replace its pod (its work is re-dispatched by the trainer), up to
-MAX_REPLICA_RESTARTS in a run. A replica that exits 0 (drained, or the run ended) is not
-replaced. Elastic runs leave their replicas to the autoscaler."""
+"""The restart policies of a local run, as Kubernetes would apply them: a trainer that failed
+is restarted as its Job would restart it (every rank, within trainer.restartLimit, the same
+command line and ports: it resumes from its newest checkpoint and its generators reconnect);
+a fixed generator replica that crashed is replaced as a Deployment would replace its pod (its
+work is re-dispatched by the trainer), up to MAX_REPLICA_RESTARTS in a run. A replica that
+exits 0 (drained, or the run ended) is not replaced; elastic runs leave their replicas to the
+autoscaler. Every death, restart and replacement is a line of <out>/events.jsonl."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 
-from streamrl.local.launch import GeneratorLauncher
+from streamrl.local import RunFailed
+from streamrl.local.children import Child
+from streamrl.local.launch import GeneratorLauncher, Services
+from streamrl.records import RunEvent, append_event
 
 MAX_REPLICA_RESTARTS = 3
 """Crashed generator replicas a local run replaces before it carries on without them."""
+TRAINER_RESTART_LIMIT = 3
+"""Trainer restarts of `streamrl run` when spec.trainer.restartLimit is unset."""
+FINISHED = (0, 130)
+"""Trainer exit codes that end the run rather than restart it: done (Succeeded, or Preempted:
+the runner asked it to stop) and Interrupted."""
+
+
+def _event(out_dir: Path | None, kind: str, process: str, detail: str = "") -> None:
+    if out_dir is not None:
+        append_event(out_dir, RunEvent(time_unix=round(time.time(), 3), kind=kind, process=process, detail=detail))
+
+
+class TrainerRestarts:
+    """Each tick, restarts the trainer's whole group when a rank failed: rank 0 exiting with
+    anything but FINISHED, or another rank exiting non-zero while rank 0 runs (rank 0 would
+    wait in a collective for it until the process group's timeout). RunFailed, naming the
+    process and its exit code, once trainer.restartLimit restarts are spent."""
+
+    def __init__(self, services: Services, restart_limit: int | None, out_dir: Path | None = None):
+        self.services = services
+        self.limit = TRAINER_RESTART_LIMIT if restart_limit is None else restart_limit
+        self.out_dir = out_dir
+        self.restarts = 0
+
+    def _failed(self) -> tuple[Child, int] | None:
+        """The rank whose exit fails the group, and its exit code; None while it is sound."""
+        leader = self.services.trainer
+        code = leader.proc.poll()
+        if code is not None:
+            return None if code in FINISHED else (leader, code)
+        for child in self.services.trainer_ranks:
+            code = child.proc.poll()
+            if code not in (None, 0):
+                return child, code
+        return None
+
+    def tick(self, say: Callable[[str], None]) -> None:
+        failed = self._failed()
+        if failed is None:
+            return
+        child, code = failed
+        rank = child.labels.get("rank")
+        who = f"trainer rank {rank} ({child.name})" if rank else "trainer"
+        _event(self.out_dir, "died", child.name, f"exit {code}")
+        if self.restarts >= self.limit:
+            raise RunFailed(f"{who} exited with {code}; not restarted: {self.restarts} restart(s) of "
+                            f"trainer.restartLimit {self.limit} spent; see {child.log_path}:\n{child.tail()}")
+        self.restarts += 1
+        ranks = len(self.services.trainer_group.ranks)
+        what = "it" if ranks == 1 else f"all {ranks} of its ranks"
+        say(f"{who} exited with {code}; restarting {what} (restart {self.restarts} of {self.limit}); its "
+            "generators reconnect")
+        self.services.restart_trainer()
+        _event(self.out_dir, "restarted", "trainer", f"restart {self.restarts} of {self.limit} after {child.name} "
+                                                     f"exited with {code}")
+
+
+class Deaths:
+    """Each tick, a `died` event for every process other than the trainer's ranks (those are
+    TrainerRestarts') that exited non-zero since the last: generators, fixed or elastic, and
+    the ranker."""
+
+    def __init__(self, out_dir: Path | None):
+        self.out_dir = out_dir
+        self.seen: set[str] = set()
+
+    def tick(self, children: list[Child]) -> None:
+        for child in children:
+            if child.name in self.seen or child.role == "trainer" or child.running() or child.proc.returncode == 0:
+                continue
+            self.seen.add(child.name)
+            _event(self.out_dir, "died", child.name, f"exit {child.proc.returncode}")
 
 
 class ReplicaRestarts:
     """Each tick, replaces the replicas that crashed since the last, while restarts are left."""
 
-    def __init__(self, launcher: GeneratorLauncher, max_restarts: int = MAX_REPLICA_RESTARTS):
+    def __init__(self, launcher: GeneratorLauncher, max_restarts: int = MAX_REPLICA_RESTARTS,
+                 out_dir: Path | None = None):
         self.launcher = launcher
         self.max_restarts = max_restarts
+        self.out_dir = out_dir
+        """Where events.jsonl is written (None: nowhere)."""
         self.crashed: list[str] = []
         """Names of the replicas seen crashed, in order (replaced or not)."""
 
@@ -29,9 +112,10 @@ class ReplicaRestarts:
             if child.name in seen or child.running() or child.proc.returncode == 0:
                 continue
             self.crashed.append(child.name)
+            code = child.proc.returncode
             if len(self.crashed) > self.max_restarts:
-                say(f"{child.name} exited with {child.proc.returncode}; not replaced: "
-                    f"{self.max_restarts} replicas already were")
+                say(f"{child.name} exited with {code}; not replaced: {self.max_restarts} replicas already were")
                 continue
             replacement = self.launcher.start(child.pool)
-            say(f"{child.name} exited with {child.proc.returncode}; started {replacement.name} in its place")
+            _event(self.out_dir, "replaced", child.name, f"by {replacement.name}")
+            say(f"{child.name} exited with {code}; started {replacement.name} in its place")

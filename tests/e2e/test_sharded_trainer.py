@@ -1,8 +1,9 @@
 """`streamrl run` with a trainer of two ranks (trainer.processesPerNode 2, FSDP2 over gloo):
 it learns in stream-sync and stream-async with every sample accepted once; Ctrl-C, a SIGTERM
-(a `kill`, a supervisor) and a rank that dies stop everything, the last within moments and
-with the rank named. Each rank serves its own forward/backward and collective seconds, and
-the report has a row per rank."""
+(a `kill`, a supervisor) stop everything; a rank that dies restarts the whole group (its
+generator reconnects), and with no restarts left ends the run within moments, the rank
+named. Each rank serves its own forward/backward and collective seconds, and the report has
+a row per rank."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamrl.records import IterationRecord, LocalRun, RunSummary, TrainerPhase
+from streamrl.records import EVENTS_FILE, IterationRecord, LocalRun, RunEvent, RunSummary, TrainerPhase
 from streamrl.report import load_run, plot_timeline
 from tests.conftest import child_env
 
@@ -26,11 +27,12 @@ pytestmark = pytest.mark.slow
 ITERATIONS, PROMPTS, GROUP = 15, 16, 8
 
 
-def _job(write_job, mode: str, iterations: int = ITERATIONS) -> Path:
+def _job(write_job, mode: str, iterations: int = ITERATIONS, spec: dict | None = None, **trainer) -> Path:
     return write_job({"spec": {
         "algorithm": {"numIterations": iterations, "promptsPerStep": PROMPTS, "groupSize": GROUP},
         "pipeline": {"mode": mode},
-        "trainer": {"processesPerNode": 2, "processGroupTimeoutSeconds": 60},
+        "trainer": {"processesPerNode": 2, "processGroupTimeoutSeconds": 60, **trainer},
+        **(spec or {}),
     }})
 
 
@@ -93,10 +95,11 @@ def test_ctrl_c_or_sigterm_stops_every_rank(write_job, tmp_path, sig, code, phas
     assert time.sleep(0.5) or _left_behind(out) == ""
 
 
-def test_a_rank_that_dies_ends_the_run_at_once_naming_it(write_job, tmp_path):
+def test_a_rank_that_dies_with_no_restarts_left_ends_the_run_at_once_naming_it(write_job, tmp_path):
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(_job(write_job, "stream-sync", 1000)),
-                            "--out", str(out), "--quiet"], env=child_env(), stderr=subprocess.PIPE, text=True)
+    job = _job(write_job, "stream-sync", 1000, restartLimit=0)
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), "--quiet"],
+                           env=child_env(), stderr=subprocess.PIPE, text=True)
     _wait_for_iterations(out, run, 2)
     subprocess.run(["pkill", "-KILL", "-f", f"{out}/trainer-rank-1.json"], check=True)
     killed = time.monotonic()
@@ -106,6 +109,27 @@ def test_a_rank_that_dies_ends_the_run_at_once_naming_it(write_job, tmp_path):
     assert "run failed: trainer rank 1 (trainer-rank-1) exited with -9" in stderr
     assert took < 30, took  # not the process group's 60 s timeout: the runner saw it go
     assert "trainer rank 1" in LocalRun.read(out / "run.json").failure
+    assert time.sleep(0.5) or _left_behind(out) == ""
+
+
+def test_a_rank_that_dies_restarts_the_whole_group_and_the_run_finishes(write_job, tmp_path):
+    out, iterations = tmp_path / "run", 6
+    job = _job(write_job, "stream-sync", iterations, {"checkpoint": {"everyIterations": 2}})
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), "--quiet"],
+                           env=child_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for_iterations(out, run, 3)
+    subprocess.run(["pkill", "-KILL", "-f", f"{out}/trainer-rank-1.json"], check=True)
+    stderr = run.communicate(timeout=400)[1]
+    assert run.returncode == 0, stderr[-3000:]
+    assert "trainer rank 1 (trainer-rank-1) exited with -9; restarting all 2 of its ranks (restart 1 of 3)" in stderr
+    record = LocalRun.read(out / "run.json")
+    assert record.trainer_restarts == 1 and record.generator_replicas_started == 1
+    events = [(e.kind, e.process) for e in RunEvent.read_lines(out / EVENTS_FILE)]
+    assert events.index(("died", "trainer-rank-1")) < events.index(("restarted", "trainer"))
+    for process in ("trainer", "trainer-rank-1"):  # both ranks started again, each log telling both starts
+        assert f"---- streamrl run: start 2 of {process} ----" in (out / "logs" / f"{process}.log").read_text()
+    assert RunSummary.read(out / "summary.json").phase == TrainerPhase.SUCCEEDED
+    assert [r.iteration for r in IterationRecord.read_lines(out / "metrics.jsonl")] == list(range(iterations))
     assert time.sleep(0.5) or _left_behind(out) == ""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from streamrl.local.plan import plan_run
 from streamrl.spec import parse_job
@@ -45,3 +46,14 @@ def test_colocated_has_no_generator_processes_and_is_not_elastic(tmp_path):
 def test_cores_below_one_are_refused_naming_the_flag(tmp_path):
     with pytest.raises(ValueError, match="--cores must be at least 1, got 0"):
         plan_run(_job(), tmp_path, False, 0, lambda msg: None)
+
+
+def test_the_trainer_port_is_fixed_up_front_so_a_restarted_trainer_listens_where_generators_dial(tmp_path):
+    plan = plan_run(_job(), tmp_path, False, None, lambda msg: None)
+    port = plan.job.spec.trainer.port
+    assert 10000 <= port <= 65535 and port not in plan.admin_ports.values()
+    plan.prepare()
+    assert parse_job(yaml.safe_load(plan.job_file.read_text())).spec.trainer.port == port
+    assert plan_run(_job(trainer={"port": 4321}), tmp_path, False, None, lambda msg: None).job.spec.trainer.port == 4321
+    colocated = plan_run(_job(pipeline={"mode": "colocated"}), tmp_path, False, None, lambda msg: None)
+    assert colocated.job.spec.trainer.port == 0
