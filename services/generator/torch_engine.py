@@ -91,12 +91,13 @@ class TorchEngine(Engine):
         self._admit(finished)
         if self._running:
             slots = self._running
+            batch_size = len(slots)  # before sampling removes the finished ones from it
             tokens = torch.tensor([r.next_token for r in slots], device=self.device)
             positions = torch.tensor([r.cache_len for r in slots], device=self.device)
             t0 = time.perf_counter()
             logits = self.decoder.decode(tokens, positions)
-            self._sample(list(range(len(slots))), logits, finished)
-            self._observe_latency(len(slots), time.perf_counter() - t0)
+            self._sample(list(range(batch_size)), logits, finished)
+            self._observe_latency(batch_size, time.perf_counter() - t0)
         return finished
 
     # ---- latency profile ------------------------------------------------------------

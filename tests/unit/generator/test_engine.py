@@ -148,6 +148,16 @@ def test_latency_profile_is_measured_and_grows_with_batch_size(model_and_tok):
     assert set(seen) >= {1, 8, 64} and all(s > 0 for s in seen.values())
 
 
+def test_a_decode_step_is_timed_at_the_batch_size_it_decoded(model_and_tok):
+    model, tok = model_and_tok
+    engine = TorchEngine(model, 4, eos_token_id=-1)  # no EOS: each request decodes exactly max_new_tokens
+    for i in range(3):
+        engine.add_request(GenerationRequest(str(i), (1, 5, 6), 2))
+    while engine.has_unfinished():
+        engine.step()  # the step that finishes all three decoded three, not the none left after it
+    assert [b for b, _ in engine.latency_profile()] == [3]
+
+
 def test_latency_is_not_measured_while_running(model_and_tok):
     model, tok = model_and_tok
     engine = TorchEngine(model, 4, tok.eos_token_id)
