@@ -21,7 +21,16 @@ from streamrl.records import GeneratorJoin, GeneratorStatus
 from streamrl.samples import Group, Sample
 from streamrl.trainer.counters import RolloutCounters
 from streamrl.trainer.groups import GroupAssembler, InFlight, Intake, PromptWork, Scorer
-from streamrl.trainer.intake import MALFORMED, MAX_MALFORMED_IN_A_ROW, Refusal, Refused, SampleRules
+from streamrl.trainer.intake import (
+    MALFORMED,
+    MAX_MALFORMED_IN_A_ROW,
+    Refusal,
+    Refused,
+    SampleRules,
+    check_latency_profile,
+    check_load_report,
+    check_weights_loaded,
+)
 from streamrl.trainer.relay import VersionSync, WeightRelay
 from streamrl.trainer.replica import Replica
 from streamrl.trainer.workqueue import SamplingConfig, WorkQueue, dispatch_order
@@ -58,6 +67,8 @@ class Coordinator:
             raise ValueError("hello.generator_id must not be empty")
         if hello.capacity < 1:
             raise ValueError(f"hello.capacity must be >= 1, got {hello.capacity}")
+        if (why := check_latency_profile(hello.latency_profile)) is not None:
+            raise ValueError(f"hello.{why}")
         if hello.generator_id in self.replicas:
             raise KeyError(f"generator {hello.generator_id!r} is connected already")
         replica = Replica(hello.generator_id, hello.pool, hello.capacity, hello.engine, hello.policy_version,
@@ -132,8 +143,14 @@ class Coordinator:
             case Sample():
                 self.on_sample(generator_id, msg)
             case WeightsLoaded():
+                if (refused := check_weights_loaded(msg, self.groups.published_version)) is not None:
+                    self.groups.refuse(refused, generator_id)  # ignored: the stream goes on
+                    return
                 self.on_loaded(generator_id, msg)
             case LoadReport():
+                if (refused := check_load_report(msg)) is not None:
+                    self.groups.refuse(refused, generator_id)
+                    return
                 replica = self.replicas.get(generator_id)
                 if replica is not None:
                     replica.load = msg

@@ -17,8 +17,8 @@ from streamrl.rewards import RewardError
 from streamrl.samples import Group, Sample, ScoredSample, group_advantages
 from streamrl.trainer.counters import RolloutCounters
 from streamrl.trainer.intake import (
-    MALFORMED,
-    STREAM,
+    RACES,
+    SAMPLE_REASONS,
     Refusal,
     Refused,
     SampleRules,
@@ -141,8 +141,8 @@ class GroupAssembler:
         """Count a refusal (of a sample or a Connect message) and log it while that stays readable."""
         total = self.counters.refused(refused.reason, n)
         if worth_logging(total):
-            benign = refused.reason not in MALFORMED and refused.reason not in STREAM  # races of a healthy run
-            what = "a sample" if n == 1 else f"{n} samples"
+            benign = refused.reason in RACES
+            what = f"{n} samples" if n > 1 else "a sample" if refused.reason in SAMPLE_REASONS else "a message"
             source = f" from generator {generator_id}" if generator_id else ""
             (log.info if benign else log.warning)("refused %s%s (%s, %d so far): %s", what, source,
                                                   refused.reason.value, total, refused.detail)

@@ -1,6 +1,7 @@
 """What the trainer refuses from generators, decided in one place: the reason vocabulary
-(Refusal, also the `reason` label of streamrl_samples_refused) and the checks a finished
-sample must pass before it may touch a group. Knows no gRPC and no queue."""
+(Refusal, also the `reason` label of streamrl_samples_refused), the checks a finished sample
+must pass before it may touch a group, and those of Hello's and reports' numbers. Knows no
+gRPC and no queue."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from streamrl.messages import LatencyPoints, LoadReport, WeightsLoaded
 from streamrl.samples import Sample
 
 if TYPE_CHECKING:
@@ -54,11 +56,16 @@ class Refusal(StrEnum):
     """policy_version beyond the newest version the trainer published."""
     STALE = "stale"
     """Older than the staleness contract allows for its iteration (on arrival, or at consumption)."""
+    # Reports with numbers the trainer cannot use: ignored, the stream goes on.
+    BAD_LOAD_REPORT = "bad_load_report"
+    """A LoadReport with a negative or non-finite number, or a latency profile that is not one."""
+    BAD_WEIGHTS_LOADED = "bad_weights_loaded"
+    """A WeightsLoaded of a version never published, or with a negative or non-finite sync_s."""
     # The Connect stream itself: it ends (INVALID_ARGUMENT, ALREADY_EXISTS for a taken id).
     NOT_HELLO = "not_hello"
     """The first message of a stream is not a Hello."""
     BAD_HELLO = "bad_hello"
-    """A Hello with an empty generator_id or a capacity below 1."""
+    """A Hello with an empty generator_id, a capacity below 1 or a latency profile that is not one."""
     GENERATOR_ID_TAKEN = "generator_id_taken"
     """A Hello naming a generator that is connected already."""
     HELLO_AGAIN = "hello_again"
@@ -71,13 +78,20 @@ class Refusal(StrEnum):
     """A message larger than any valid one can be (SampleRules.max_request_bytes)."""
 
 
-DROPPED = frozenset({Refusal.PREVIOUS_INCARNATION, Refusal.DUPLICATE, Refusal.UNKNOWN_PROMPT,
-                     Refusal.INDEX_OUT_OF_RANGE})
+DROPPED_SAMPLES = frozenset({Refusal.PREVIOUS_INCARNATION, Refusal.DUPLICATE, Refusal.UNKNOWN_PROMPT,
+                             Refusal.INDEX_OUT_OF_RANGE})
 """Refused samples with nothing to generate again (no such sample, or it is in already)."""
+REISSUED = frozenset({Refusal.FINISH_REASON, Refusal.EMPTY_COMPLETION, Refusal.TOO_LONG, Refusal.LOGPROBS_MISMATCH,
+                      Refusal.TOKEN_OUT_OF_VOCAB, Refusal.BAD_LOGPROB, Refusal.FUTURE_VERSION, Refusal.STALE})
+"""Refused samples to generate again."""
 MALFORMED = frozenset({Refusal.UNKNOWN_PROMPT, Refusal.INDEX_OUT_OF_RANGE, Refusal.FINISH_REASON,
                        Refusal.EMPTY_COMPLETION, Refusal.TOO_LONG, Refusal.LOGPROBS_MISMATCH,
                        Refusal.TOKEN_OUT_OF_VOCAB, Refusal.BAD_LOGPROB})
 """Samples no healthy generator sends (MAX_MALFORMED_IN_A_ROW of them end its stream)."""
+SAMPLE_REASONS = DROPPED_SAMPLES | MALFORMED | REISSUED
+"""Why a sample (not a stream's other message) was refused."""
+RACES = frozenset({Refusal.PREVIOUS_INCARNATION, Refusal.DUPLICATE, Refusal.FUTURE_VERSION, Refusal.STALE})
+"""Refusals a healthy run meets too (a late copy, a resumed trainer, weights moving on)."""
 STREAM = frozenset({Refusal.NOT_HELLO, Refusal.BAD_HELLO, Refusal.GENERATOR_ID_TAKEN, Refusal.HELLO_AGAIN,
                     Refusal.EMPTY_MESSAGE, Refusal.UNDECODABLE, Refusal.OVERSIZED})
 """Refusals that end the Connect stream (the replica's unfinished work goes elsewhere)."""
@@ -94,7 +108,7 @@ class Refused:
     @property
     def reissue(self) -> bool:
         """The sample must be generated again (its prompt is in flight and lacks it)."""
-        return self.reason not in DROPPED and self.reason not in STREAM
+        return self.reason in REISSUED
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,37 @@ def _check_version(sample: Sample, task: InFlight, published_version: int) -> Re
     if sample.policy_version < task.min_policy_version:
         return Refused(Refusal.STALE, f"sample.policy_version {sample.policy_version} is older than "
                                       f"{task.min_policy_version}, the oldest iteration {task.iteration} may use")
+    return None
+
+
+def check_latency_profile(points: LatencyPoints) -> str | None:
+    """None for a usable PTL(BS), else what is wrong: batch sizes >= 1 and ascending, each
+    once; seconds finite and >= 0 (the long-tail planner divides by their differences)."""
+    sizes = [b for b, _ in points]
+    if any(b < 1 for b in sizes) or any(b0 >= b1 for b0, b1 in zip(sizes, sizes[1:])):
+        return f"latency_profile batch sizes {sizes[:16]} are not ascending, distinct and >= 1"
+    bad = next((t for _, t in points if not (math.isfinite(t) and t >= 0)), None)
+    if bad is not None:
+        return f"latency_profile holds {bad} seconds per step"
+    return None
+
+
+def check_load_report(msg: LoadReport) -> Refused | None:
+    numbers = {"tokens_per_s": msg.tokens_per_s, "skewness_bubble_s": msg.skewness_bubble_s}
+    bad = next(((k, v) for k, v in numbers.items() if not (math.isfinite(v) and v >= 0)), None)
+    if bad is not None:
+        return Refused(Refusal.BAD_LOAD_REPORT, f"load.{bad[0]} is {bad[1]}")
+    if (why := check_latency_profile(msg.latency_profile)) is not None:
+        return Refused(Refusal.BAD_LOAD_REPORT, f"load.{why}")
+    return None
+
+
+def check_weights_loaded(msg: WeightsLoaded, published_version: int) -> Refused | None:
+    if msg.policy_version > published_version:
+        return Refused(Refusal.BAD_WEIGHTS_LOADED, f"weights_loaded.policy_version {msg.policy_version} was never "
+                                                   f"published (the newest is {published_version})")
+    if not (math.isfinite(msg.sync_s) and msg.sync_s >= 0):
+        return Refused(Refusal.BAD_WEIGHTS_LOADED, f"weights_loaded.sync_s is {msg.sync_s}")
     return None
 
 

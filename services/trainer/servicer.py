@@ -36,6 +36,8 @@ class RolloutServicer:
 
     - a bad sample is refused and counted by its reason (intake.Refusal) while the stream goes
       on; if its sender held it, it is generated again (by whichever replica has room);
+    - a load report or weights-loaded report with numbers the trainer cannot use is ignored
+      and counted, and the stream goes on;
     - a message that breaks the stream's protocol ends the stream with INVALID_ARGUMENT,
       counted: a first message that is not a Hello, a bad Hello (ALREADY_EXISTS for an id
       connected already), a second Hello, an empty message, bytes that are not a

@@ -52,6 +52,7 @@ def test_run_raises_reward_in_every_mode(mode, write_job, tmp_path):
     assert summary["phase"] == "Succeeded"
     assert summary["num_samples_accepted"] == 30 * 64 * 8
     assert summary["num_samples_duplicate_dropped"] == 0
+    assert summary["num_samples_refused"] == {}  # no valid sample is refused at intake, in any mode
     assert summary["num_prompts_dispatched"] >= 30 * 64
 
     from streamrl.models import load_model

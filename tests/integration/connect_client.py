@@ -59,15 +59,6 @@ class ConnectStream:
         assert response.WhichOneof("kind") == kind, f"expected a {kind}, got {response}"
         return response
 
-    def pending(self) -> list[pb.ConnectResponse]:
-        """Responses received and not read yet (the stream's end is not one)."""
-        out = []
-        while not self._responses.empty():
-            response = self._responses.get_nowait()
-            if response is not None:
-                out.append(response)
-        return out
-
     def end(self, timeout_s: float = 10.0) -> grpc.RpcError | None:
         """Wait for the trainer to end the stream; its error (None: it ended OK)."""
         if not self.ended.wait(timeout_s):

@@ -62,6 +62,11 @@ def valid_samples(draw) -> pb.Sample:
                      finish_reason=draw(st.sampled_from([pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH])))
 
 
+SAMPLE_FAULTS = [Refusal.PREVIOUS_INCARNATION, Refusal.DUPLICATE, Refusal.UNKNOWN_PROMPT, Refusal.INDEX_OUT_OF_RANGE,
+                 Refusal.FINISH_REASON, Refusal.EMPTY_COMPLETION, Refusal.TOO_LONG, Refusal.LOGPROBS_MISMATCH,
+                 Refusal.TOKEN_OUT_OF_VOCAB, Refusal.BAD_LOGPROB, Refusal.FUTURE_VERSION, Refusal.STALE]
+
+
 def _put(draw, values, value) -> None:
     """Put value at a drawn position of values (appended to an empty list)."""
     if values:
@@ -73,9 +78,7 @@ def _put(draw, values, value) -> None:
 @st.composite
 def faults(draw, s: pb.Sample) -> Refusal:
     """Make `s` wrong in one way; which refusal that must bring."""
-    reason = draw(st.sampled_from([r for r in Refusal if r not in {
-        Refusal.NOT_HELLO, Refusal.BAD_HELLO, Refusal.GENERATOR_ID_TAKEN, Refusal.HELLO_AGAIN, Refusal.EMPTY_MESSAGE,
-        Refusal.UNDECODABLE, Refusal.OVERSIZED}]))
+    reason = draw(st.sampled_from(SAMPLE_FAULTS))
     tokens, logprobs = s.completion_token_ids, s.logprobs
     match reason:
         case Refusal.PREVIOUS_INCARNATION:
@@ -127,7 +130,48 @@ def mixed_bad_samples(draw) -> Case:
     return Case((pb.ConnectRequest(sample=s).SerializeToString(),), reasons | MALFORMED)
 
 
-# ---- messages that end the stream ---------------------------------------------------------
+# ---- reports the trainer cannot use (ignored), messages that end the stream -----------------
+
+_not_usable = st.sampled_from([math.nan, math.inf, -math.inf]) | st.floats(max_value=-2.0**-10, width=32)
+
+
+@st.composite
+def bad_profiles(draw) -> list[pb.LatencyPoint]:
+    """A PTL(BS) the long-tail planner cannot use: a batch size repeated, out of order or 0,
+    or seconds that are not finite and >= 0."""
+    sizes = sorted(draw(st.sets(st.integers(1, 4096), min_size=1, max_size=6)))
+    seconds = draw(st.lists(st.floats(0.0, 10.0, width=32), min_size=len(sizes), max_size=len(sizes)))
+    i = draw(st.integers(0, len(sizes) - 1))
+    match draw(st.sampled_from(["repeat", "reverse", "zero", "seconds"])):
+        case "repeat":
+            sizes.insert(i, sizes[i])
+            seconds.insert(i, 0.5)
+        case "reverse" if len(sizes) > 1:
+            sizes.reverse()
+        case "seconds":
+            seconds[i] = draw(_not_usable)
+        case _:
+            sizes[0] = 0
+    return [pb.LatencyPoint(batch_size=b, seconds_per_step=t) for b, t in zip(sizes, seconds)]
+
+
+@st.composite
+def bad_reports(draw) -> Case:
+    kind = draw(st.sampled_from(["numbers", "profile", "version", "sync_s"]))
+    if kind in ("numbers", "profile"):
+        load = pb.LoadReport(num_running=draw(st.integers(0, 2**32 - 1)), tokens_per_s=12.5, skewness_bubble_s=0.5)
+        if kind == "profile":
+            load.latency_profile.extend(draw(bad_profiles()))
+        else:
+            setattr(load, draw(st.sampled_from(["tokens_per_s", "skewness_bubble_s"])), draw(_not_usable))
+        return Case((pb.ConnectRequest(load=load).SerializeToString(),), Refusal.BAD_LOAD_REPORT)
+    loaded = pb.WeightsLoaded(policy_version=PUBLISHED, sync_s=0.25, source="trainer")
+    if kind == "version":
+        loaded.policy_version = draw(st.integers(PUBLISHED + 1, 2**64 - 1))
+    else:
+        loaded.sync_s = draw(_not_usable)
+    return Case((pb.ConnectRequest(weights_loaded=loaded).SerializeToString(),), Refusal.BAD_WEIGHTS_LOADED)
+
 
 def _varint(n: int) -> bytes:
     out = b""
@@ -139,8 +183,8 @@ def _varint(n: int) -> bytes:
 @st.composite
 def stream_breakers(draw) -> Case:
     invalid = grpc.StatusCode.INVALID_ARGUMENT
-    kind = draw(st.sampled_from(["not_hello", "bad_hello", "taken", "hello_again", "empty", "unknown_field",
-                                 "undecodable", "oversized"]))
+    kind = draw(st.sampled_from(["not_hello", "bad_hello", "bad_profile", "taken", "hello_again", "empty",
+                                 "unknown_field", "undecodable", "oversized"]))
     if kind == "not_hello":
         first = draw(st.sampled_from([
             pb.ConnectRequest(sample=draw(valid_samples())), pb.ConnectRequest(load=pb.LoadReport(num_running=3)),
@@ -150,6 +194,10 @@ def stream_breakers(draw) -> Case:
     if kind == "bad_hello":
         generator_id, capacity = draw(st.sampled_from([("", st.integers(0, 2**32 - 1)), ("x", st.just(0))]))
         m = pb.ConnectRequest(hello=pb.Hello(generator_id=generator_id, capacity=draw(capacity)))
+        return Case((m.SerializeToString(),), Refusal.BAD_HELLO, False, invalid)
+    if kind == "bad_profile":
+        m = hello(draw(st.text(min_size=1, max_size=20)).replace("good", "g00d"))
+        m.hello.latency_profile.extend(draw(bad_profiles()))
         return Case((m.SerializeToString(),), Refusal.BAD_HELLO, False, invalid)
     if kind == "taken":
         return Case((hello("good").SerializeToString(),), Refusal.GENERATOR_ID_TAKEN, False,
@@ -306,13 +354,13 @@ def test_samples_with_several_faults_are_refused_once_each(trainer):
     _still_serving(trainer)
 
 
-def test_every_generated_stream_breaker_ends_its_stream_alone_with_its_reason(trainer):
-    @settings(HYPOTHESIS, max_examples=60)
-    @given(case=stream_breakers())
+def test_every_generated_bad_message_is_refused_with_its_reason_ending_only_its_stream_if_any(trainer):
+    @settings(HYPOTHESIS, max_examples=80)
+    @given(case=stream_breakers() | bad_reports())
     def play(case: Case) -> None:
         _play(trainer, case)
 
     play()
     refused, _ = trainer.counts()
-    assert len(refused) >= 5
+    assert len(refused) >= 7
     _still_serving(trainer)

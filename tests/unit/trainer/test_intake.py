@@ -7,21 +7,23 @@ from dataclasses import replace
 
 import pytest
 
-from streamrl.messages import Hello, WeightsNotice, Work
+from streamrl.messages import Hello, LoadReport, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import SAMPLES_REFUSED, ServiceMetrics
 from streamrl.records import RunSummary
 from streamrl.samples import Sample
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.groups import InFlight, PromptWork
 from streamrl.trainer.intake import (
-    DROPPED,
     MALFORMED,
     MAX_MALFORMED_IN_A_ROW,
     STREAM,
     Refusal,
     Refused,
     SampleRules,
+    check_latency_profile,
+    check_load_report,
     check_sample,
+    check_weights_loaded,
 )
 from streamrl.trainer.workqueue import SamplingConfig
 
@@ -90,10 +92,30 @@ def test_the_message_size_limit_holds_a_sample_of_max_new_tokens():
     assert rules.max_request_bytes == (1 << 20) + 10 * 100_000
 
 
-def test_dropped_reasons_are_not_reissued_and_the_others_are():
-    for reason in Refusal:
-        assert Refused(reason, "").reissue == (reason not in DROPPED and reason not in STREAM)
+def test_only_samples_that_exist_and_are_missing_are_generated_again():
+    reissued = {r for r in Refusal if Refused(r, "").reissue}
+    assert {r.value for r in reissued} == {"finish_reason", "empty_completion", "too_long", "logprobs_mismatch",
+                                           "token_out_of_vocab", "bad_logprob", "future_version", "stale"}
     assert Refusal.INDEX_OUT_OF_RANGE in MALFORMED  # malformed, yet there is no such sample to generate
+    assert not reissued & STREAM
+
+
+def test_a_latency_profile_the_planner_cannot_use_is_named():
+    assert check_latency_profile(()) is None and check_latency_profile(((1, 0.01), (4, 0.02))) is None
+    assert "not ascending, distinct" in check_latency_profile(((4, 0.01), (4, 0.02)))
+    assert "not ascending, distinct" in check_latency_profile(((0, 0.01),))
+    assert "holds nan seconds" in check_latency_profile(((1, math.nan),))
+    assert "holds -1.0 seconds" in check_latency_profile(((1, 0.1), (2, -1.0)))
+
+
+def test_reports_with_numbers_the_trainer_cannot_use_are_refused():
+    assert check_load_report(LoadReport(1, 0, 10, 5.0, ((1, 0.1),), 0.5)) is None
+    assert check_load_report(LoadReport(1, 0, 10, math.inf, (), 0.0)).detail == "load.tokens_per_s is inf"
+    assert check_load_report(LoadReport(1, 0, 10, 1.0, (), -2.0)).detail == "load.skewness_bubble_s is -2.0"
+    assert check_load_report(LoadReport(1, 0, 10, 1.0, ((2, 0.1), (1, 0.1)), 0.0)).reason is Refusal.BAD_LOAD_REPORT
+    assert check_weights_loaded(WeightsLoaded(3, 0.5, 10, "trainer"), published_version=3) is None
+    assert "never published" in check_weights_loaded(WeightsLoaded(4, 0.5, 10, "trainer"), 3).detail
+    assert check_weights_loaded(WeightsLoaded(3, math.nan, 10, "peer"), 3).reason is Refusal.BAD_WEIGHTS_LOADED
 
 
 # ---- through the coordinator ---------------------------------------------------------------
@@ -229,3 +251,20 @@ def test_refusals_reach_the_run_summary():
                             weight_bytes_from_peers=0, **c.counters.totals())
     assert summary.num_samples_refused == {"unknown_prompt": 1} and summary.num_samples_rejected == 1
     assert RunSummary.model_validate_json(summary.to_json()).num_samples_refused == {"unknown_prompt": 1}
+
+
+def test_a_bad_report_is_ignored_and_counted_while_a_bad_hello_profile_is_refused():
+    async def go():
+        c = _coordinator()
+        with pytest.raises(ValueError, match=r"hello.latency_profile batch sizes \[2, 2\]"):
+            c.connect(Hello("a", "p", 4, "torch", 0, latency_profile=((2, 0.1), (2, 0.2))))
+        a = c.connect(Hello("a", "p", 4, "torch", 0, latency_profile=((1, 0.1),)))
+        good = LoadReport(1, 0, 10, 5.0, ((1, 0.2),), 0.5)
+        c.on_message("a", good)
+        c.on_message("a", LoadReport(1, 0, 10, math.nan, ((1, 0.3),), 0.5))
+        c.on_message("a", WeightsLoaded(9, 0.1, 10, "trainer"))  # never published
+        assert a.load == good and a.latency_profile == ((1, 0.2),) and a.policy_version == 0
+        assert c.counters.num_samples_refused == {"bad_load_report": 1, "bad_weights_loaded": 1}
+        assert c.counters.num_samples_rejected == 0  # not samples
+
+    asyncio.run(go())
