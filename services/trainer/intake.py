@@ -1,7 +1,6 @@
-"""What the trainer refuses from generators, decided in one place: the reason vocabulary
-(Refusal, also the `reason` label of streamrl_samples_refused), the checks a finished sample
-must pass before it may touch a group, and those of Hello's and reports' numbers. Knows no
-gRPC and no queue."""
+"""What the trainer refuses from generators, decided in one place: the reasons (Refusal, the
+`reason` label of streamrl_samples_refused), the checks of a sample before it may touch a
+group and of Hellos' and reports' numbers. Knows no gRPC and no queue."""
 
 from __future__ import annotations
 
