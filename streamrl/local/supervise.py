@@ -18,7 +18,10 @@ from streamrl.local.launch import GeneratorLauncher, Services
 from streamrl.records import RunEvent, append_event
 
 MAX_REPLICA_RESTARTS = 3
-"""Crashed generator replicas a local run replaces before it carries on without them."""
+"""Replicas that crash soon after they start (a crash loop) a local run replaces before it
+stops replacing them; a replica that ran a while is always replaced, as a Deployment would."""
+CRASH_LOOP_S = 30.0
+"""A replica that dies within this many seconds of its start counts toward the crash loop."""
 TRAINER_RESTART_LIMIT = 3
 """Trainer restarts of `streamrl run` when spec.trainer.restartLimit is unset."""
 FINISHED = (0, 130)
@@ -94,12 +97,18 @@ class Deaths:
 
 
 class ReplicaRestarts:
-    """Each tick, replaces the replicas that crashed since the last, while restarts are left."""
+    """Each tick, replaces the replicas that crashed since the last: always, unless
+    `max_restarts` replicas already crashed within CRASH_LOOP_S of their start (a crash loop:
+    replacing more would only repeat it). With none left running and none replaced, the run
+    fails, saying so, rather than wait for samples nobody will send."""
 
     def __init__(self, launcher: GeneratorLauncher, max_restarts: int = MAX_REPLICA_RESTARTS,
-                 out_dir: Path | None = None):
+                 out_dir: Path | None = None, crash_loop_s: float = CRASH_LOOP_S):
         self.launcher = launcher
         self.max_restarts = max_restarts
+        self.crash_loop_s = crash_loop_s
+        self.quick_crashes = 0
+        """Replicas that died within crash_loop_s of their start."""
         self.out_dir = out_dir
         """Where events.jsonl is written (None: nowhere)."""
         self.crashed: list[str] = []
@@ -108,14 +117,24 @@ class ReplicaRestarts:
     def tick(self, say: Callable[[str], None]) -> None:
         """Replace every replica that crashed since the last tick, while restarts are left."""
         seen = set(self.crashed)
+        declined = None
         for child in list(self.launcher.children):
             if child.name in seen or child.running() or child.proc.returncode == 0:
                 continue
             self.crashed.append(child.name)
             code = child.proc.returncode
-            if len(self.crashed) > self.max_restarts:
-                say(f"{child.name} exited with {code}; not replaced: {self.max_restarts} replicas already were")
-                continue
+            if child.seconds() < self.crash_loop_s:
+                self.quick_crashes += 1
+                if self.quick_crashes > self.max_restarts:
+                    say(f"{child.name} exited with {code} {child.seconds():.0f} s after it started; not replaced: "
+                        f"{self.max_restarts} replicas already crashed within {self.crash_loop_s:.0f} s of their "
+                        f"start (a crash loop; see {child.log_path})")
+                    declined = child
+                    continue
             replacement = self.launcher.start(child.pool)
             _event(self.out_dir, "replaced", child.name, f"by {replacement.name}")
             say(f"{child.name} exited with {code}; started {replacement.name} in its place")
+        if declined is not None and not any(c.running() for c in self.launcher.children):
+            raise RunFailed(f"no generator replica is left running (the last, {declined.name}, exited with "
+                            f"{declined.proc.returncode}; see {declined.log_path}): nothing can generate the samples "
+                            "the trainer waits for")

@@ -65,16 +65,31 @@ def test_a_crashed_replica_is_replaced_and_a_clean_exit_is_not(tmp_path):
     assert RunEvent.read_lines(tmp_path / EVENTS_FILE)[1].detail == "by generator-default-1"
 
 
-def test_restarts_stop_after_the_limit(tmp_path):
+def test_a_crash_loop_stops_being_replaced_and_the_run_fails_with_no_replica_left(tmp_path):
     launcher = _FakeLauncher(tmp_path, [1, 1, 1, 1, 1])
     launcher.start("a")
     said: list[str] = []
     restarts = ReplicaRestarts(launcher, max_restarts=3)
-    for _ in range(6):
+    for _ in range(3):
+        restarts.tick(said.append)
+    with pytest.raises(RunFailed, match=r"no generator replica is left running \(the last, generator-a-3, exited "
+                                        r"with 1; see .*3.log\)"):
         restarts.tick(said.append)
     assert len(launcher.children) == 4  # the first and its three replacements
-    assert said[-1] == "generator-a-3 exited with 1; not replaced: 3 replicas already were"
+    assert said[-1].startswith("generator-a-3 exited with 1 0 s after it started; not replaced: 3 replicas already "
+                               "crashed within 30 s of their start (a crash loop; see ")
     assert restarts.crashed == ["generator-a-0", "generator-a-1", "generator-a-2", "generator-a-3"]
+
+
+def test_a_replica_that_ran_a_while_is_always_replaced(tmp_path):
+    launcher = _FakeLauncher(tmp_path, [-9] * 8 + [0])
+    launcher.start("a")
+    said: list[str] = []
+    restarts = ReplicaRestarts(launcher, max_restarts=3, crash_loop_s=0.0)  # every death is "after a while"
+    for _ in range(9):
+        restarts.tick(said.append)
+    assert len(launcher.children) == 9 and restarts.quick_crashes == 0  # eight kills, eight replacements
+    assert said[-1] == "generator-a-7 exited with -9; started generator-a-8 in its place"
 
 
 class _FakeGroup:
