@@ -1,6 +1,6 @@
 """A generator replica's link to the trainer: dials it, takes work, streams every sample back
-the moment it finishes, pulls new weights in the background (from a pool peer when told),
-reports its load, and drains when asked to leave.
+the moment it finishes, has new weights pulled in the background (WeightFetcher), reports
+its load, and drains when asked to leave.
 
 A stream the trainer ends (status OK) is its goodbye: the run is over, the replica exits 0.
 A stream that breaks (the trainer died, restarted, the link failed) is not: the replica
@@ -24,18 +24,18 @@ from dataclasses import dataclass
 import grpc
 
 from streamrl.generator.engine import Engine, ptl_batch_sizes
+from streamrl.generator.fetcher import WeightFetcher
 from streamrl.generator.reconnect import Backoff
 from streamrl.generator.relay import Relay
-from streamrl.generator.worker import Abandon, LoadWeights, TrainerVersion, Worker
+from streamrl.generator.worker import Abandon, LoadWeights, Worker
 from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice, Welcome, Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import Sample
 from streamrl.spec import ReconnectSpec, SecuritySpec
 from streamrl.v1 import rollout_pb2_grpc
-from streamrl.weights import WeightsCorruptError, deserialize
 from streamrl.wire.channels import open_channel
 from streamrl.wire.convert import request_to_pb, response_from_pb
-from streamrl.wire.transfer import WeightSource, fetch_blob
+from streamrl.wire.transfer import WeightSource
 
 log = logging.getLogger("streamrl.generator")
 
@@ -96,7 +96,10 @@ class GeneratorAgent:
         self.security = security or SecuritySpec()
         self.reconnect = reconnect or ReconnectSpec()
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._from_engine, on_loaded=self._loaded,
-                             waiting_weights=lambda: bool(self._fetching), low_occupancy=low_occupancy)
+                             waiting_weights=lambda: bool(self.fetcher.fetching), low_occupancy=low_occupancy)
+        self._stopping = asyncio.Event()
+        """Set when the replica leaves (stop, drain timeout, the end of run())."""
+        self.fetcher = WeightFetcher(engine, self.worker.inbox, metrics, relay, self.security, self._stopping)
         self.connected = threading.Event()
         """Set while a trainer has welcomed this replica on the live stream (readiness)."""
         self.run_id = ""
@@ -113,15 +116,10 @@ class GeneratorAgent:
         self.exit_code = 0
         self.started_unix = started_unix
         """When this replica's process started (Unix seconds; 0 = unknown): the trainer measures its join."""
-        self._fetching: set[int] = set()
-        self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outbox: asyncio.Queue | None = None
         """The live stream's outgoing messages (a new queue per stream)."""
-        self._stopping: asyncio.Event | None = None
         self._engine: asyncio.Future | None = None
-        self._trainer_version = 0
-        """The newest version the trainer on the live stream publishes, as far as it has said."""
         self._draining = False
         self._left_early = False
         self._sent_one = False
@@ -161,7 +159,7 @@ class GeneratorAgent:
                     case Work() as work:
                         self.worker.inbox.put(work)
                     case WeightsNotice() as notice:
-                        self._start_fetch(notice)
+                        self.fetcher.notice(notice)
                     case BatchCap() as cap:
                         self.worker.inbox.put(cap)
                     case Welcome() as welcome:
@@ -193,8 +191,7 @@ class GeneratorAgent:
     def _welcomed(self, welcome: Welcome) -> None:
         restarted = bool(self.run_id) and (welcome.run_id, welcome.incarnation) != (self.run_id, self.incarnation)
         held = self.engine.policy_version
-        self._trainer_version = welcome.policy_version
-        self.worker.inbox.put(TrainerVersion(welcome.policy_version))
+        self.fetcher.welcome(welcome.policy_version)
         if restarted and self.relay:  # its versions above the trainer's may differ from the new trainer's
             self.relay.forget()
         fetch = "" if welcome.policy_version == held else f"; this replica holds v{held} and fetches the trainer's"
@@ -220,57 +217,6 @@ class GeneratorAgent:
             outbox.put_nowait(LoadReport(st.num_running, st.num_waiting, st.num_generated_tokens, rate,
                                          tuple(self.engine.latency_profile()), self.worker.skewness_bubble_s))
 
-    # ---- weights ----------------------------------------------------------------------
-    def _start_fetch(self, notice: WeightsNotice) -> None:
-        """Fetch a version the trainer announced unless it is held or older than one it
-        announced already; one older than the held version is a rollback (the trainer resumed
-        from an earlier version than this replica last loaded)."""
-        version = notice.policy_version
-        if version < self._trainer_version or version in self._fetching:
-            return
-        if version > self._trainer_version:
-            self._trainer_version = version
-            self.worker.inbox.put(TrainerVersion(version))
-        if version == self.engine.policy_version:
-            return
-        self._fetching.add(version)
-        task = asyncio.create_task(self._fetch_and_load(notice, time.monotonic(), version < self.engine.policy_version),
-                                   name=f"fetch-v{version}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _fetch(self, notice: WeightsNotice, source: WeightSource) -> tuple[bytes, str]:
-        """The version's bytes from the named peer, or from the trainer when there is none
-        or it fails; returns (blob, "peer" | "trainer")."""
-        if notice.source:
-            channel = open_channel(notice.source, self.security)
-            try:
-                return await fetch_blob(WeightSource(channel), notice, max_attempts=2, stopping=self._stopping), "peer"
-            except grpc.aio.AioRpcError as err:
-                if self._stopping.is_set():
-                    raise
-                log.warning("peer %s could not serve v%d (%s); fetching from the trainer", notice.source,
-                            notice.policy_version, err.code().name)
-            finally:
-                await channel.close()
-        return await fetch_blob(source, notice, stopping=self._stopping), "trainer"
-
-    async def _fetch_and_load(self, notice: WeightsNotice, t0: float, rollback: bool = False) -> None:
-        try:
-            blob, source = await self._fetch(notice, self._weights)
-            if self.relay:
-                self.relay.hold(await asyncio.to_thread(self.relay.chunked, notice.policy_version, blob))
-            self.metrics.weight_sync_bytes.labels(source).inc(len(blob))
-            self.metrics.weight_fetch_seconds.labels(source).observe(time.monotonic() - t0)
-            tensors = await asyncio.to_thread(deserialize, blob)
-            self.worker.inbox.put(LoadWeights(notice.policy_version, tensors, t0, len(blob), source, rollback))
-        except (WeightsCorruptError, grpc.aio.AioRpcError) as err:
-            if not self._stopping.is_set():
-                log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
-                          self.engine.policy_version, err)
-        finally:
-            self._fetching.discard(notice.policy_version)
-
     # ---- lifecycle --------------------------------------------------------------------
     async def run(self, connect_timeout_s: float = 60.0) -> int:
         """Connect and serve until the trainer says goodbye (0), a drain completes (0), stop()
@@ -280,7 +226,6 @@ class GeneratorAgent:
             return 0
         self._loop = asyncio.get_running_loop()
         self._outbox = asyncio.Queue()
-        self._stopping = asyncio.Event()
         channel = open_channel(self.trainer_address, self.security)
         try:
             await asyncio.wait_for(channel.channel_ready(), connect_timeout_s)
@@ -343,7 +288,7 @@ class GeneratorAgent:
     async def _session(self, channel, welcome_timeout_s: float | None) -> _Ended:
         """One Connect stream, from Hello until it ends or this replica stops."""
         outbox = self._outbox = asyncio.Queue()
-        self._weights = WeightSource(channel)
+        self.fetcher.source = WeightSource(channel)
         call = rollout_pb2_grpc.RolloutStub(channel).Connect(self._requests(outbox))
         reader = asyncio.create_task(self._read(call, welcome_timeout_s), name="reader")
         reporter = asyncio.create_task(self._report_load(outbox), name="load")
@@ -362,10 +307,11 @@ class GeneratorAgent:
             return _Ended(True, False)
         finally:
             self.connected.clear()
-            pending = [reader, reporter, stopping, *self._tasks]
+            pending = [reader, reporter, stopping]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+            await self.fetcher.cancel()
 
     async def _abandon(self) -> tuple[int, int]:
         """Drop the broken stream's work: (samples dropped from the engine, finished samples

@@ -70,7 +70,7 @@ def test_generator_refuses_a_corrupt_version_and_keeps_serving_the_old_one(tiny_
         trainer.call(announce())
         time.sleep(1.0)
         assert engine.policy_version == 0  # refused; the old weights stay in service
-        assert not agent._fetching
+        assert not agent.fetcher.fetching
         tensors = _perturbed(tiny_model_dir, 3)
         trainer.publish(3, tensors)
         deadline = time.monotonic() + 30
