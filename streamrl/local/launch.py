@@ -88,16 +88,20 @@ class TrainerGroup:
         already running); returns rank 0. A restart appends to the ranks' logs."""
         rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(self.world_size)}
         self.starts += 1
-        self.ranks = []
-        for rank in range(self.world_size):
-            # Every rank as torchrun would start them (its environment names it), on cores of its own.
-            env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)} if self.world_size > 1 else None
-            name = trainer_rank_process(rank) if rank else "trainer"
-            if self.starts > 1:
-                with (self.plan.out_dir / "logs" / f"{name}.log").open("a") as log:
-                    log.write(f"\n---- streamrl run: start {self.starts} of {name} ----\n")
-            self.ranks.append(_start(started, name, self.argv, self.plan, self.threads, self.cores[rank], env,
-                                     "a" if self.starts > 1 else "w"))
+        new: list[Child] = []
+        try:
+            for rank in range(self.world_size):
+                # Every rank as torchrun would start them (its environment names it), on cores of its own.
+                env = {**rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)} if self.world_size > 1 else None
+                name = trainer_rank_process(rank) if rank else "trainer"
+                if self.starts > 1:
+                    with (self.plan.out_dir / "logs" / f"{name}.log").open("a") as log:
+                        log.write(f"\n---- streamrl run: start {self.starts} of {name} ----\n")
+                started.append(_start(new, name, self.argv, self.plan, self.threads, self.cores[rank], env,
+                                      "a" if self.starts > 1 else "w"))
+        finally:  # interrupted part-way (Ctrl-C), the ranks started so far are the ones to stop
+            if new:
+                self.ranks = new
         return self.leader
 
 

@@ -72,8 +72,8 @@ class TrainerRestarts:
         self.restarts += 1
         ranks = len(self.services.trainer_group.ranks)
         what = "it" if ranks == 1 else f"all {ranks} of its ranks"
-        say(f"{who} exited with {code}; restarting {what} (restart {self.restarts} of {self.limit}); its "
-            "generators reconnect")
+        gens = "; its generators reconnect" if self.services.launcher.children else ""  # none when colocated
+        say(f"{who} exited with {code}; restarting {what} (restart {self.restarts} of {self.limit}){gens}")
         self.services.restart_trainer()
         _event(self.out_dir, "restarted", "trainer", f"restart {self.restarts} of {self.limit} after {child.name} "
                                                      f"exited with {code}")

@@ -103,6 +103,8 @@ class _FakeServices:
     def __init__(self, tmp_path, starts: list[list[int | None]]):
         self.tmp_path, self.starts = tmp_path, starts
         self.trainer_group = _FakeGroup([])
+        self.launcher = _FakeLauncher(tmp_path, [0])
+        self.launcher.start("default")  # a generator: it reconnects, the message says
         self.restarted = 0
         self._start()
 
