@@ -18,10 +18,12 @@ from streamrl.local.launch import GeneratorLauncher, Services
 from streamrl.records import RunEvent, append_event
 
 MAX_REPLICA_RESTARTS = 3
-"""Replicas that crash soon after they start (a crash loop) a local run replaces before it
-stops replacing them; a replica that ran a while is always replaced, as a Deployment would."""
+"""Replicas that crash before they start serving (a crash loop: a bad engine, a bad model) a
+local run replaces before it stops replacing them; a replica that was serving is always
+replaced, as a Deployment would replace its pod."""
 CRASH_LOOP_S = 30.0
-"""A replica that dies within this many seconds of its start counts toward the crash loop."""
+"""Without an endpoint file to tell, a replica that dies within this many seconds of its
+start counts toward the crash loop."""
 TRAINER_RESTART_LIMIT = 3
 """Trainer restarts of `streamrl run` when spec.trainer.restartLimit is unset."""
 FINISHED = (0, 130)
@@ -98,8 +100,8 @@ class Deaths:
 
 class ReplicaRestarts:
     """Each tick, replaces the replicas that crashed since the last: always, unless
-    `max_restarts` replicas already crashed within CRASH_LOOP_S of their start (a crash loop:
-    replacing more would only repeat it). With none left running and none replaced, the run
+    `max_restarts` replicas already crashed before they were serving (a crash loop: replacing
+    more would only repeat it). With none left running and none replaced, the run
     fails, saying so, rather than wait for samples nobody will send."""
 
     def __init__(self, launcher: GeneratorLauncher, max_restarts: int = MAX_REPLICA_RESTARTS,
@@ -114,8 +116,15 @@ class ReplicaRestarts:
         self.crashed: list[str] = []
         """Names of the replicas seen crashed, in order (replaced or not)."""
 
+    def _was_serving(self, child: Child) -> bool:
+        """It had written its endpoint file (listening, engine loaded); without one to read, it
+        had lived crash_loop_s."""
+        if child.endpoint_file is not None:
+            return child.endpoint_file.exists()
+        return child.seconds() >= self.crash_loop_s
+
     def tick(self, say: Callable[[str], None]) -> None:
-        """Replace every replica that crashed since the last tick, while restarts are left."""
+        """Replace every replica that crashed since the last tick, unless they crash-loop."""
         seen = set(self.crashed)
         declined = None
         for child in list(self.launcher.children):
@@ -123,12 +132,12 @@ class ReplicaRestarts:
                 continue
             self.crashed.append(child.name)
             code = child.proc.returncode
-            if child.seconds() < self.crash_loop_s:
+            if not self._was_serving(child):
                 self.quick_crashes += 1
                 if self.quick_crashes > self.max_restarts:
-                    say(f"{child.name} exited with {code} {child.seconds():.0f} s after it started; not replaced: "
-                        f"{self.max_restarts} replicas already crashed within {self.crash_loop_s:.0f} s of their "
-                        f"start (a crash loop; see {child.log_path})")
+                    say(f"{child.name} exited with {code} {child.seconds():.0f} s after it started, before it was "
+                        f"serving; not replaced: {self.max_restarts} replicas already crashed so (a crash loop; "
+                        f"see {child.log_path})")
                     declined = child
                     continue
             replacement = self.launcher.start(child.pool)

@@ -76,17 +76,22 @@ def test_a_crash_loop_stops_being_replaced_and_the_run_fails_with_no_replica_lef
                                         r"with 1; see .*3.log\)"):
         restarts.tick(said.append)
     assert len(launcher.children) == 4  # the first and its three replacements
-    assert said[-1].startswith("generator-a-3 exited with 1 0 s after it started; not replaced: 3 replicas already "
-                               "crashed within 30 s of their start (a crash loop; see ")
+    assert said[-1].startswith("generator-a-3 exited with 1 0 s after it started, before it was serving; not "
+                               "replaced: 3 replicas already crashed so (a crash loop; see ")
     assert restarts.crashed == ["generator-a-0", "generator-a-1", "generator-a-2", "generator-a-3"]
 
 
-def test_a_replica_that_ran_a_while_is_always_replaced(tmp_path):
+@pytest.mark.parametrize("serving", ["endpoint file", "lived long enough"])
+def test_a_replica_that_was_serving_is_always_replaced(tmp_path, serving):
     launcher = _FakeLauncher(tmp_path, [-9] * 8 + [0])
     launcher.start("a")
     said: list[str] = []
-    restarts = ReplicaRestarts(launcher, max_restarts=3, crash_loop_s=0.0)  # every death is "after a while"
+    restarts = ReplicaRestarts(launcher, max_restarts=3, crash_loop_s=0.0 if serving != "endpoint file" else 30.0)
     for _ in range(9):
+        if serving == "endpoint file":  # each wrote it once listening
+            for child in launcher.children:
+                child.endpoint_file = tmp_path / f"{child.name}.json"
+                child.endpoint_file.write_text("{}")
         restarts.tick(said.append)
     assert len(launcher.children) == 9 and restarts.quick_crashes == 0  # eight kills, eight replacements
     assert said[-1] == "generator-a-7 exited with -9; started generator-a-8 in its place"
