@@ -214,8 +214,10 @@ class TrainLoop:
         if self.checkpoints is None:
             return
         trained = len(self.ledger)
-        if self.checkpoints.last is not None and self.checkpoints.last.iteration == trained and not self._saving:
-            return  # nothing new since the last one
+        newest = self._saving[2].iteration if self._saving else (self.checkpoints.last.iteration
+                                                                  if self.checkpoints.last else None)
+        if newest == trained:
+            return  # nothing new since the last one (written, or being written)
         t0 = time.monotonic()
         await self.finish_checkpoint(wait=True)
         staging = self.checkpoints.staging(trained)

@@ -201,7 +201,10 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             save_model(out_dir / "model")
             log.info("summary: %s after %d iterations, %.1f samples/s, reward %.3f", summary.phase,
                      summary.num_iterations, summary.samples_per_s, summary.reward_mean)
-            coordinator.close()
+            if loop.phase == TrainerPhase.SUCCEEDED:
+                coordinator.close()  # the run is over: each generator's stream ends with OK, its goodbye
+            # Otherwise the server's stop breaks the streams: generators keep their engines and
+            # weights and dial again, for this run's next start.
             if lengths:
                 await lengths.close()
             if local is not None:

@@ -120,8 +120,11 @@ def test_admin_surface_serves_health_readiness_metrics_and_status(services, tmp_
         assert [b for b, _ in profile] == [1, 2, 4] and all(s > 0 for _, s in profile)
     assert trainer.wait(timeout=120) == 0
     assert gens["gen-a"].wait(timeout=30) == 0  # the trainer closed its stream: a clean exit
-    for name in ("checkpoints/iter-00001", "checkpoints/iter-00002", "model"):
-        assert (tmp_path / "out" / name / "model.safetensors").is_file(), name
+    assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
+    # A checkpoint each iteration (the newest checkpoint.keep = 2 kept), each whole: its manifest written last.
+    for name in ("iter-00001", "iter-00002"):
+        files = {p.name for p in (tmp_path / "out" / "checkpoints" / name).iterdir()}
+        assert files == {".metadata", "__0_0.distcp", "rank-0.pt", "trainer.json", "manifest.json"}, name
 
 
 def test_ctrl_c_stops_every_process_and_keeps_the_summary_and_model(write_job, tiny_model_dir, tmp_path):
