@@ -29,6 +29,8 @@ class Hello:
     latency_profile: LatencyPoints = ()
     started_unix: float = 0.0
     """When its process started (Unix seconds; 0 = unknown), for its time to join."""
+    weights_sha256: str = ""
+    """SHA-256 of the weights it holds as published (empty = the initial model)."""
 
 
 @dataclass(frozen=True)

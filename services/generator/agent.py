@@ -144,7 +144,8 @@ class GeneratorAgent:
         yield request_to_pb(Hello(
             self.generator_id, self.pool, self.engine.stats().capacity, self.engine_type, self.engine.policy_version,
             self.relay.address if self.relay else "", tuple(self.engine.latency_profile()),
-            0.0 if self.run_id else self.started_unix))  # a reconnect is no new process: no join time
+            0.0 if self.run_id else self.started_unix,  # a reconnect is no new process: no join time
+            self.fetcher.held_sha256()))
         while (msg := await outbox.get()) is not _CLOSE:
             yield request_to_pb(msg)
 

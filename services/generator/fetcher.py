@@ -37,6 +37,8 @@ class WeightFetcher:
         self.trainer_version = 0
         """The newest version the trainer on the live stream publishes, as far as it has said."""
         self.source: WeightSource | None = None
+        self.sha256: dict[int, str] = {}
+        """The published SHA-256 of each version fetched (the initial model has none)."""
         """The live stream's trainer (set as each stream opens)."""
 
     def welcome(self, policy_version: int) -> None:
@@ -54,11 +56,16 @@ class WeightFetcher:
         if version > self.trainer_version:
             self.trainer_version = version
             self.inbox.put(TrainerVersion(version))
-        if version == self.engine.policy_version:
+        held = self.engine.policy_version
+        replace = version == held and self.sha256.get(version, notice.sha256) != notice.sha256
+        if version == held and not replace:
             return
+        if replace:
+            log.warning("the trainer publishes v%d with other weights than those held (an earlier start of a resumed "
+                        "trainer published them): fetching its own", version)
         self.fetching.add(version)
-        task = asyncio.create_task(self._fetch_and_load(notice, self.source, time.monotonic(),
-                                                        version < self.engine.policy_version), name=f"fetch-v{version}")
+        task = asyncio.create_task(self._fetch_and_load(notice, self.source, time.monotonic(), version < held, replace),
+                                   name=f"fetch-v{version}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -85,7 +92,12 @@ class WeightFetcher:
                 await channel.close()
         return await fetch_blob(source, notice, stopping=self.stopping), "trainer"
 
-    async def _fetch_and_load(self, notice: WeightsNotice, source: WeightSource, t0: float, rollback: bool) -> None:
+    def held_sha256(self) -> str:
+        """SHA-256 of the weights the engine holds as they were published ("": the initial model)."""
+        return self.sha256.get(self.engine.policy_version, "")
+
+    async def _fetch_and_load(self, notice: WeightsNotice, source: WeightSource, t0: float, rollback: bool,
+                              replace: bool = False) -> None:
         try:
             blob, where = await self._fetch(notice, source)
             if self.relay:
@@ -93,7 +105,8 @@ class WeightFetcher:
             self.metrics.weight_sync_bytes.labels(where).inc(len(blob))
             self.metrics.weight_fetch_seconds.labels(where).observe(time.monotonic() - t0)
             tensors = await asyncio.to_thread(deserialize, blob)
-            self.inbox.put(LoadWeights(notice.policy_version, tensors, t0, len(blob), where, rollback))
+            self.sha256[notice.policy_version] = notice.sha256
+            self.inbox.put(LoadWeights(notice.policy_version, tensors, t0, len(blob), where, rollback, replace))
         except (WeightsCorruptError, grpc.aio.AioRpcError) as err:
             if not self.stopping.is_set():
                 log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,

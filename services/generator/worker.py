@@ -36,6 +36,8 @@ class LoadWeights:
     """Where the bytes came from: "trainer" or "peer"."""
     rollback: bool = False
     """Load it even over a newer version: a restarted trainer resumed from an earlier one."""
+    replace: bool = False
+    """Load it over the same version number: other weights a resumed trainer published."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ class Worker:
             self._deferred.append(msg)
         elif isinstance(msg, LoadWeights):
             held = self.engine.policy_version
-            if msg.policy_version == held or (msg.policy_version < held and not msg.rollback):
+            if (msg.policy_version == held and not msg.replace) or (msg.policy_version < held and not msg.rollback):
                 return
             self.engine.load_weights(msg.tensors.items(), msg.policy_version)
             sync_s = time.monotonic() - msg.notice_at

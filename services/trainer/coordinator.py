@@ -73,7 +73,7 @@ class Coordinator:
             raise KeyError(f"generator {hello.generator_id!r} is connected already")
         replica = Replica(hello.generator_id, hello.pool, hello.capacity, hello.engine, hello.policy_version,
                           hello.weights_address, hello.latency_profile, started_unix=hello.started_unix,
-                          hello_unix=time.time())
+                          hello_unix=time.time(), weights_sha256=hello.weights_sha256)
         self.replicas[replica.generator_id] = replica
         self.relay.joined(replica, self.replicas.values())
         self._count_replicas()

@@ -43,9 +43,12 @@ class WeightRelay:
         return ""
 
     def joined(self, replica: Replica, replicas: Iterable[Replica]) -> None:
-        """A new replica that holds another version is told to fetch the latest."""
+        """A new replica that holds another version is told to fetch the latest; so is one that
+        holds the latest version number with other weights (an earlier start of a resumed
+        trainer published it)."""
         latest = self.latest
-        if latest and latest.policy_version != replica.policy_version:
+        other_weights = bool(replica.weights_sha256) and replica.weights_sha256 != (latest.sha256 if latest else "")
+        if latest and (latest.policy_version != replica.policy_version or other_weights):
             replica.outbox.put_nowait(replace(latest, source=self._holder(replica, latest.policy_version, replicas)))
 
     def announce(self, notice: WeightsNotice, replicas: Iterable[Replica]) -> None:

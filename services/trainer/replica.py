@@ -49,6 +49,8 @@ class Replica:
     """When its Hello arrived."""
     join_s: float | None = None
     """Process start to its first accepted sample."""
+    weights_sha256: str = ""
+    """SHA-256 of the published weights it said it holds (empty: the initial model)."""
 
     def skewness_seconds(self) -> float:
         if self.skewness_bubble_s is not None:

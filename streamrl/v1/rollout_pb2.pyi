@@ -37,7 +37,7 @@ class Draining(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile", "started_unix")
+    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile", "started_unix", "weights_sha256")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class Hello(_message.Message):
     WEIGHTS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_PROFILE_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_SHA256_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     pool: str
     capacity: int
@@ -54,7 +55,8 @@ class Hello(_message.Message):
     weights_address: str
     latency_profile: _containers.RepeatedCompositeFieldContainer[LatencyPoint]
     started_unix: float
-    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ..., started_unix: _Optional[float] = ...) -> None: ...
+    weights_sha256: str
+    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ..., started_unix: _Optional[float] = ..., weights_sha256: _Optional[str] = ...) -> None: ...
 
 class LatencyPoint(_message.Message):
     __slots__ = ("batch_size", "seconds_per_step")

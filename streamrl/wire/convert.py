@@ -102,7 +102,8 @@ def request_to_pb(msg: GeneratorMessage) -> pb.ConnectRequest:
             return pb.ConnectRequest(hello=pb.Hello(
                 generator_id=msg.generator_id, pool=msg.pool, capacity=msg.capacity, engine=msg.engine,
                 policy_version=msg.policy_version, weights_address=msg.weights_address,
-                latency_profile=_points_to_pb(msg.latency_profile), started_unix=msg.started_unix))
+                latency_profile=_points_to_pb(msg.latency_profile), started_unix=msg.started_unix,
+                weights_sha256=msg.weights_sha256))
     raise TypeError(f"not a generator message: {msg!r}")
 
 
@@ -123,7 +124,7 @@ def request_from_pb(req: pb.ConnectRequest, generator_id: str) -> GeneratorMessa
     if kind == "hello":
         m = req.hello
         return Hello(m.generator_id, m.pool, m.capacity, m.engine, m.policy_version, m.weights_address,
-                     _points_from_pb(m.latency_profile), m.started_unix)
+                     _points_from_pb(m.latency_profile), m.started_unix, m.weights_sha256)
     raise ValueError("ConnectRequest carries no message (kind is empty)")
 
 

@@ -89,3 +89,19 @@ def test_work_waits_while_the_engine_is_ahead_of_its_trainer_until_a_rollback_lo
     assert w.engine.policy_version == 1 and {s.policy_version for s in samples} == {1}
     params = dict(w.engine.model.named_parameters())
     assert all(torch.equal(params[k], t) for k, t in changed.items())
+
+
+def test_the_same_version_with_other_weights_is_loaded_only_as_a_replacement(worker):
+    w, _ = worker
+    weights = {k: v.detach().clone() for k, v in w.engine.model.named_parameters()}
+    w.inbox.put(LoadWeights(3, weights, time.monotonic()))
+    _wait(lambda: w.engine.policy_version == 3, "v3 loaded")
+    other = {k: v + 0.02 for k, v in weights.items()}
+    w.inbox.put(LoadWeights(3, other, time.monotonic()))  # the same number, no replacement: ignored
+    time.sleep(0.3)
+    params = dict(w.engine.model.named_parameters())
+    assert all(torch.equal(params[k], t) for k, t in weights.items())
+    w.inbox.put(LoadWeights(3, other, time.monotonic(), replace=True))  # a resumed trainer's own v3
+    _wait(lambda: all(torch.equal(dict(w.engine.model.named_parameters())[k], t) for k, t in other.items()),
+          "the resumed trainer's v3 loaded")
+    assert w.engine.policy_version == 3
