@@ -88,6 +88,10 @@ class SimReplica:
         if policy_version > max(self.policy_version, self._fetched or -1):
             self._fetched = policy_version
             self._poke(admitting=False)
+        elif self._fetched is None and not self._loading:  # nothing newer: no longer waiting for weights
+            self.fetching = False
+            if self.idle:
+                self.track.set("idle", WAITING_WEIGHTS if self._deferred else NO_WORK)
 
     # ---- reading ------------------------------------------------------------------------
     def skewness_seconds(self) -> float:
