@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamrl.messages import BatchCap, WeightsLoaded, WeightsNotice, Work
-from streamrl.metrics import WAITING_WEIGHTS
+from streamrl.metrics import WAITING_WEIGHTS, ServiceMetrics
 from streamrl.planning.decoding import Sequence, SimReplica
 from streamrl.planning.events import Signal, Simulation, Track
 from streamrl.planning.scenario import LinkSection, Scenario
@@ -46,7 +46,9 @@ class Fleet:
         self.latency_context = latency_context
         d = scenario.dispatch
         sampling = workqueue.SamplingConfig(1.0, 1.0, scenario.workload.max_new_tokens, scenario.seed)
-        self.queue = workqueue.WorkQueue(sampling, RolloutCounters(metrics=None), d.effective_queue_factor)
+        # the coordinator's own counters, over metrics of a registry no one serves
+        self.counters = RolloutCounters(ServiceMetrics("trainer"))
+        self.queue = workqueue.WorkQueue(sampling, self.counters, d.effective_queue_factor)
         self.relay = WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay))
         self.replicas: dict[str, Replica] = {}
         self.engines: dict[str, SimReplica] = {}
