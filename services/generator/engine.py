@@ -80,7 +80,7 @@ class Engine(ABC):
 
     policy_version: int = 0
     ptl_context: int = 0
-    """Tokens of context each sequence has in measure_latency's decode steps."""
+    """Prompt tokens of each sequence measure_latency decodes (its context, plus the few generated)."""
 
     @abstractmethod
     def add_request(self, request: GenerationRequest) -> None:
@@ -109,7 +109,9 @@ class Engine(ABC):
 
     @abstractmethod
     def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4) -> list[tuple[int, float]]:
-        """PTL(BS): seconds per decode step at each batch size, measured now (call while idle)."""
+        """PTL(BS): seconds per decode step at each batch size, measured now (call while idle):
+        the engine's whole step as step() runs it (inputs, forward, sampling, bookkeeping), not
+        the forward alone. What a replica reports at start-up and `streamrl profile` records."""
 
     @abstractmethod
     def latency_profile(self) -> list[tuple[int, float]]:

@@ -90,11 +90,13 @@ class TorchEngine(Engine):
         finished: list[Completion] = []
         self._admit(finished)
         if self._running:
+            # The whole decode step is timed (its inputs, the forward, sampling, the per-sequence
+            # bookkeeping), as measure_latency times it: PTL is what a step costs, not the forward alone.
+            t0 = time.perf_counter()
             slots = self._running
             batch_size = len(slots)  # before sampling removes the finished ones from it
             tokens = torch.tensor([r.next_token for r in slots], device=self.device)
             positions = torch.tensor([r.cache_len for r in slots], device=self.device)
-            t0 = time.perf_counter()
             logits = self.decoder.decode(tokens, positions)
             self._sample(list(range(batch_size)), logits, finished)
             self._observe_latency(batch_size, time.perf_counter() - t0)
@@ -117,20 +119,35 @@ class TorchEngine(Engine):
             return sorted(self._ptl.items())
 
     def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4) -> list[tuple[int, float]]:
-        if self._running:
+        """At each batch size, `steps` of this engine's own decode steps (step(): inputs, the
+        forward, sampling at temperature 1 from each request's stream, the per-sequence
+        bookkeeping) over a steady batch of synthetic requests with `ptl_context` prompt tokens,
+        after one untimed step that admits them (prefill) and warms up. They are aborted after;
+        the engine is left as it was (its token count, EOS, batch cap)."""
+        if self._running or self._waiting:
             raise RuntimeError("measure_latency needs an idle engine (it borrows the cache slots)")
+        saved = self.eos_token_id, self.batch_cap, self.num_generated_tokens
+        self.eos_token_id = -1  # no EOS: every synthetic request runs to its max_new_tokens
+        self.batch_cap = self.capacity
+        prompt = tuple(4 + k % 16 for k in range(self.ptl_context))  # ordinary ids of any vocabulary
         out = []
-        for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
-            tokens = torch.zeros(bs, dtype=torch.long, device=self.device)
-            positions = torch.full((bs,), self.ptl_context, dtype=torch.long, device=self.device)
-            self.decoder.decode(tokens, positions)  # warm-up
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                self.decoder.decode(tokens, positions)
-            seconds = (time.perf_counter() - t0) / steps
-            with self._ptl_lock:
-                self._ptl[self._bucket(bs)] = seconds
-            out.append((bs, seconds))
+        try:
+            for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
+                ids = [f"measure-latency-{bs}-{i}" for i in range(bs)]
+                for i, rid in enumerate(ids):  # steps + 3 tokens: none finishes inside the timed steps
+                    self.add_request(GenerationRequest(rid, prompt, steps + 3, 1.0, 1.0, seed=i))
+                self.step()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    self.step()
+                seconds = (time.perf_counter() - t0) / steps
+                self.abort(ids)
+                with self._ptl_lock:
+                    self._ptl[self._bucket(bs)] = seconds
+                out.append((bs, seconds))
+        finally:
+            self.abort([r.request.request_id for r in self._running])
+            self.eos_token_id, self.batch_cap, self.num_generated_tokens = saved
         return out
 
     def set_batch_cap(self, max_batch_size: int) -> None:
