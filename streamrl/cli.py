@@ -184,12 +184,14 @@ def cmd_profile(args) -> int:
 
     from streamrl.generator.engine import setup_engine
     from streamrl.generator.profile import measure_generation
-    from streamrl.models import build_tiny_model, check_model_dir, eos_token_id, load_model
+    from streamrl.models import build_tiny_model, check_model_dir, eos_token_id, load_model, load_tokenizer
     from streamrl.planning.catalog import load_catalog
     from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel, plot_ptl
     from streamrl.planning.shape import ModelShape
+    from streamrl.rewards import sample_scorer
     from streamrl.spec import load_job
-    from streamrl.trainer.profile import measure_training
+    from streamrl.tasks import load_prompts
+    from streamrl.trainer.profile import measure_samples, measure_training
 
     job = load_job(args.job)
     spec = job.spec
@@ -213,9 +215,17 @@ def cmd_profile(args) -> int:
         num_params = sum(p.numel() for p in engine.model.parameters()) if hasattr(engine, "model") else 0
         del engine
         device = spec.trainer.device
-        training = measure_training(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device,
-                                    spec.model.dtype, args.prompt_tokens, completion_tokens, args.train_samples,
-                                    args.train_steps, spec.trainer.weight_chunk_bytes)
+        model = load_model(model_dir, spec.model.dtype, device)
+        vocab_size = model.config.vocab_size
+        training = measure_training(model, spec.algorithm, device, spec.model.dtype, args.prompt_tokens,
+                                    completion_tokens, args.train_steps, spec.trainer.weight_chunk_bytes)
+        tok = load_tokenizer(model_dir)
+        prompts = [((tok.bos_token_id, *tok(p.text, add_special_tokens=False)["input_ids"]), p.answer)
+                   for p in load_prompts(spec.task)[:spec.algorithm.prompts_per_step]]
+        samples = measure_samples(sample_scorer(spec.reward.function,
+                                                lambda ids: tok.decode(ids, skip_special_tokens=True)),
+                                  spec.algorithm, vocab_size, prompts, completion_tokens, pool.engine.max_batch_size,
+                                  spec.generators.dispatch.effective_queue_factor)
         shape = ModelShape.from_hf_config(model_dir, name=name)
         if not (args.model_dir or spec.model.source == "path"):
             shape = shape.model_copy(update={"source": f"streamrl/models.py ({args.size})"})
@@ -224,7 +234,7 @@ def cmd_profile(args) -> int:
     profile = Profile(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         hardware=ProfileHardware(device=pool.engine.device, name=processor, gpu_type=gpu_type, threads=args.threads,
-                                 torch_version=torch.__version__),
+                                 cores=len(os.sched_getaffinity(0)), torch_version=torch.__version__),
         model=ProfileModel(name=name, num_params=num_params or shape.num_params, dtype=spec.model.dtype,
                            shape=shape),
         engine=ProfileEngine(type=pool.engine.type, max_batch_size=generation.max_batch_size,
@@ -232,14 +242,20 @@ def cmd_profile(args) -> int:
         ptl=generation.ptl, ptl_context=generation.ptl_context, prefill_s_per_token=generation.prefill_s_per_token,
         train_micro_batch_size=training.micro_batch_size, train_sequence_tokens=training.sequence_tokens,
         forward_backward_s_per_token=training.forward_backward_s_per_token,
-        optimizer_step_s=training.optimizer_step_s, publish_s=training.publish_s)
+        forward_backward_s_per_micro_batch=training.forward_backward_s_per_micro_batch,
+        optimizer_step_s=training.optimizer_step_s, publish_s=training.publish_s,
+        weight_load_s=generation.weight_load_s, sample_intake_s=samples.intake_s, sample_stream_s=samples.stream_s)
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.write(out)
     plot = plot_ptl(profile, Path(args.plot) if args.plot else out.with_suffix(".png"))
     print("PTL(BS) ms per decode step: " + ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in profile.ptl))
     print(f"prefill {profile.prefill_s_per_token * 1e6:.1f} us/token; forward/backward "
-          f"{profile.forward_backward_s_per_token * 1e6:.1f} us/token at micro-batch {training.micro_batch_size}; "
-          f"optimizer step {profile.optimizer_step_s * 1e3:.1f} ms; publish {profile.publish_s * 1e3:.1f} ms")
+          f"{profile.forward_backward_s_per_micro_batch * 1e3:.2f} ms per micro-batch + "
+          f"{profile.forward_backward_s_per_token * 1e6:.1f} us per padded token (micro-batch "
+          f"{training.micro_batch_size}); optimizer step {profile.optimizer_step_s * 1e3:.1f} ms; publish "
+          f"{profile.publish_s * 1e3:.1f} ms; weight load {profile.weight_load_s * 1e3:.1f} ms")
+    print(f"per sample: intake {profile.sample_intake_s * 1e6:.1f} us in process, "
+          f"{profile.sample_stream_s * 1e6:.1f} us over the Connect stream")
     print(f"profile: {out}\nplot: {plot}")
     return 0
 
@@ -291,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("profile", help="measure this job's model on this machine for the planner: PTL(BS), prefill "
-                                       "and training seconds per token, the optimizer step, publishing")
+                                       "and training seconds, the optimizer step, publishing, weight loads, "
+                                       "each sample's intake")
     p.add_argument("job", help="RLJob YAML file (its model, engine, micro-batch size and dtype)")
     p.add_argument("--out", required=True, help="the profile file (JSON) to write")
     p.add_argument("--plot", help="PNG of PTL(BS) (default: --out with .png)")
@@ -306,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt tokens of prefill and training (default 32)")
     p.add_argument("--completion-tokens", type=int,
                    help="completion tokens of each trained sample (default: algorithm.maxNewTokens)")
-    p.add_argument("--train-samples", type=int, help="samples per timed step (default: two micro-batches)")
-    p.add_argument("--train-steps", type=int, default=2, help="timed optimizer steps after a warm-up one (default 2)")
+    p.add_argument("--train-steps", type=int, default=2,
+                   help="timed steps per micro-batch shape after a warm-up one (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(fn=cmd_profile)
 

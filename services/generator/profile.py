@@ -1,13 +1,16 @@
 """What `streamrl profile` measures of a generator's engine: PTL(BS) through the engine's own
-measure_latency (what every replica runs as it starts) and prefill seconds per prompt token
-through its public request path. Knows the engine interface, not the profile file."""
+measure_latency (what every replica runs as it starts), prefill seconds per prompt token
+through its public request path, and swapping a published weight version in. Knows the
+engine interface, not the profile file."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
 from streamrl.generator.engine import Engine, GenerationRequest, ptl_batch_sizes
+from streamrl.weights import WeightStore, deserialize
 
 
 @dataclass(frozen=True)
@@ -20,15 +23,36 @@ class GenerationMeasurement:
     """Seconds of a step that admits prompts (prefill and the first token), per prompt token."""
     max_batch_size: int
     """The engine's capacity."""
+    weight_load_s: float
+    """Seconds to take a published version in: decode its bytes and load them into the engine."""
+
+
+def measure_weight_load(engine: Engine, rounds: int = 3) -> float:
+    """A version of the engine's own weights published as the trainer publishes them, then
+    decoded and loaded as a replica does once its bytes are here (median of `rounds`)."""
+    params = dict(engine.model.named_parameters())
+    weights = {name: p.detach().clone() for name, p in params.items()}
+    store = WeightStore(keep=1, chunk_bytes=1 << 20)
+    version = engine.policy_version
+    seconds = []
+    for k in range(rounds):
+        published = store.publish(version + 1 + k, weights)
+        t0 = time.perf_counter()
+        engine.load_weights(deserialize(published.blob).items(), published.policy_version)
+        seconds.append(time.perf_counter() - t0)
+    engine.load_weights(weights.items(), version)  # back to what it held
+    return statistics.median(seconds)
 
 
 def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, steps: int = 4, prompt_tokens: int = 32,
-                       prefill_batch: int = 4, prefill_rounds: int = 2) -> GenerationMeasurement:
-    """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up) and prefill of
-    `prefill_batch` prompts of `prompt_tokens` tokens (mean of `prefill_rounds` after a warm-up)."""
+                       prefill_batch: int = 4, prefill_rounds: int = 2, rounds: int = 3) -> GenerationMeasurement:
+    """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up), the median of
+    `rounds` measurements; prefill of `prefill_batch` prompts of `prompt_tokens` tokens (mean of
+    `prefill_rounds` after a warm-up); and loading a weight version."""
     capacity = engine.stats().capacity
     sizes = sorted({min(b, capacity) for b in batch_sizes}) if batch_sizes else ptl_batch_sizes(capacity)
-    ptl = engine.measure_latency(sizes, steps)
+    measured = [dict(engine.measure_latency(sizes, steps)) for _ in range(rounds)]
+    ptl = [(b, statistics.median(m[b] for m in measured)) for b in sizes]
     batch = min(prefill_batch, capacity)
     seconds = []
     for round_ in range(prefill_rounds + 1):
@@ -41,4 +65,4 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
         if round_:  # the first round warms up
             seconds.append(time.perf_counter() - t0)
     per_token = sum(seconds) / len(seconds) / (batch * prompt_tokens)
-    return GenerationMeasurement(sorted(ptl), engine.ptl_context, per_token, capacity)
+    return GenerationMeasurement(ptl, engine.ptl_context, per_token, capacity, measure_weight_load(engine))

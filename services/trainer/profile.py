@@ -1,11 +1,14 @@
-"""What `streamrl profile` measures of the trainer: the real Learner's forward/backward seconds
-per token at the job's micro-batch size, its optimizer step, and publishing (gathering the
-weights and putting them in the weight store), on synthetic groups of fixed lengths. Knows the
-learner, not the profile file."""
+"""What `streamrl profile` measures of the trainer: the real Learner's forward/backward (a fixed
+cost per micro-batch plus seconds per padded token, fitted over micro-batches of several shapes),
+its optimizer step and publishing; and the real coordinator's seconds per sample, in process and
+over a loopback Connect stream. Knows the learner and the coordinator, not the profile file."""
 
 from __future__ import annotations
 
+import asyncio
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +23,11 @@ from streamrl.weights import WeightStore
 class TrainingMeasurement:
     micro_batch_size: int
     sequence_tokens: int
-    """Prompt + completion tokens of every trained sample."""
+    """Prompt + completion tokens of the longest trained samples."""
     forward_backward_s_per_token: float
+    """Seconds per padded token of a micro-batch (the fit's slope)."""
+    forward_backward_s_per_micro_batch: float
+    """Seconds every micro-batch costs whatever its size (the fit's intercept: packing, the loss, Python)."""
     optimizer_step_s: float
     publish_s: float
 
@@ -38,25 +44,160 @@ def synthetic_groups(num_samples: int, group_size: int, prompt_tokens: int, comp
     return groups
 
 
+def fit_micro_batch_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds per micro-batch, seconds per padded token) fitted by least squares to
+    (padded tokens, seconds) of single micro-batches; both kept >= 0 (a negative intercept is
+    refitted through the origin)."""
+    if len({n for n, _ in points}) < 2:
+        raise ValueError("fitting a micro-batch's cost needs micro-batches of at least two sizes")
+    xs, ys = [float(n) for n, _ in points], [s for _, s in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept = my - slope * mx
+    if intercept < 0 or slope < 0:
+        return 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return intercept, slope
+
+
 def measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu", dtype: str = "float32",
-                     prompt_tokens: int = 32, completion_tokens: int = 64, num_samples: int | None = None,
-                     steps: int = 2, chunk_bytes: int = 1 << 20) -> TrainingMeasurement:
-    """Train `steps` steps of `num_samples` samples (default two micro-batches) after a warm-up
-    step; the learner's own StepStats give forward/backward and optimizer seconds."""
+                     prompt_tokens: int = 32, completion_tokens: int = 64, steps: int = 2,
+                     chunk_bytes: int = 1 << 20) -> TrainingMeasurement:
+    """Single micro-batches of three shapes (full at the given lengths, full at a quarter of
+    the completion, a quarter full at the given lengths), each trained `steps` times after a
+    warm-up and its median kept; the fit over them, the optimizer step and publishing (medians)."""
     learner = Learner(model, algo, device=device, dtype=dtype)
-    num_samples = num_samples or 2 * algo.micro_batch_size
-    groups = synthetic_groups(num_samples, algo.group_size, prompt_tokens, completion_tokens)
+    mb = algo.micro_batch_size
+    shapes = {(mb, completion_tokens), (mb, max(1, completion_tokens // 4)), (max(1, mb // 4), completion_tokens)}
     store = WeightStore(keep=1, chunk_bytes=chunk_bytes)
-    forward_backward_s = optimizer_s = publish_s = 0.0
-    for step in range(steps + 1):
-        learner.accumulate(groups, num_samples)
-        stats = learner.step()
+    points, optimizer_s, publish_s = [], [], []
+    for n, completion in sorted(shapes):
+        groups = synthetic_groups(n, algo.group_size, prompt_tokens, completion)
+        seconds = []
+        for step in range(steps + 1):
+            learner.accumulate(groups, n)
+            stats = learner.step()
+            t0 = time.perf_counter()
+            store.publish(learner.policy_version, learner.weights())
+            if step:  # the first step warms up
+                seconds.append(stats.forward_backward_s)
+                optimizer_s.append(stats.optimizer_s)
+                publish_s.append(time.perf_counter() - t0)
+        points.append((n * (prompt_tokens + completion), statistics.median(seconds)))
+    per_micro_batch, per_token = fit_micro_batch_cost(points)
+    return TrainingMeasurement(mb, prompt_tokens + completion_tokens, per_token, per_micro_batch,
+                               statistics.median(optimizer_s), statistics.median(publish_s))
+
+
+@dataclass(frozen=True)
+class SampleMeasurement:
+    intake_s: float
+    """Seconds per sample of the coordinator's own work: checks, scoring, grouping, dispatching more."""
+    stream_s: float
+    """Seconds per sample over a loopback Connect stream through the real servicer, both ends in
+    this one process: the work going out, each sample's conversion, gRPC and intake."""
+
+
+def _coordinator(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vocab_size: int, queue_factor: float):
+    from streamrl.metrics import ServiceMetrics
+    from streamrl.trainer.coordinator import Coordinator
+    from streamrl.trainer.workqueue import SamplingConfig
+
+    sampling = SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed)
+    return Coordinator(sampling, scorer, ServiceMetrics("trainer"), algo.scale_advantages, queue_factor,
+                       vocab_size=vocab_size)
+
+
+def _prompts(iteration: int, prompts: list[tuple[tuple[int, ...], str]]):
+    from streamrl.trainer.groups import PromptWork
+
+    return [PromptWork(f"{iteration}-{k}-{k}", k, answer, ids) for k, (ids, answer) in enumerate(prompts)]
+
+
+def _sample(work, index: int, completion_tokens: int, generator_id: str) -> Sample:
+    ids = tuple(4 + (index + k) % 16 for k in range(completion_tokens))
+    return Sample(work.prompt_id, index, ids, (-1.0,) * completion_tokens, 0, "length", generator_id)
+
+
+async def _in_process(coordinator, prompts, group_size: int, completion_tokens: int, capacity: int,
+                      rounds: int) -> float:
+    from streamrl.messages import Hello, Work
+
+    replica = coordinator.connect(Hello("profile-0", "default", capacity, "torch", 0))
+    seconds = []
+    for it in range(rounds + 1):
         t0 = time.perf_counter()
-        store.publish(learner.policy_version, learner.weights())
-        if step:  # the first step warms up
-            forward_backward_s += stats.forward_backward_s
-            optimizer_s += stats.optimizer_s
-            publish_s += time.perf_counter() - t0
-    tokens = num_samples * (prompt_tokens + completion_tokens)
-    return TrainingMeasurement(algo.micro_batch_size, prompt_tokens + completion_tokens,
-                               forward_backward_s / steps / tokens, optimizer_s / steps, publish_s / steps)
+        coordinator.add_prompts(it, _prompts(it, prompts), group_size, 0)
+        while not replica.outbox.empty():  # each sample's intake dispatches more work, as the trainer's does
+            work = replica.outbox.get_nowait()
+            if isinstance(work, Work):
+                for i in work.sample_indices:
+                    coordinator.on_sample(replica.generator_id, _sample(work, i, completion_tokens, "profile-0"))
+        if it:  # the first round warms up
+            seconds.append((time.perf_counter() - t0) / (len(prompts) * group_size))
+        await coordinator.take_groups(it, 1, len(prompts) * group_size)
+    coordinator.disconnect(replica.generator_id)
+    return statistics.median(seconds)
+
+
+async def _over_stream(coordinator, prompts, group_size: int, completion_tokens: int, capacity: int,
+                       rounds: int) -> float:
+    import grpc
+
+    from streamrl.messages import Hello, Work
+    from streamrl.trainer.servicer import RolloutServicer
+    from streamrl.v1 import rollout_pb2 as pb
+    from streamrl.wire.convert import request_to_pb, response_from_pb
+    from streamrl.wire.transfer import rollout_handler
+
+    servicer = RolloutServicer(coordinator, WeightStore(1, 1 << 20), "profile")
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((rollout_handler(servicer.Connect, servicer.FetchWeights),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        call = channel.stream_stream("/streamrl.v1.Rollout/Connect",
+                                     request_serializer=pb.ConnectRequest.SerializeToString,
+                                     response_deserializer=pb.ConnectResponse.FromString)()
+        per_round = len(prompts) * group_size
+        await call.write(request_to_pb(Hello("profile-1", "default", capacity, "torch", 0)))
+        await call.read()  # Welcome
+        seconds, accepted = [], coordinator.counters.num_samples_accepted
+        for it in range(rounds + 1):
+            t0 = time.perf_counter()
+            coordinator.add_prompts(it, _prompts(it, prompts), group_size, 0)
+            sent = 0
+            while sent < per_round:  # answer each Work as a generator's agent does
+                work = response_from_pb(await call.read())
+                if isinstance(work, Work):
+                    for i in work.sample_indices:
+                        await call.write(request_to_pb(_sample(work, i, completion_tokens, "profile-1")))
+                        sent += 1
+            accepted += per_round
+            while coordinator.counters.num_samples_accepted < accepted:
+                await asyncio.sleep(0)  # the servicer's reader takes the last ones in
+            if it:
+                seconds.append((time.perf_counter() - t0) / per_round)
+            await coordinator.take_groups(it, 1, per_round)
+        await call.done_writing()
+        return statistics.median(seconds)
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vocab_size: int,
+                    prompts: list[tuple[tuple[int, ...], str]], completion_tokens: int, capacity: int,
+                    queue_factor: float, rounds: int = 3) -> SampleMeasurement:
+    """One iteration's work (`prompts`: token ids and answer, x groupSize samples of
+    `completion_tokens` tokens, scored by the job's reward) for one replica of `capacity`
+    sequences, taken in by the real coordinator (dispatching with `queue_factor`), `rounds`
+    times after a warm-up, in process and then over the stream (medians)."""
+
+    async def both() -> SampleMeasurement:
+        args = (prompts, algo.group_size, completion_tokens, capacity, rounds)
+        intake = await _in_process(_coordinator(scorer, algo, vocab_size, queue_factor), *args)
+        stream = await _over_stream(_coordinator(scorer, algo, vocab_size, queue_factor), *args)
+        return SampleMeasurement(intake, stream)
+
+    return asyncio.run(both())

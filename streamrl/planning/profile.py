@@ -1,10 +1,11 @@
-"""A measured profile: what `streamrl profile` writes (the hardware, model and engine it ran
-on, PTL(BS), prefill and training seconds per token, the optimizer step and publishing), how
-it is read back, the stage costs it gives the planner and the simulator, and its PTL plot.
-Knows numbers only: the measuring is the services' (generator/profile.py, trainer/profile.py)."""
+"""A measured profile: what `streamrl profile` writes (hardware, model, engine; PTL(BS), prefill,
+training, the optimizer step, publishing, weight loads, each sample's intake and wire), how it is
+read back, the stage costs it gives the planner and the simulator, and its PTL plot. Knows
+numbers only: the measuring is the services' (generator/profile.py, trainer/profile.py)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,11 @@ from pydantic import Field, field_validator
 from streamrl.planning.shape import ModelShape
 from streamrl.records import Record, write_json
 
-PROFILE_VERSION = 1
+log = logging.getLogger(__name__)
+
+PROFILE_VERSION = 2
+"""1: PTL timed the decoder's forward alone, training was seconds per token only, and the
+per-sample, per-micro-batch and weight-load costs were not measured (they read as 0)."""
 
 
 class ProfileHardware(Record):
@@ -26,6 +31,8 @@ class ProfileHardware(Record):
     uses this profile instead of the analytic model for that type."""
     threads: int = 1
     """torch threads of each measurement."""
+    cores: int = 0
+    """Cores the measuring process could run on (0: not recorded, a version-1 profile)."""
     torch_version: str = ""
 
 
@@ -68,11 +75,22 @@ class Profile(Record):
     train_world_size: int = Field(1, ge=1)
     """Trainer ranks that shared the measured work."""
     forward_backward_s_per_token: float = Field(ge=0)
-    """Seconds of forward and backward per trained token (over the whole trainer)."""
+    """Seconds of forward and backward per padded token of a micro-batch (over the whole trainer)."""
+    forward_backward_s_per_micro_batch: float = Field(0.0, ge=0)
+    """Seconds every micro-batch costs besides its tokens (packing, the loss, the learner's Python),
+    fitted with forward_backward_s_per_token over micro-batches of several shapes."""
     optimizer_step_s: float = Field(ge=0)
     """Seconds of one optimizer step (gradient clipping included)."""
     publish_s: float = Field(ge=0)
     """Seconds to gather the full weights and put them in the weight store (serialised, chunked, hashed)."""
+    weight_load_s: float = Field(0.0, ge=0)
+    """Seconds a replica takes to swap a published version in once its bytes are here (decode, load)."""
+    sample_intake_s: float = Field(0.0, ge=0)
+    """Seconds the trainer's coordinator spends per sample it takes in (checks, scoring, grouping,
+    dispatching more work), in process: what a colocated generator's samples cost."""
+    sample_stream_s: float = Field(0.0, ge=0)
+    """Seconds per sample over a loopback Connect stream, both ends in one process (the work out,
+    the sample's conversion both ways, gRPC, the intake): intake plus the wire."""
 
     @field_validator("ptl")
     @classmethod
@@ -85,6 +103,15 @@ class Profile(Record):
     def write(self, path: Path) -> None:
         write_json(Path(path), self)
 
+    def sample_send_s(self) -> float:
+        """A remote replica's seconds per sample it sends: half the wire (an assumption: the two
+        ends of the stream, converting and passing through gRPC, cost alike)."""
+        return max(0.0, self.sample_stream_s - self.sample_intake_s) / 2
+
+    def sample_receive_s(self) -> float:
+        """The trainer's seconds per sample a remote replica sends: the intake and the other half of the wire."""
+        return self.sample_intake_s + self.sample_send_s()
+
     def generation_cost(self) -> MeasuredGenerationCost:
         """A replica of this engine on this hardware (a GenerationCost)."""
         return MeasuredGenerationCost(tuple(self.ptl), self.prefill_s_per_token, self.engine.max_batch_size)
@@ -95,7 +122,7 @@ class Profile(Record):
         assumption: measure the world size you plan where you can)."""
         scale = self.train_world_size / num_gpus if num_gpus else 1.0
         return MeasuredTrainingCost(self.forward_backward_s_per_token * scale, self.optimizer_step_s * scale,
-                                    self.publish_s)
+                                    self.publish_s, self.forward_backward_s_per_micro_batch * scale)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -103,7 +130,12 @@ def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"profile {path}: no such file (write one with `streamrl profile JOB --out {path}`)")
-    return Profile.read(path)
+    profile = Profile.read(path)
+    if profile.version < PROFILE_VERSION:
+        log.warning("profile %s is version %d: its PTL times the decoder's forward alone and it lacks the "
+                    "per-sample, per-micro-batch and weight-load costs (read as 0), so it predicts too fast; "
+                    "measure again with `streamrl profile`", path, profile.version)
+    return profile
 
 
 @dataclass(frozen=True)
@@ -137,9 +169,10 @@ class MeasuredTrainingCost:
     forward_backward_s_per_token: float
     optimizer_step_s: float
     publish_seconds: float
+    forward_backward_s_per_micro_batch: float = 0.0
 
-    def train_s(self, tokens: int) -> float:
-        return tokens * self.forward_backward_s_per_token
+    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
+        return tokens * self.forward_backward_s_per_token + micro_batches * self.forward_backward_s_per_micro_batch
 
     def step_s(self) -> float:
         return self.optimizer_step_s

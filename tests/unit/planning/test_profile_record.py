@@ -67,3 +67,33 @@ def test_the_plot_is_a_png(tmp_path):
     path = plot_ptl(_profile(), tmp_path / "ptl.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 5000
+
+
+def test_a_version_1_profile_still_loads_its_unmeasured_costs_as_zero_and_says_so(tmp_path, caplog):
+    data = json.loads(_profile().model_dump_json())
+    data["version"] = 1
+    for key in ("forward_backward_s_per_micro_batch", "weight_load_s", "sample_intake_s", "sample_stream_s"):
+        del data[key]
+    del data["hardware"]["cores"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_profile(tmp_path / "old.json")
+    assert (old.forward_backward_s_per_micro_batch, old.weight_load_s, old.sample_stream_s) == (0.0, 0.0, 0.0)
+    assert old.hardware.cores == 0
+    assert "is version 1: its PTL times the decoder's forward alone" in caplog.text
+    caplog.clear()
+    _profile().write(tmp_path / "new.json")
+    load_profile(tmp_path / "new.json")
+    assert "version" not in caplog.text
+
+
+def test_a_sample_costs_each_end_half_the_wire_and_the_trainer_its_intake():
+    profile = _profile(sample_intake_s=3e-5, sample_stream_s=1e-4)
+    assert profile.sample_send_s() == pytest.approx(3.5e-5)
+    assert profile.sample_receive_s() == pytest.approx(6.5e-5)
+    assert _profile(sample_intake_s=2e-4, sample_stream_s=1e-4).sample_send_s() == 0.0  # noise, not a gain
+
+
+def test_micro_batches_cost_their_fixed_seconds_scaled_with_the_gpus():
+    profile = _profile(forward_backward_s_per_micro_batch=0.01)
+    assert profile.training_cost().train_s(1000, 3) == pytest.approx(0.2 + 0.03)
+    assert profile.training_cost(num_gpus=8).train_s(1000, 3) == pytest.approx((0.2 + 0.03) / 4)  # measured on 2
