@@ -30,9 +30,10 @@ class GenerationCost(Protocol):
 class TrainingCost(Protocol):
     """The whole trainer stage (every rank) of one model and algorithm."""
 
-    def train_s(self, tokens: int) -> float:
+    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
         """Seconds of forward and backward (with the algorithm's reference/critic passes) over
-        `tokens` trained tokens (prompt + output), spread over every rank."""
+        `tokens` trained (padded) tokens (prompt + output) in `micro_batches` micro-batches,
+        spread over every rank; a cost with no per-micro-batch term ignores the count."""
         ...
 
     def step_s(self) -> float:

@@ -1,6 +1,6 @@
 """A simulated generator replica: continuous batching in the product's admission order, work
-held until its weight version is here, versions swapped between decode steps; a stretch of
-steps with the same batch is one event. Knows its GenerationCost, not dispatch or the trainer."""
+held until its weight version is here, versions swapped and finished samples sent between decode
+steps; a stretch of steps with the same batch is one event. Knows its GenerationCost, not dispatch."""
 
 from __future__ import annotations
 
@@ -45,12 +45,15 @@ class SimReplica:
     def __init__(self, sim: Simulation, generator_id: str, pool: str, cost: GenerationCost, capacity: int,
                  track: Track, on_sample: Callable[[SimReplica, Sequence], None],
                  on_loaded: Callable[[SimReplica, int], None], low_occupancy: float = 0.5, load_s: float = 0.0,
-                 policy_version: int = 0):
+                 policy_version: int = 0, sample_s: float = 0.0):
         self.sim, self.generator_id, self.pool, self.cost = sim, generator_id, pool, cost
         self.capacity = self.batch_cap = capacity
         self.track = track
         self.on_sample, self.on_loaded = on_sample, on_loaded
         self.low_occupancy, self.load_s = low_occupancy, load_s
+        self.sample_s = sample_s
+        """Seconds per finished sample spent between steps (sending it; in-process, its intake)."""
+        self._sending = False
         self.policy_version = policy_version
         self.fetching = False
         """A version is on its way (the idle reason is then waiting for weights)."""
@@ -100,13 +103,13 @@ class SimReplica:
 
     @property
     def idle(self) -> bool:
-        return self._stretch is None and not self._loading
+        return self._stretch is None and not self._loading and not self._sending
 
     # ---- the loop -----------------------------------------------------------------------
     def _poke(self, admitting: bool) -> None:
         """Something changed: start stepping when idle, else end the current stretch after the
         step in progress when the change matters to the batch."""
-        if self.closed or self._loading:
+        if self.closed or self._loading or self._sending:
             return
         s = self._stretch
         if s is None:
@@ -178,6 +181,14 @@ class SimReplica:
             self.num_samples += len(finished)
             for q in finished:
                 self.on_sample(self, q)
+            if self.sample_s > 0:  # the samples leave before the next step
+                self._sending = True
+                self.sim.after(len(finished) * self.sample_s, self._sent)
+                return
+        self._next()
+
+    def _sent(self) -> None:
+        self._sending = False
         self._next()
 
     def _loaded(self, version: int) -> None:

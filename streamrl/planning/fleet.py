@@ -58,6 +58,8 @@ class Fleet:
         self.ready: dict[int, deque[SimGroup]] = {}
         self.arrived = Signal(sim)
         """Fired when a group completes."""
+        self.num_arrived = 0
+        """Samples that reached the trainer so far."""
         self.recent_lengths: deque[int] = deque(maxlen=4096)
         """D, the recent output lengths (as the trainer's loop keeps them)."""
         self.demand: longtail.LongTailDemand | None = None
@@ -88,7 +90,7 @@ class Fleet:
                           gid if spec.weight_relay else "", points)
         engine = SimReplica(self.sim, gid, pool, stage.cost, stage.max_batch, Track(self.sim, f"generator-{gid}"),
                             self._on_sample, self._on_loaded, self.scenario.dispatch.low_occupancy,
-                            self.scenario.weights.load_seconds, policy_version)
+                            stage.load_s, policy_version, stage.sample_s)
         engine.held_since = self.sim.now if held_since is None else held_since
         replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
         self.replicas[gid] = replica
@@ -202,6 +204,7 @@ class Fleet:
 
     def _arrive(self, engine: SimReplica, q: Sequence) -> None:
         _, group = self.inflight[q.prompt_id]
+        self.num_arrived += 1
         group.lengths.append(q.length)
         group.policy_versions.append(q.policy_version)
         if len(group.lengths) == group.group_size:

@@ -261,7 +261,9 @@ class Planner:
                 sample_tokens = self.workload.prompt_tokens + self.workload.mean_output
                 tokens = round(self.job.samples_per_iteration * sample_tokens)
                 micro = round(min(self.job.micro_batch_size * num_gpus, self.job.samples_per_iteration) * sample_tokens)
-                self._train[key] = _Training(cost.train_s(tokens), cost.train_s(micro), cost.step_s(), cost.publish_s())
+                batches = -(-self.job.samples_per_iteration // self.job.micro_batch_size)  # over every rank
+                self._train[key] = _Training(cost.train_s(tokens, batches), cost.train_s(micro, min(num_gpus, batches)),
+                                             cost.step_s(), cost.publish_s())
         return self._train[key]
 
     def _why_nothing_fits(self, budget: Budget) -> str:

@@ -170,7 +170,7 @@ class AnalyticTrainingCost:
         mean_context = self.mean_sequence_tokens / 2  # causal: a token attends to half the sequence on average
         return forward_passes(self.algorithm, self.reference) * self.shape.forward_flops_per_token(mean_context)
 
-    def train_s(self, tokens: int) -> float:
+    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
         compute = self.num_gpus * self.gpu.bf16_tflops * 1e12 * self.assumptions.train_mfu
         return tokens * self.flops_per_token / compute
 

@@ -89,6 +89,8 @@ class TableGeneration(SpecModel):
     """Seconds to prefill one prompt token."""
     max_batch_size: int = Field(ge=1)
     """The most sequences one replica runs at once."""
+    sample_seconds: float = Field(0.0, ge=0)
+    """Seconds a replica spends on each sample it finishes besides decoding (sending it), before its next step."""
 
 
 class TableTraining(SpecModel):
@@ -101,10 +103,18 @@ class TableTraining(SpecModel):
     """The optimizer step closing an iteration."""
     publish_seconds: float = Field(0.0, ge=0)
     """Gathering the weights and putting them in the weight store."""
+    micro_batch_seconds: float = Field(0.0, ge=0)
+    """Added to forward and backward per micro-batch, whatever its tokens."""
+    sample_seconds: float = Field(0.0, ge=0)
+    """The trainer's process per sample it takes in (intake, scoring, grouping): a sample arriving
+    while it trains delays its training by this much (one arriving while it waits costs nothing)."""
 
 
 class ProfileCost(SpecModel):
-    """Seconds measured by `streamrl profile` (its JSON file)."""
+    """Seconds measured by `streamrl profile` (its JSON file): for a pool, PTL(BS), prefill, the
+    weight load and each sample's send (half the measured wire; in colocated mode, the trainer's
+    intake, which runs in the replica's process); for the trainer, forward/backward per padded
+    token and per micro-batch, the optimizer step, publishing and each sample's receive and intake."""
 
     type: Literal["profile"] = "profile"
     path: str
@@ -190,8 +200,9 @@ class NetworkSection(SpecModel):
 class WeightsSection(SpecModel):
     size_bytes: float | None = Field(None, gt=0)
     """Bytes of one weight version (default: the model's parameters x 2, BF16)."""
-    load_seconds: float = Field(0.0, ge=0)
-    """Seconds a replica pauses decoding to swap a fetched version in."""
+    load_seconds: float | None = Field(None, ge=0)
+    """Seconds a replica pauses decoding to swap a fetched version in (unset: each pool's profile's
+    measured weight load, 0 for other costs)."""
 
 
 class Scenario(SpecModel):

@@ -29,6 +29,11 @@ def padded_tokens(groups: list[SimGroup], micro_batch_size: int) -> int:
                                            for k in range(0, len(sizes), micro_batch_size)))
 
 
+def micro_batches(groups: list[SimGroup], micro_batch_size: int) -> int:
+    """Micro-batches the learner cuts these groups' samples into (one accumulate call)."""
+    return -(-sum(len(g.lengths) for g in groups) // micro_batch_size)
+
+
 @dataclass
 class SimRun:
     summary: SimSummary
@@ -106,20 +111,30 @@ class Simulator:
                 if done == total:
                     generation_s = self.sim.now - t0
                 track.set("busy")
-                seconds = cost.train_s(padded_tokens(got, algo.micro_batch_size))
+                seconds = yield from self._busy(cost.train_s(padded_tokens(got, algo.micro_batch_size),
+                                                             micro_batches(got, algo.micro_batch_size)))
                 train_s += seconds
-                yield seconds
-            seconds = cost.step_s()
-            train_s += seconds
-            yield seconds
+            train_s += yield from self._busy(cost.step_s())
             self.policy_version += 1
-            yield cost.publish_s()
+            yield from self._busy(cost.publish_s())
             fleet.announce(self.policy_version)
             track.set("idle", WAITING_SAMPLES)
             self._record(it, t0, groups, train_s, generation_s, track.seconds("idle", WAITING_SAMPLES) - idle0,
                          self._skewness_s() - skew0)
         self.done = True
         self.sim.stop()  # the run ends with its last iteration (versions still travelling do not count)
+
+    def _busy(self, seconds: float):
+        """The trainer works `seconds`, plus its intake of every sample that arrives meanwhile (its
+        process takes them in between: trainer_sample_s each); returns the seconds it took."""
+        per_sample, taken, total = self.stages.trainer_sample_s, self.fleet.num_arrived, seconds
+        yield seconds
+        while per_sample > 0 and self.fleet.num_arrived > taken:
+            extra = (self.fleet.num_arrived - taken) * per_sample
+            taken = self.fleet.num_arrived
+            total += extra
+            yield extra
+        return total
 
     def _skewness_s(self) -> float:
         return sum(e.skewness_seconds() for e in self.fleet.engines.values()) + \

@@ -1,10 +1,10 @@
 """A scenario's stages resolved: each pool's GenerationCost, GPUs and price, the trainer's
-TrainingCost, a weight version's bytes, from a table, a measured profile or the roofline.
-Knows where seconds come from, not when they are spent."""
+TrainingCost, per-sample and weight-load seconds, a weight version's bytes, from a table, a
+measured profile or the roofline. Knows where seconds come from, not when they are spent."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamrl.planning.catalog import Catalog, load_catalog
@@ -20,6 +20,7 @@ from streamrl.planning.scenario import (
     TableTraining,
 )
 from streamrl.planning.shape import ModelShape
+from streamrl.spec import PipelineMode
 from streamrl.trainer.longtail import LatencyProfile
 
 
@@ -47,9 +48,10 @@ class TableTrainingCost:
     s_per_token: float
     optimizer_step_s: float
     publish_seconds: float
+    micro_batch_s: float = 0.0
 
-    def train_s(self, tokens: int) -> float:
-        return tokens * self.s_per_token
+    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
+        return tokens * self.s_per_token + micro_batches * self.micro_batch_s
 
     def step_s(self) -> float:
         return self.optimizer_step_s
@@ -65,6 +67,10 @@ class PoolStage:
     gpu_hour_cost: float
     max_batch: int
     """The cost's max_batch, or the pool's maxBatchSize when lower."""
+    sample_s: float = 0.0
+    """Seconds a replica spends per sample it finishes besides decoding, before its next step."""
+    load_s: float = 0.0
+    """Seconds a replica pauses to swap a fetched version in."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class Stages:
     trainer_gpus: int
     trainer_gpu_hour_cost: float
     weight_bytes: float
+    trainer_sample_s: float = 0.0
+    """Seconds the trainer's process spends per sample it takes in (delaying its training when busy)."""
 
 
 def _path(path: str, base: Path | None) -> Path:
@@ -103,15 +111,20 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
     except ValueError as err:
         raise ValueError(f"assumptions: {err}") from None
     w = scenario.workload
+    colocated = scenario.pipeline.mode == PipelineMode.colocated
     pools = {}
     for i, pool in enumerate(scenario.generators):
         where = f"generators[{i}].cost"
-        spec, gpus, price = pool.cost, 1, 1.0
+        spec, gpus, price, sample_s, load_s = pool.cost, 1, 1.0, 0.0, 0.0
         if isinstance(spec, TableGeneration):
             cost = TableGenerationCost(LatencyProfile(tuple(spec.decode_step_seconds)), spec.context_seconds_per_token,
                                        spec.prefill_seconds_per_token, spec.max_batch_size)
+            sample_s = spec.sample_seconds
         elif isinstance(spec, ProfileCost):
-            cost = _profile(spec, base, where).generation_cost()
+            profile = _profile(spec, base, where)
+            cost = profile.generation_cost()
+            sample_s = 0.0 if colocated else profile.sample_send_s()  # colocated: no wire
+            load_s = profile.weight_load_s
         else:
             if shape is None:
                 raise ValueError(f"{where}: an analytic cost needs the scenario's `model` (a catalog name or a "
@@ -124,13 +137,20 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
                 raise ValueError(f"{where}: {problem or 'no sequence fits beside the weights'}")
             gpus, price = spec.tensor_parallel, gpu.relative_cost
         cap = min(cost.max_batch, pool.max_batch_size or cost.max_batch)
-        pools[pool.name] = PoolStage(cost, pool.gpus_per_replica or gpus, pool.gpu_hour_cost or price, cap)
+        if scenario.weights.load_seconds is not None:
+            load_s = scenario.weights.load_seconds
+        pools[pool.name] = PoolStage(cost, pool.gpus_per_replica or gpus, pool.gpu_hour_cost or price, cap,
+                                     sample_s, load_s)
     t = scenario.trainer
-    spec, price = t.cost, 1.0
+    spec, price, trainer_sample_s = t.cost, 1.0, 0.0
     if isinstance(spec, TableTraining):
-        trainer = TableTrainingCost(spec.seconds_per_token, spec.step_seconds, spec.publish_seconds)
+        trainer = TableTrainingCost(spec.seconds_per_token, spec.step_seconds, spec.publish_seconds,
+                                    spec.micro_batch_seconds)
+        trainer_sample_s = spec.sample_seconds
     elif isinstance(spec, ProfileCost):
-        trainer = _profile(spec, base, "trainer.cost").training_cost(t.gpus)
+        profile = _profile(spec, base, "trainer.cost")
+        trainer = profile.training_cost(t.gpus)
+        trainer_sample_s = profile.sample_intake_s if colocated else profile.sample_receive_s()
     else:
         if shape is None:
             raise ValueError("trainer.cost: an analytic cost needs the scenario's `model`")
@@ -148,7 +168,10 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
         if shape is None:
             raise ValueError("weights.sizeBytes: required when the scenario names no `model`")
         size = shape.num_params * assumptions.weight_bytes_per_param
-    return Stages(pools, trainer, t.gpus, t.gpu_hour_cost or price, float(size))
+    if colocated:  # one process: the trainer takes each sample in between the replica's steps, while it waits
+        pools = {name: replace(stage, sample_s=stage.sample_s + trainer_sample_s) for name, stage in pools.items()}
+        trainer_sample_s = 0.0
+    return Stages(pools, trainer, t.gpus, t.gpu_hour_cost or price, float(size), trainer_sample_s)
 
 
 def _profile(spec: ProfileCost, base: Path | None, where: str):

@@ -41,7 +41,7 @@ class _FakeTraining:
     num_gpus: int
     step: float
 
-    def train_s(self, tokens: int) -> float:
+    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
         return tokens / 44 / self.num_gpus  # 176 tokens: 4 s on one GPU
 
     def step_s(self) -> float:

@@ -1,0 +1,103 @@
+"""What the real loop pays besides decoding and training tokens, worked out by hand on the
+timelines of test_sim_timelines.py (two replicas, 1 s decode steps, prompts of 0 tokens,
+lengths [4, 10] for p0 on g-0 and [6, 6] for p1 on g-1, 0.1 s per padded token, a 1 s step):
+a replica's seconds per finished sample, the learner's per-micro-batch seconds, the trainer's
+intake of samples that arrive while it trains, colocated mode paying that intake in the
+replica's process, and those seconds resolved from a measured profile."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel
+from streamrl.planning.scenario import parse_scenario
+from streamrl.planning.simulate import simulate
+from streamrl.planning.stages import resolve_stages
+
+
+def _scenario(tmp_path, mode: str, pool: dict | None = None, trainer: dict | None = None, **extra) -> dict:
+    lengths = tmp_path / "lengths.jsonl"
+    lengths.write_text(json.dumps({"prompt_id": "0-0-0", "lengths": [4, 10]}) + "\n"
+                       + json.dumps({"prompt_id": "0-1-1", "lengths": [6, 6]}) + "\n")
+    return {
+        "name": "hand", "pipeline": {"mode": mode, "minMicroBatchSize": 2},
+        "algorithm": {"numIterations": 2, "promptsPerStep": 2, "groupSize": 2, "microBatchSize": 4},
+        "workload": {"promptTokens": 0, "maxNewTokens": 100, "lengths": {"type": "replay", "path": str(lengths)}},
+        "trainer": {"cost": {"type": "table", "secondsPerToken": 0.1, "stepSeconds": 1.0, **(trainer or {})}},
+        "generators": [{"name": "g", "replicas": 2, "cost": {"type": "table", "decodeStepSeconds": [[1, 1.0]],
+                                                              "maxBatchSize": 4, **(pool or {})}}],
+        "network": {"local": {"bandwidthGbps": 10, "latencyMs": 0}},
+        "weights": {"sizeBytes": 1.25e9},
+        **extra,
+    }
+
+
+def _first(run) -> tuple:
+    r = run.iterations[0]
+    return r.start_s, r.wall_s, r.generation_s, r.train_s
+
+
+def test_a_replica_sends_its_finished_samples_before_its_next_step(tmp_path):
+    run = simulate(parse_scenario(_scenario(tmp_path, "batch", pool={"sampleSeconds": 0.5})))
+    # g-0: the 4-token sample is done at 3 and sent by 3.5; the 10-token one needs 6 more steps: in at 9.5
+    # (it arrives as it is done; the replica sends until 10). Without sending the batch was complete at 9.
+    assert _first(run) == pytest.approx((0.0, 14.5, 9.5, 5.0))
+
+
+def test_every_micro_batch_costs_its_fixed_seconds(tmp_path):
+    data = _scenario(tmp_path, "batch", trainer={"microBatchSeconds": 0.5})
+    assert _first(simulate(parse_scenario(data))) == pytest.approx((0.0, 14.5, 9.0, 5.5))  # 4 + 0.5 + 1
+    data["algorithm"]["microBatchSize"] = 2  # [0+4, 6] -> 12 tokens and [6, 10] -> 20: 3.2 s + 2 x 0.5
+    assert _first(simulate(parse_scenario(data))) == pytest.approx((0.0, 14.2, 9.0, 5.2))
+
+
+def test_samples_arriving_while_the_trainer_trains_delay_it_by_their_intake(tmp_path):
+    data = _scenario(tmp_path, "stream-sync", trainer={"secondsPerToken": 1.0, "sampleSeconds": 0.25})
+    run = simulate(parse_scenario(data))
+    # p1 is in at 5 and trains 12 s; p0's long sample arrives at 9 meanwhile (+0.25); its short one came
+    # at 3, while the trainer waited (free). p0 trains 20 s from 17.25, the step ends at 38.25.
+    assert _first(run) == pytest.approx((0.0, 38.25, 17.25, 33.25))
+    data["trainer"]["cost"]["sampleSeconds"] = 0.0
+    assert _first(simulate(parse_scenario(data))) == pytest.approx((0.0, 38.0, 17.0, 33.0))
+
+
+def test_colocated_takes_samples_in_between_the_replicas_steps(tmp_path):
+    data = _scenario(tmp_path, "colocated", trainer={"sampleSeconds": 0.5})
+    scenario = parse_scenario(data)
+    stages = resolve_stages(scenario)
+    assert stages.trainer_sample_s == 0.0 and stages.pools["g"].sample_s == 0.5  # one process
+    # as a replica sending for 0.5 s per sample: complete at 9.5; the trainer pays nothing more
+    assert _first(simulate(scenario)) == pytest.approx((0.0, 14.5, 9.5, 5.0))
+
+
+def _profile(tmp_path, **over) -> str:
+    fields = dict(
+        created="2026-01-01T00:00:00+00:00", hardware=ProfileHardware(device="cpu", name="test cpu", cores=2),
+        model=ProfileModel(name="builtin-tiny", num_params=503424, dtype="float32"),
+        engine=ProfileEngine(type="torch", max_batch_size=4, device="cpu"),
+        ptl=[(1, 1.0)], ptl_context=16, prefill_s_per_token=0.0, train_micro_batch_size=4,
+        train_sequence_tokens=16, forward_backward_s_per_token=0.1, forward_backward_s_per_micro_batch=0.5,
+        optimizer_step_s=1.0, publish_s=0.0, weight_load_s=0.25, sample_intake_s=0.02, sample_stream_s=0.1)
+    path = tmp_path / "profile.json"
+    Profile(**(fields | over)).write(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["batch", "colocated"])
+def test_a_profile_gives_each_stage_its_measured_overheads(tmp_path, mode):
+    data = _scenario(tmp_path, mode)
+    cost = {"type": "profile", "path": _profile(tmp_path)}
+    data["generators"][0]["cost"] = cost
+    data["trainer"]["cost"] = cost
+    stages = resolve_stages(parse_scenario(data))
+    pool = stages.pools["g"]
+    assert pool.load_s == 0.25
+    assert stages.trainer.train_s(40, 2) == pytest.approx(4.0 + 1.0)
+    if mode == "batch":  # the wire (0.08 s) split between its ends; the intake on the trainer's side
+        assert (pool.sample_s, stages.trainer_sample_s) == pytest.approx((0.04, 0.06))
+    else:  # one process, no wire: the intake between the replica's steps
+        assert (pool.sample_s, stages.trainer_sample_s) == pytest.approx((0.02, 0.0))
+    data["weights"]["loadSeconds"] = 0.0  # the scenario's own figure wins
+    assert resolve_stages(parse_scenario(data)).pools["g"].load_s == 0.0
