@@ -211,7 +211,8 @@ def cmd_profile(args) -> int:
         else:  # the built-in architecture; its weights do not change its speed
             model_dir, name = build_tiny_model(Path(tmp) / "model", spec.model.seed, args.size), f"builtin-{args.size}"
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir))
-        generation = measure_generation(engine, batch_sizes, args.steps, args.prompt_tokens)
+        generation = measure_generation(engine, batch_sizes, args.steps, args.prompt_tokens,
+                                        long_context=args.prompt_tokens + spec.algorithm.max_new_tokens)
         num_params = sum(p.numel() for p in engine.model.parameters()) if hasattr(engine, "model") else 0
         del engine
         device = spec.trainer.device
@@ -239,7 +240,8 @@ def cmd_profile(args) -> int:
                            shape=shape),
         engine=ProfileEngine(type=pool.engine.type, max_batch_size=generation.max_batch_size,
                              device=pool.engine.device),
-        ptl=generation.ptl, ptl_context=generation.ptl_context, prefill_s_per_token=generation.prefill_s_per_token,
+        ptl=generation.ptl, ptl_context=generation.ptl_context, ptl_long_context=generation.long_context,
+        ptl_context_s_per_token=generation.context_s_per_token, prefill_s_per_token=generation.prefill_s_per_token,
         train_micro_batch_size=training.micro_batch_size, train_sequence_tokens=training.sequence_tokens,
         forward_backward_s_per_token=training.forward_backward_s_per_token,
         forward_backward_s_per_micro_batch=training.forward_backward_s_per_micro_batch,
@@ -248,7 +250,9 @@ def cmd_profile(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.write(out)
     plot = plot_ptl(profile, Path(args.plot) if args.plot else out.with_suffix(".png"))
-    print("PTL(BS) ms per decode step: " + ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in profile.ptl))
+    print("PTL(BS) ms per decode step: " + ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in profile.ptl)
+          + f" (context {profile.ptl_context}; +{profile.ptl_context_s_per_token * 1e9:.1f} ns per sequence per "
+          f"context token, measured to {profile.ptl_long_context})")
     print(f"prefill {profile.prefill_s_per_token * 1e6:.1f} us/token; forward/backward "
           f"{profile.forward_backward_s_per_micro_batch * 1e3:.2f} ms per micro-batch + "
           f"{profile.forward_backward_s_per_token * 1e6:.1f} us per padded token (micro-batch "

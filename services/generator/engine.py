@@ -108,10 +108,12 @@ class Engine(ABC):
         running sequences above the cap finish, new ones wait."""
 
     @abstractmethod
-    def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4) -> list[tuple[int, float]]:
+    def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4,
+                        context: int | None = None) -> list[tuple[int, float]]:
         """PTL(BS): seconds per decode step at each batch size, measured now (call while idle):
         the engine's whole step as step() runs it (inputs, forward, sampling, bookkeeping), not
-        the forward alone. What a replica reports at start-up and `streamrl profile` records."""
+        the forward alone, with sequences of `context` tokens (default ptl_context: then the
+        profile the replica reports). What a replica measures at start-up and `streamrl profile` records."""
 
     @abstractmethod
     def latency_profile(self) -> list[tuple[int, float]]:

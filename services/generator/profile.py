@@ -1,7 +1,7 @@
 """What `streamrl profile` measures of a generator's engine: PTL(BS) through the engine's own
-measure_latency (what every replica runs as it starts), prefill seconds per prompt token
-through its public request path, and swapping a published weight version in. Knows the
-engine interface, not the profile file."""
+measure_latency (what every replica runs as it starts) at its own context and a long one,
+prefill seconds per prompt token through its public request path, and swapping a published
+weight version in. Knows the engine interface, not the profile file."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ class GenerationMeasurement:
     """(batch size, seconds per decode step), ascending."""
     ptl_context: int
     """Tokens of context per sequence while PTL was measured."""
+    long_context: int
+    """The context PTL was measured again at (0: not)."""
+    context_s_per_token: float
+    """Seconds a decode step grows per running sequence per token of context beyond ptl_context."""
     prefill_s_per_token: float
     """Seconds of a step that admits prompts (prefill and the first token), per prompt token."""
     max_batch_size: int
@@ -44,15 +48,34 @@ def measure_weight_load(engine: Engine, rounds: int = 3) -> float:
     return statistics.median(seconds)
 
 
+def context_slope(short: list[tuple[int, float]], long: list[tuple[int, float]], extra_tokens: int) -> float:
+    """Seconds per running sequence per context token, fitted through the origin to how much
+    longer each batch size's step took `extra_tokens` further into its sequences (>= 0)."""
+    grew = dict(long)
+    num = sum((grew[b] - s) * b * extra_tokens for b, s in short)
+    den = sum((b * extra_tokens) ** 2 for b, _ in short)
+    return max(0.0, num / den) if den else 0.0
+
+
+def _median_ptl(engine: Engine, sizes: list[int], steps: int, rounds: int, context: int | None = None):
+    measured = [dict(engine.measure_latency(sizes, steps, context)) for _ in range(rounds)]
+    return [(b, statistics.median(m[b] for m in measured)) for b in sizes]
+
+
 def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, steps: int = 4, prompt_tokens: int = 32,
-                       prefill_batch: int = 4, prefill_rounds: int = 2, rounds: int = 3) -> GenerationMeasurement:
+                       prefill_batch: int = 4, prefill_rounds: int = 2, rounds: int = 3,
+                       long_context: int | None = None) -> GenerationMeasurement:
     """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up), the median of
-    `rounds` measurements; prefill of `prefill_batch` prompts of `prompt_tokens` tokens (mean of
+    `rounds` measurements, and again at `long_context` tokens for the step's growth with
+    context; prefill of `prefill_batch` prompts of `prompt_tokens` tokens (mean of
     `prefill_rounds` after a warm-up); and loading a weight version."""
     capacity = engine.stats().capacity
     sizes = sorted({min(b, capacity) for b in batch_sizes}) if batch_sizes else ptl_batch_sizes(capacity)
-    measured = [dict(engine.measure_latency(sizes, steps)) for _ in range(rounds)]
-    ptl = [(b, statistics.median(m[b] for m in measured)) for b in sizes]
+    ptl = _median_ptl(engine, sizes, steps, rounds)
+    slope, long_context = 0.0, long_context or 0
+    if long_context > engine.ptl_context:
+        slope = context_slope(ptl, _median_ptl(engine, sizes, steps, rounds, long_context),
+                              long_context - engine.ptl_context)
     batch = min(prefill_batch, capacity)
     seconds = []
     for round_ in range(prefill_rounds + 1):
@@ -65,4 +88,5 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
         if round_:  # the first round warms up
             seconds.append(time.perf_counter() - t0)
     per_token = sum(seconds) / len(seconds) / (batch * prompt_tokens)
-    return GenerationMeasurement(ptl, engine.ptl_context, per_token, capacity, measure_weight_load(engine))
+    return GenerationMeasurement(ptl, engine.ptl_context, long_context, slope, per_token, capacity,
+                                 measure_weight_load(engine))

@@ -118,18 +118,24 @@ class TorchEngine(Engine):
         with self._ptl_lock:
             return sorted(self._ptl.items())
 
-    def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4) -> list[tuple[int, float]]:
+    def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4,
+                        context: int | None = None) -> list[tuple[int, float]]:
         """At each batch size, `steps` of this engine's own decode steps (step(): inputs, the
         forward, sampling at temperature 1 from each request's stream, the per-sequence
-        bookkeeping) over a steady batch of synthetic requests with `ptl_context` prompt tokens,
-        after one untimed step that admits them (prefill) and warms up. They are aborted after;
-        the engine is left as it was (its token count, EOS, batch cap)."""
+        bookkeeping) over a steady batch of synthetic requests with `context` prompt tokens
+        (default ptl_context), after one untimed step that admits them (prefill) and warms up.
+        They are aborted after; the engine is left as it was (its token count, EOS, batch cap)."""
         if self._running or self._waiting:
             raise RuntimeError("measure_latency needs an idle engine (it borrows the cache slots)")
+        context = self.ptl_context if context is None else context
+        if not 1 <= context <= self.decoder.max_len - steps - 3:
+            raise ValueError(f"measure_latency context {context}: must be 1..{self.decoder.max_len - steps - 3}")
         saved = self.eos_token_id, self.batch_cap, self.num_generated_tokens
+        with self._ptl_lock:
+            observed = dict(self._ptl)  # its steps are not served ones: they do not count as observed
         self.eos_token_id = -1  # no EOS: every synthetic request runs to its max_new_tokens
         self.batch_cap = self.capacity
-        prompt = tuple(4 + k % 16 for k in range(self.ptl_context))  # ordinary ids of any vocabulary
+        prompt = tuple(4 + k % 16 for k in range(context))  # ordinary ids of any vocabulary
         out = []
         try:
             for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
@@ -142,12 +148,15 @@ class TorchEngine(Engine):
                     self.step()
                 seconds = (time.perf_counter() - t0) / steps
                 self.abort(ids)
-                with self._ptl_lock:
-                    self._ptl[self._bucket(bs)] = seconds
                 out.append((bs, seconds))
         finally:
             self.abort([r.request.request_id for r in self._running])
             self.eos_token_id, self.batch_cap, self.num_generated_tokens = saved
+            with self._ptl_lock:
+                self._ptl = observed
+        if context == self.ptl_context:  # what the replica reports
+            with self._ptl_lock:
+                self._ptl.update((self._bucket(bs), seconds) for bs, seconds in out)
         return out
 
     def set_batch_cap(self, max_batch_size: int) -> None:

@@ -6,6 +6,7 @@ over a loopback Connect stream. Knows the learner and the coordinator, not the p
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -200,4 +201,9 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
         stream = await _over_stream(_coordinator(scorer, algo, vocab_size, queue_factor), *args)
         return SampleMeasurement(intake, stream)
 
-    return asyncio.run(both())
+    quiet = logging.getLogger("streamrl.trainer")  # its replicas joining and leaving are no news here
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        return asyncio.run(both())
+    finally:
+        quiet.setLevel(level)

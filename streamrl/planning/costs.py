@@ -13,7 +13,9 @@ class GenerationCost(Protocol):
 
     def decode_step_s(self, batch: int, context: int) -> float:
         """Seconds for one decode step of `batch` running sequences whose mean context
-        (prompt + tokens so far) is `context` tokens: PTL(BS) at that context."""
+        (prompt + tokens so far) is `context` tokens: PTL(BS) at that context. A cost with a
+        true `padded_attention` attribute (optional; an engine attending every sequence over
+        the longest one's context) is given the batch's longest context instead."""
         ...
 
     def prefill_s(self, tokens: int) -> float:

@@ -158,8 +158,10 @@ class SimReplica:
         self.num_tokens += len(admitted)
         steps = min(q.length - q.produced for q in self.running)
         batch = len(self.running)
-        # every step of the stretch at its middle step's mean context
-        context = sum(q.prompt_tokens + q.produced for q in self.running) / batch + max(0, steps - 1) / 2
+        # every step of the stretch at its middle step's mean context (or longest: padded attention)
+        contexts = [q.prompt_tokens + q.produced for q in self.running]
+        longest = getattr(self.cost, "padded_attention", False)
+        context = (max(contexts) if longest else sum(contexts) / batch) + max(0, steps - 1) / 2
         step_s = self.cost.decode_step_s(batch, int(round(context)))
         low = not self._waiting and batch < self.low_occupancy * self.batch_cap
         self.track.set("busy", LOW_OCCUPANCY if low else "")

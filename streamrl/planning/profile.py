@@ -66,6 +66,11 @@ class Profile(Record):
     """PTL(BS): (batch size, seconds per decode step of one replica), ascending batch size."""
     ptl_context: int
     """Tokens of context (prompt + generated) each sequence had while PTL was measured."""
+    ptl_long_context: int = Field(0, ge=0)
+    """The longer context PTL was measured again at, for ptl_context_s_per_token (0: not measured)."""
+    ptl_context_s_per_token: float = Field(0.0, ge=0)
+    """Seconds a decode step grows per running sequence per token of context beyond ptl_context
+    (the torch engine attends every sequence over the longest one's context)."""
     prefill_s_per_token: float = Field(ge=0)
     """Seconds to prefill one prompt token (a batch of prompts, divided by their tokens)."""
     train_micro_batch_size: int = Field(ge=1)
@@ -114,7 +119,8 @@ class Profile(Record):
 
     def generation_cost(self) -> MeasuredGenerationCost:
         """A replica of this engine on this hardware (a GenerationCost)."""
-        return MeasuredGenerationCost(tuple(self.ptl), self.prefill_s_per_token, self.engine.max_batch_size)
+        return MeasuredGenerationCost(tuple(self.ptl), self.prefill_s_per_token, self.engine.max_batch_size,
+                                      self.ptl_context, self.ptl_context_s_per_token, self.engine.type == "torch")
 
     def training_cost(self, num_gpus: int | None = None) -> MeasuredTrainingCost:
         """The trainer as measured (a TrainingCost); with `num_gpus`, forward/backward and the
@@ -140,16 +146,24 @@ def load_profile(path: str | Path) -> Profile:
 
 @dataclass(frozen=True)
 class MeasuredGenerationCost:
-    """PTL(BS) interpolated over batch size. Context is ignored: the profile measured one
-    context length (ptl_context); a measured step does not grow with longer contexts here."""
+    """PTL(BS) interpolated over batch size, plus the measured growth per running sequence per
+    token of context beyond the one PTL was measured at (none below it)."""
 
     ptl: tuple[tuple[int, float], ...]
     prefill_s_per_token: float
     max_batch: int
+    ptl_context: int = 0
+    context_s_per_token: float = 0.0
+    padded_attention: bool = False
+    """Every sequence attends over the longest one's context (the torch engine's slot cache):
+    a caller passes the batch's longest context, not its mean."""
 
     def decode_step_s(self, batch: int, context: int) -> float:
         """Linear between measured batch sizes; beyond them, the nearest segment's slope (never
-        below the fastest measured step)."""
+        below the fastest measured step); plus the context term."""
+        return self._ptl(batch) + batch * max(0, context - self.ptl_context) * self.context_s_per_token
+
+    def _ptl(self, batch: int) -> float:
         pts = self.ptl
         if len(pts) == 1:
             return pts[0][1]

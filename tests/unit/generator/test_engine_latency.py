@@ -68,3 +68,13 @@ def test_measuring_leaves_the_engine_as_it_was(model_and_tok):
     assert engine.stats().num_generated_tokens == 0
     assert _generate(engine, tok) == fresh  # same sample, the borrowed slots' cache notwithstanding
     assert engine.stats().num_generated_tokens == len(fresh)
+
+
+def test_latency_at_another_context_is_measured_but_not_reported(model_and_tok):
+    model, tok = model_and_tok
+    engine = TorchEngine(model, 8, tok.eos_token_id, max_len=64)
+    points = engine.measure_latency([1, 8], steps=2, context=48)
+    assert [b for b, _ in points] == [1, 8] and all(s > 0 for _, s in points)
+    assert engine.latency_profile() == []  # a replica reports PTL at its own context only
+    with pytest.raises(ValueError, match="context 60: must be 1..59"):
+        engine.measure_latency([1], steps=2, context=60)

@@ -97,3 +97,12 @@ def test_micro_batches_cost_their_fixed_seconds_scaled_with_the_gpus():
     profile = _profile(forward_backward_s_per_micro_batch=0.01)
     assert profile.training_cost().train_s(1000, 3) == pytest.approx(0.2 + 0.03)
     assert profile.training_cost(num_gpus=8).train_s(1000, 3) == pytest.approx((0.2 + 0.03) / 4)  # measured on 2
+
+
+def test_a_decode_step_grows_with_context_beyond_the_measured_one():
+    cost = _profile(ptl_context_s_per_token=1e-6).generation_cost()
+    assert cost.decode_step_s(4, 116) == pytest.approx(0.004 + 4 * 100 * 1e-6)
+    assert cost.decode_step_s(4, 8) == pytest.approx(0.004)  # never faster than measured
+    assert cost.padded_attention  # the torch engine attends over the longest sequence
+    assert not _profile(engine=ProfileEngine(type="vllm", max_batch_size=16, device="cuda")).generation_cost(
+        ).padded_attention
