@@ -91,7 +91,7 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
     if resuming:
         warn(resuming)  # said even with --quiet: the run continues an earlier one
     model_dir = resolve_model_dir(plan.job.spec, log=say).resolve()
-    services, keeper, failure, stopped_by, interrupted = None, None, None, None, False
+    services, keeper, failure, stopped_by = None, None, None, None
     try:
         if monitor is not None:
             say(f"prometheus: {monitor.start()} (data in {monitor.server.directory})")
@@ -103,7 +103,6 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
         show_progress(plan, services, quiet, _ticks(keeper, monitor, services))
     except KeyboardInterrupt as err:
         stopped_by = err.signum if isinstance(err, Terminated) else None
-        interrupted = stopped_by is None
         say(f"{'interrupted' if stopped_by is None else str(err)}: stopping services (the trainer writes its "
             "summary and model first)")
     except RunFailed as err:
@@ -111,7 +110,9 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
         warn(f"run failed: {failure}")
     finally:
         if services is not None:
-            services.stop(interrupted=interrupted)
+            # Only a SIGTERM to the runner preempts the trainer (resumable, as a pod's would be);
+            # Ctrl-C, a failed run or its end interrupt it.
+            services.stop(interrupted=stopped_by is None)
         if isinstance(keeper, LocalAutoscaler):
             keeper.close()
         if monitor is not None:
