@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 import torch
 
 from streamrl.generator.decoder import SlotDecoder
-from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, admission_key
+from streamrl.generator.engine import (
+    Completion,
+    Engine,
+    EngineStats,
+    GenerationRequest,
+    admission_key,
+    observe_ptl,
+    ptl_bucket,
+)
 
 
 @dataclass
@@ -103,16 +111,9 @@ class TorchEngine(Engine):
         return finished
 
     # ---- latency profile ------------------------------------------------------------
-    @staticmethod
-    def _bucket(batch_size: int) -> int:
-        """Profile points at powers of two (and the batch size itself below 4)."""
-        return batch_size if batch_size < 4 else 1 << (batch_size.bit_length() - 1)
-
-    def _observe_latency(self, batch_size: int, seconds: float, weight: float = 0.1) -> None:
-        b = self._bucket(batch_size)
+    def _observe_latency(self, batch_size: int, seconds: float) -> None:
         with self._ptl_lock:
-            old = self._ptl.get(b)
-            self._ptl[b] = seconds if old is None else (1 - weight) * old + weight * seconds
+            observe_ptl(self._ptl, batch_size, seconds)
 
     def latency_profile(self) -> list[tuple[int, float]]:
         with self._ptl_lock:
@@ -156,7 +157,7 @@ class TorchEngine(Engine):
                 self._ptl = observed
         if context == self.ptl_context:  # what the replica reports
             with self._ptl_lock:
-                self._ptl.update((self._bucket(bs), seconds) for bs, seconds in out)
+                self._ptl.update((ptl_bucket(bs), seconds) for bs, seconds in out)
         return out
 
     def set_batch_cap(self, max_batch_size: int) -> None:

@@ -15,6 +15,9 @@ from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS
 from streamrl.planning.costs import GenerationCost
 from streamrl.planning.events import Event, Simulation, Track
 
+LOAD_REPORT_INTERVAL_S = 0.5
+"""How often a replica sends its load report (GeneratorAgent.report_interval_s), its PTL(BS) in it."""
+
 
 @dataclass
 class Sequence:
@@ -45,7 +48,8 @@ class SimReplica:
     def __init__(self, sim: Simulation, generator_id: str, pool: str, cost: GenerationCost, capacity: int,
                  track: Track, on_sample: Callable[[SimReplica, Sequence], None],
                  on_loaded: Callable[[SimReplica, int], None], low_occupancy: float = 0.5, load_s: float = 0.0,
-                 policy_version: int = 0, sample_s: float = 0.0):
+                 policy_version: int = 0, sample_s: float = 0.0, ptl: tuple[tuple[int, float], ...] = (),
+                 on_report: Callable[[SimReplica], None] | None = None):
         self.sim, self.generator_id, self.pool, self.cost = sim, generator_id, pool, cost
         self.capacity = self.batch_cap = capacity
         self.track = track
@@ -53,6 +57,10 @@ class SimReplica:
         self.low_occupancy, self.load_s = low_occupancy, load_s
         self.sample_s = sample_s
         """Seconds per finished sample spent between steps (sending it; in-process, its intake)."""
+        self.ptl = dict(ptl)
+        """Its PTL(BS) as a replica keeps it: measured at start-up, then smoothed over served steps."""
+        self._on_report = on_report
+        self._reported_at = sim.now
         self._sending = False
         self.policy_version = policy_version
         self.fetching = False
@@ -173,6 +181,11 @@ class SimReplica:
         if s.low:
             self._skewness_s += self.sim.now - s.start
         self.num_tokens += s.steps * len(self.running)
+        if s.steps:
+            product_engine.observe_ptl(self.ptl, len(self.running), s.step_s, s.steps)
+        if self._on_report is not None and self.sim.now - self._reported_at >= LOAD_REPORT_INTERVAL_S:
+            self._reported_at = self.sim.now
+            self._on_report(self)
         finished = []
         for q in self.running:
             q.produced += s.steps

@@ -90,7 +90,7 @@ class Fleet:
                           gid if spec.weight_relay else "", points)
         engine = SimReplica(self.sim, gid, pool, stage.cost, stage.max_batch, Track(self.sim, f"generator-{gid}"),
                             self._on_sample, self._on_loaded, self.scenario.dispatch.low_occupancy,
-                            stage.load_s, policy_version, stage.sample_s)
+                            stage.load_s, policy_version, stage.sample_s, points, self._on_report)
         engine.held_since = self.sim.now if held_since is None else held_since
         replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
         self.replicas[gid] = replica
@@ -289,6 +289,12 @@ class Fleet:
         if not engine.closed:
             engine.fetch_source = source
             engine.weights_fetched(policy_version)
+
+    def _on_report(self, engine: SimReplica) -> None:
+        """A load report: the coordinator keeps the replica's PTL(BS) as it reports it."""
+        replica = self.replicas.get(engine.generator_id)
+        if replica is not None:
+            replica.latency_profile = tuple(sorted(engine.ptl.items()))
 
     def _on_loaded(self, engine: SimReplica, policy_version: int) -> None:
         sync_s = self.sim.now - self._notices.get(policy_version, self.sim.now)
