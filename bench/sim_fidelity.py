@@ -1,9 +1,10 @@
 """The simulator against the real thing, side by side in one go. `streamrl profile` measures the
 job's model on this machine (one thread, as a disaggregated stage gets one core, and every core,
 as colocated mode's one process gets); bench/modes.py and bench/skew.py then run for real; the
-simulator, fed only with those profiles and each run's own output lengths (the workload, not a
-time), predicts them: samples/s and pipeline-bubble ratio per mode (targets: within 15% and
-0.05), and the order of the dispatch policies by generation time. Last, the memory-bound regime
+simulator, fed only with those profiles (their seconds, and the machine's cores the local run
+shares out) and each run's own output lengths (the workload, not a time), predicts them:
+samples/s and pipeline-bubble ratio per mode (targets: within 15% and 0.05), and the order of
+the dispatch policies by generation time. Last, the memory-bound regime
 this machine cannot run: an H20-class analytic profile, 64 replicas, outputs with p99/p50 >= 8,
 skewness-aware and oracle generation time relative to random-fifo. Prints tables and, as the
 last line, a JSON object with predicted and measured figures and their ratios.
@@ -74,7 +75,8 @@ def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: 
              dispatch: dict | None = None, ranker_log_error: float = 0.5) -> dict:
     """The job as a scenario: its batch shape and engine, this machine's profile, a run's lengths."""
     algo, spec = job["spec"]["algorithm"], job["spec"]
-    size = load_profile(profile).model.num_params * 4  # float32 weights, as the built-in model publishes them
+    measured = load_profile(profile)
+    size = measured.model.num_params * 4  # float32 weights, as the built-in model publishes them
     return {
         "name": name, "pipeline": {"mode": mode},
         "algorithm": {"numIterations": algo["numIterations"], "promptsPerStep": algo["promptsPerStep"],
@@ -88,6 +90,9 @@ def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: 
         # loopback: FetchWeights' measured 505 MB/s (README, bench/weights.py)
         "network": {"local": {"bandwidthGbps": 4.0, "latencyMs": 0.1}},
         "weights": {"sizeBytes": size},
+        # streamrl run shares this machine's cores out (colocated: one process on all of them)
+        **({} if mode == "colocated" or not measured.hardware.cores
+           else {"placement": {"cores": measured.hardware.cores}}),
     }
 
 

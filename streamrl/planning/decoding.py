@@ -61,6 +61,8 @@ class SimReplica:
         """Its PTL(BS) as a replica keeps it: measured at start-up, then smoothed over served steps."""
         self._on_report = on_report
         self._reported_at = sim.now
+        self._lent_s = 0.0
+        """Seconds of its core another process used while it decoded, paid before its next step."""
         self._sending = False
         self.policy_version = policy_version
         self.fetching = False
@@ -103,6 +105,12 @@ class SimReplica:
             self.fetching = False
             if self.idle:
                 self.track.set("idle", WAITING_WEIGHTS if self._deferred else NO_WORK)
+
+    def share_core(self, seconds: float) -> None:
+        """Another process on its core worked `seconds` now: if it is working too (decoding,
+        sending), it loses them."""
+        if self._stretch is not None or self._sending:
+            self._lent_s += seconds
 
     # ---- reading ------------------------------------------------------------------------
     def skewness_seconds(self) -> float:
@@ -196,13 +204,18 @@ class SimReplica:
             self.num_samples += len(finished)
             for q in finished:
                 self.on_sample(self, q)
-            if self.sample_s > 0:  # the samples leave before the next step
-                self._sending = True
-                self.sim.after(len(finished) * self.sample_s, self._sent)
-                return
+        pause, self._lent_s = len(finished) * self.sample_s + self._lent_s, 0.0
+        if pause > 0:  # the samples leave, and what its core lent is paid, before the next step
+            self._sending = True
+            self.sim.after(pause, self._sent)
+            return
         self._next()
 
     def _sent(self) -> None:
+        if self._lent_s > 0:  # lent while it sent
+            pause, self._lent_s = self._lent_s, 0.0
+            self.sim.after(pause, self._sent)
+            return
         self._sending = False
         self._next()
 

@@ -60,6 +60,8 @@ class Fleet:
         """Fired when a group completes."""
         self.num_arrived = 0
         """Samples that reached the trainer so far."""
+        self.on_trainer_core: list[SimReplica] = []
+        """Replicas placed on the trainer's core (placement.cores)."""
         self.recent_lengths: deque[int] = deque(maxlen=4096)
         """D, the recent output lengths (as the trainer's loop keeps them)."""
         self.demand: longtail.LongTailDemand | None = None
@@ -95,6 +97,9 @@ class Fleet:
         replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
         self.replicas[gid] = replica
         self.engines[gid] = engine
+        cores, k = self.scenario.placement.cores, self._counter - 1
+        if cores and not self.in_process and (1 + k) % cores == 0:  # round-robin after the trainer's core
+            self.on_trainer_core.append(engine)
         self.relay.joined(replica, self.replicas.values())
         self.replan()
         self._update_routed()
@@ -205,6 +210,8 @@ class Fleet:
     def _arrive(self, engine: SimReplica, q: Sequence) -> None:
         _, group = self.inflight[q.prompt_id]
         self.num_arrived += 1
+        for mate in self.on_trainer_core:  # the trainer takes it in on their core
+            mate.share_core(self.stages.trainer_sample_s)
         group.lengths.append(q.length)
         group.policy_versions.append(q.policy_version)
         if len(group.lengths) == group.group_size:

@@ -205,6 +205,18 @@ class WeightsSection(SpecModel):
     measured weight load, 0 for other costs)."""
 
 
+class PlacementSection(SpecModel):
+    """Where the processes run. Unset: every stage on hardware of its own (a cluster)."""
+
+    cores: int | None = Field(None, ge=1)
+    """Simulate `streamrl run` on one machine of this many cores (a CPU profile's `hardware.cores`):
+    the trainer's process takes the first core and each replica the next one, round-robin, as the
+    run hands cores out. A replica on the trainer's core loses to it the trainer's intake of every
+    sample taken in while the replica decodes (paid between its steps). Not modelled: training
+    beside a replica on one core (streaming modes with more processes than cores), colocated mode
+    (one process on every core)."""
+
+
 class Scenario(SpecModel):
     """One simulated run."""
 
@@ -231,6 +243,8 @@ class Scenario(SpecModel):
     """Weight links."""
     weights: WeightsSection = Field(default_factory=WeightsSection)
     """Weight versions."""
+    placement: PlacementSection = Field(default_factory=PlacementSection)
+    """Processes sharing one machine's cores (a local run), or not."""
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """The RLJob's `autoscaling`; mode Internal runs the product's policy on the simulated metrics."""
     assumptions: dict[str, Any] = Field(default_factory=dict)

@@ -3,7 +3,8 @@ timelines of test_sim_timelines.py (two replicas, 1 s decode steps, prompts of 0
 lengths [4, 10] for p0 on g-0 and [6, 6] for p1 on g-1, 0.1 s per padded token, a 1 s step):
 a replica's seconds per finished sample, the learner's per-micro-batch seconds, the trainer's
 intake of samples that arrive while it trains, colocated mode paying that intake in the
-replica's process, and those seconds resolved from a measured profile."""
+replica's process, a replica on the trainer's core lending it that intake, and those seconds
+resolved from a measured profile."""
 
 from __future__ import annotations
 
@@ -101,3 +102,19 @@ def test_a_profile_gives_each_stage_its_measured_overheads(tmp_path, mode):
         assert (pool.sample_s, stages.trainer_sample_s) == pytest.approx((0.02, 0.0))
     data["weights"]["loadSeconds"] = 0.0  # the scenario's own figure wins
     assert resolve_stages(parse_scenario(data)).pools["g"].load_s == 0.0
+
+
+def test_a_replica_on_the_trainers_core_lends_it_the_intake_of_each_sample(tmp_path):
+    data = _scenario(tmp_path, "batch", trainer={"sampleSeconds": 0.25}, placement={"cores": 2})
+    run = simulate(parse_scenario(data))
+    # two cores: the trainer on core 0, g-0 on core 1, g-1 on core 0 beside it. g-1 decodes [6, 6] from 0
+    # to 5 while the trainer takes in g-0's short sample at 3: g-1's samples are in at 5, then it pays
+    # what it lent. g-0 is alone: p0 complete at 9, as without placement.
+    assert _first(run) == pytest.approx((0.0, 14.0, 9.0, 5.0))
+    data["generators"][0]["replicas"] = 1  # g-0 alone runs both prompts, 4 at once: [4, 10, 6, 6] done at 9
+    data["placement"]["cores"] = 1  # ... on the trainer's core: it lends 0.25 s for the sample in at 3
+    # while decoding, and 2 x 0.25 for those in at 5 while paying that: its last 4 steps start at 5.75
+    run = simulate(parse_scenario(data))
+    assert _first(run) == pytest.approx((0.0, 14.75, 9.75, 5.0))
+    data["placement"]["cores"] = None
+    assert _first(simulate(parse_scenario(data))) == pytest.approx((0.0, 14.0, 9.0, 5.0))
