@@ -1,12 +1,14 @@
 """What `streamrl profile` measures of a generator's engine: PTL(BS) through the engine's own
 measure_latency (what every replica runs as it starts) at its own context and a long one,
 prefill seconds per prompt token through its public request path, and swapping a published
-weight version in. Knows the engine interface, not the profile file."""
+weight version in, all on a thread of their own as a replica steps its engine. Knows the
+engine interface, not the profile file."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from streamrl.generator.engine import Engine, GenerationRequest, ptl_batch_sizes
@@ -68,7 +70,17 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
     """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up), the median of
     `rounds` measurements, and again at `long_context` tokens for the step's growth with
     context; prefill of `prefill_batch` prompts of `prompt_tokens` tokens (mean of
-    `prefill_rounds` after a warm-up); and loading a weight version."""
+    `prefill_rounds` after a warm-up); and loading a weight version. On a thread of its own, as a
+    replica runs its engine (the worker's engine thread; its start-up measurement in a worker
+    thread): with more than one torch thread a decode step there costs up to twice what it
+    costs on the main thread (the tiny model), which would flatter a colocated process."""
+    with ThreadPoolExecutor(1, thread_name_prefix="engine") as thread:
+        return thread.submit(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batch, prefill_rounds,
+                             rounds, long_context).result()
+
+
+def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_tokens: int, prefill_batch: int,
+             prefill_rounds: int, rounds: int, long_context: int | None) -> GenerationMeasurement:
     capacity = engine.stats().capacity
     sizes = sorted({min(b, capacity) for b in batch_sizes}) if batch_sizes else ptl_batch_sizes(capacity)
     ptl = _median_ptl(engine, sizes, steps, rounds)

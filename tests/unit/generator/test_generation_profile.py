@@ -1,0 +1,45 @@
+"""What `streamrl profile` measures of an engine, measured as a replica runs it: on a thread of
+its own (not the main thread, where a multi-threaded torch decodes up to twice as fast), PTL at
+the engine's own context and a long one, and a weight version swapped in."""
+
+import threading
+
+import pytest
+
+from streamrl.generator.profile import context_slope, measure_generation
+from streamrl.generator.torch_engine import TorchEngine
+from streamrl.models import load_model, load_tokenizer
+
+
+class _ThreadNotingEngine(TorchEngine):
+    """The torch engine, noting the thread each measurement ran on and the contexts asked for."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.threads: set[str] = set()
+        self.contexts: list[int | None] = []
+
+    def measure_latency(self, batch_sizes, steps=4, context=None):
+        self.threads.add(threading.current_thread().name)
+        self.contexts.append(context)
+        return super().measure_latency(batch_sizes, steps, context)
+
+
+def test_generation_is_measured_on_an_engine_thread_at_two_contexts(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    engine = _ThreadNotingEngine(load_model(tiny_model_dir), 4, tok.eos_token_id)
+    held = {name: p.detach().clone() for name, p in engine.model.named_parameters()}
+    m = measure_generation(engine, [1, 4], steps=2, prompt_tokens=8, rounds=2, long_context=40)
+    assert engine.threads and threading.main_thread().name not in engine.threads
+    assert engine.contexts == [None, None, 40, 40]  # rounds at its own context, then at the long one
+    assert [b for b, _ in m.ptl] == [1, 4] and (m.ptl_context, m.long_context) == (16, 40)
+    assert m.context_s_per_token >= 0 and 0 < m.weight_load_s < 1
+    assert engine.policy_version == 0  # the weights swapped in for timing are swapped out again
+    assert all(p.equal(held[name]) for name, p in engine.model.named_parameters())
+
+
+def test_the_context_slope_is_fitted_per_sequence_per_token():
+    short = [(1, 1.0), (4, 2.0)]
+    long = [(1, 1.0 + 1 * 10 * 0.01), (4, 2.0 + 4 * 10 * 0.01)]
+    assert context_slope(short, long, 10) == pytest.approx(0.01)
+    assert context_slope(long, short, 10) == 0.0  # faster further in is noise, not a negative cost
