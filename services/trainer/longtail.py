@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from streamrl.latency import interpolate_ptl
+
 Objective = Literal["sum", "max"]
 
 
@@ -29,13 +31,7 @@ class LatencyProfile:
 
     def ptl(self, batch_size: int) -> float:
         """Linear interpolation between measured points; beyond them, the nearest segment's slope."""
-        pts = self.points
-        if len(pts) == 1:
-            return pts[0][1]
-        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-            if batch_size <= b1 or (b1, t1) == pts[-1]:
-                return max(0.0, t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0))
-        raise AssertionError("unreachable")
+        return interpolate_ptl(self.points, batch_size)
 
 
 @dataclass(frozen=True)

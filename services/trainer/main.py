@@ -7,6 +7,7 @@ gRPC is served.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -62,8 +63,6 @@ InProcessFactory = Callable[[Coordinator, WeightStore], InProcessGenerator]
 
 def job_identity(job: RLJob, model_dir: Path) -> JobIdentity:
     """What a checkpoint must match to be resumed by this job."""
-    import json
-
     config = json.loads((Path(model_dir) / "config.json").read_text())
     shape = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
              "intermediate_size", "vocab_size")
@@ -71,7 +70,7 @@ def job_identity(job: RLJob, model_dir: Path) -> JobIdentity:
     return JobIdentity(model={k: config[k] for k in shape if k in config},
                        algorithm={"groupSize": algo.group_size, "promptsPerStep": algo.prompts_per_step,
                                   "seed": algo.seed},
-                       task={"name": task.name.value if hasattr(task.name, "value") else str(task.name),
+                       task={"name": task.name.value,
                              "seed": task.seed, "numPrompts": task.num_prompts, "curriculum": task.curriculum})
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from streamrl.latency import interpolate_ptl
 from streamrl.planning.shape import ModelShape
 from streamrl.records import Record, write_json
 
@@ -164,13 +165,7 @@ class MeasuredGenerationCost:
         return self._ptl(batch) + batch * max(0, context - self.ptl_context) * self.context_s_per_token
 
     def _ptl(self, batch: int) -> float:
-        pts = self.ptl
-        if len(pts) == 1:
-            return pts[0][1]
-        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-            if batch <= b1 or (b1, t1) == pts[-1]:
-                return max(min(t for _, t in pts), t0 + (t1 - t0) * (batch - b0) / (b1 - b0))
-        raise AssertionError("unreachable")
+        return interpolate_ptl(self.ptl, batch, floor=min(t for _, t in self.ptl))
 
     def prefill_s(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token
