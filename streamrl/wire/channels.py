@@ -25,6 +25,15 @@ GRPC_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+CHANNEL_OPTIONS = GRPC_OPTIONS + [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_reconnect_backoff_ms", 5_000),
+]
+"""A client channel's connections are its own: by default gRPC shares them process-wide, so a
+channel opened to redial a peer that came back inherited a connection still backing off from
+the failed attempts before (up to 120 s between tries) and failed at once while the peer was
+up. Callers redial on their own backoff (spec.generators.reconnect); a long-lived channel
+retries a lost peer at least every 5 s."""
 OPEN_METHOD_PREFIX = "/grpc.health.v1.Health/"
 """Calls that need no token (probes)."""
 
@@ -105,9 +114,9 @@ def open_channel(address: str, security: SecuritySpec) -> grpc.aio.Channel:
     interceptors = [kind(token) for kind in kinds] if token else None
     creds = channel_credentials(security)
     if creds is not None:
-        options = GRPC_OPTIONS + [("grpc.ssl_target_name_override", security.tls.server_name)]
+        options = CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", security.tls.server_name)]
         return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
 def _token_ok(metadata, token: str) -> tuple[bool, str]:

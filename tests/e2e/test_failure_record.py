@@ -39,8 +39,9 @@ def test_a_sigkilled_generator_keeps_its_row_up_to_its_death(write_job, tmp_path
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= KILL_AFTER):
             assert run.poll() is None and time.monotonic() < deadline, f"the run did not reach iteration {KILL_AFTER}"
             time.sleep(0.2)
-        pid = json.loads((out / "endpoints" / "generator-default-0.json").read_text())["pid"]
-        os.kill(pid, signal.SIGKILL)
+        endpoint = out / "endpoints" / "generator-default-0.json"
+        ready_at = endpoint.stat().st_mtime  # the replica served from here on
+        os.kill(json.loads(endpoint.read_text())["pid"], signal.SIGKILL)
         killed_at = time.time()
         _, stderr = run.communicate(timeout=300)
     finally:
@@ -53,7 +54,8 @@ def test_a_sigkilled_generator_keeps_its_row_up_to_its_death(write_job, tmp_path
     # The killed replica's row ends at its last heartbeat, within about a second of the kill.
     killed = run_dir.timelines["generator-default-0"]
     assert killed_at - HEARTBEAT_S - SLACK_S <= killed[-1]["end"] <= killed_at + 0.1
-    assert killed[0]["start"] < killed_at - 2.0  # it had been running: the row is not just its last second
+    # It had been running: the row starts with the process (before it was ready), not at its last heartbeat.
+    assert killed[0]["start"] <= ready_at < killed[-1]["end"] - 0.5
     # Its replacement's row starts after the kill; the survivor's spans run to the end.
     replacement = run_dir.timelines["generator-default-2"]
     assert replacement[0]["start"] > killed_at - 0.1
