@@ -2,15 +2,17 @@
 job's model on this machine (one thread, as a disaggregated stage gets one core, and every core,
 as colocated mode's one process gets); bench/modes.py and bench/skew.py then run for real; the
 simulator, fed only with those profiles (their seconds, and the machine's cores the local run
-shares out) and each run's own output lengths (the workload, not a time), predicts them:
-samples/s and pipeline-bubble ratio per mode (targets: within 15% and 0.05), and the order of
-the dispatch policies by generation time. Last, the memory-bound regime
+shares out) and each run's own output lengths and ranker predictions (the workload and the
+ranker's quality, not a time), predicts them: samples/s and pipeline-bubble ratio per mode
+(targets: within 15% and 0.05), and the order of the dispatch policies by generation time,
+over every pair and over the pairs the measured rounds separate (their means apart by more
+than twice their combined standard error; the rest are ties within noise). Last, the memory-bound regime
 this machine cannot run: an H20-class analytic profile, 64 replicas, outputs with p99/p50 >= 8,
 skewness-aware and oracle generation time relative to random-fifo. Prints tables and, as the
 last line, a JSON object with predicted and measured figures and their ratios.
 
-    python bench/sim_fidelity.py [--iterations 20] [--prompts-per-step 64] [--skew-rounds 1]
-                                 [--skip-skew] [--out runs/bench-sim-fidelity]
+    python bench/sim_fidelity.py [--iterations 20] [--prompts-per-step 64] [--skew-rounds 3]
+                                 [--skip-skew] [--drawn-predictions] [--out runs/bench-sim-fidelity]
 """
 
 from __future__ import annotations
@@ -135,31 +137,59 @@ def pairs_agreeing(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
     return same, len(pairs)
 
 
+def separated_pairs(runs: dict[str, list[float]]) -> set[tuple[str, str]]:
+    """Pairs whose measured means differ by more than twice their combined standard error over
+    rounds: the pairs a measured ranking orders at all (none with a single round)."""
+    out = set()
+    for x, y in combinations(sorted(runs), 2):
+        rx, ry = runs[x], runs[y]
+        if min(len(rx), len(ry)) < 2:
+            continue
+        se = (statistics.variance(rx) / len(rx) + statistics.variance(ry) / len(ry)) ** 0.5
+        if abs(statistics.mean(rx) - statistics.mean(ry)) > 2 * se:
+            out.add((x, y))
+    return out
+
+
 def skew_ranking(args, out: Path, profiles: dict[int, Path], prompt_tokens: int) -> dict:
     skew_out = out / "skew"
-    measured = last_json(run([sys.executable, "bench/skew.py", "--rounds", str(args.skew_rounds),
-                              "--iterations", str(args.skew_iterations), "--out", str(skew_out)],
-                             out / "skew.log"))["generation_s_per_iteration"]
+    report = last_json(run([sys.executable, "bench/skew.py", "--rounds", str(args.skew_rounds),
+                            "--iterations", str(args.skew_iterations), "--out", str(skew_out)], out / "skew.log"))
+    measured, runs = report["generation_s_per_iteration"], report["generation_s_per_run"]
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.skew_iterations, promptsPerStep=64)
-    lengths = skew_out / "random-fifo-r0" / "lengths.jsonl"  # the workload every policy faced (the oracle's file)
     predicted = {}
     for name, (policy, settings) in SKEW.items():
-        sc = parse_scenario(scenario(f"skew-{name}", "batch", lengths, profiles[1], prompt_tokens, job, replicas=2,
-                                     dispatch={"policy": policy, **settings}, ranker_log_error=args.ranker_log_error))
-        # iteration 0 is not averaged (bench/skew.py: the ranker has seen nothing yet)
-        predicted[name] = statistics.mean(r.generation_s for r in simulate(sc).iterations[1:])
+        per_round = []
+        for rnd in range(args.skew_rounds):
+            # The workload every policy faced (random-fifo's lengths; the oracle read the same
+            # file); a ranked policy's predictions are those its own ranker made in that round.
+            sc = scenario(f"skew-{name}", "batch", skew_out / f"random-fifo-r{rnd}" / "lengths.jsonl", profiles[1],
+                          prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
+                          ranker_log_error=args.ranker_log_error)
+            if policy == "skewness-aware" and not args.drawn_predictions:
+                sc["workload"]["rankerPredictions"] = str(skew_out / f"{name}-r{rnd}" / "lengths.jsonl")
+            # iteration 0 is not averaged (bench/skew.py: the ranker has seen nothing yet)
+            per_round.append(statistics.mean(r.generation_s for r in simulate(parse_scenario(sc)).iterations[1:]))
+        predicted[name] = statistics.mean(per_round)
     same, total = pairs_agreeing(predicted, measured)
+    separated = separated_pairs(runs)
+    same_separated = sum((predicted[x] - predicted[y]) * (measured[x] - measured[y]) > 0 for x, y in separated)
     order = {"predicted": sorted(predicted, key=predicted.get), "measured": sorted(measured, key=measured.get)}
-    print(f"{'policy':<20} {'generation s sim':>17} {'real':>8} {'x random-fifo sim':>18} {'real':>6}")
+    print(f"{'policy':<20} {'generation s sim':>17} {'real':>8} {'x random-fifo sim':>18} {'real':>6}  rounds")
     for k in SKEW:
         print(f"{k:<20} {predicted[k]:>17.3f} {measured[k]:>8.3f} {predicted[k] / predicted['random-fifo']:>18.3f} "
-              f"{measured[k] / measured['random-fifo']:>6.3f}")
+              f"{measured[k] / measured['random-fifo']:>6.3f}  {' '.join(f'{v:.3f}' for v in runs[k])}")
     print(f"order (fastest first) sim: {', '.join(order['predicted'])}; real: {', '.join(order['measured'])}; "
-          f"{same}/{total} pairs ordered alike")
+          f"{same}/{total} pairs ordered alike; of the {len(separated)} pairs the real rounds separate (means "
+          f"apart by more than 2 standard errors), {same_separated} ordered alike")
     return {"generation_s": {k: {"predicted": round(predicted[k], 4), "measured": round(measured[k], 4),
                                  "ratio": round(predicted[k] / measured[k], 3)} for k in SKEW},
             "order_fastest_first": order, "pairs_ordered_alike": f"{same}/{total}",
+            "separated_pairs": sorted(f"{x} vs {y}" for x, y in separated),
+            "separated_pairs_ordered_alike": f"{same_separated}/{len(separated)}",
+            "rounds": args.skew_rounds,
+            "ranker": "drawn (rankerLogError)" if args.drawn_predictions else "the run's own predictions",
             "ranker_log_error_assumed": args.ranker_log_error}
 
 
@@ -198,11 +228,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=20, help="bench/modes.py iterations")
     p.add_argument("--prompts-per-step", type=int, default=64, help="bench/modes.py prompts per iteration")
-    p.add_argument("--skew-rounds", type=int, default=1, help="bench/skew.py rounds")
+    p.add_argument("--skew-rounds", type=int, default=3,
+                   help="bench/skew.py rounds (2 or more tell which policy pairs the measurement separates)")
     p.add_argument("--skew-iterations", type=int, default=10, help="bench/skew.py iterations")
     p.add_argument("--skip-skew", action="store_true", help="leave bench/skew.py out")
     p.add_argument("--ranker-log-error", type=float, default=0.5,
-                   help="skewness-aware: sd of log(predicted/true length) the simulator assumes of the ranker")
+                   help="skewness-aware with --drawn-predictions: sd of log(predicted/true length) the simulator "
+                        "assumes of the ranker")
+    p.add_argument("--drawn-predictions", action="store_true",
+                   help="skewness-aware: draw the ranker's predictions (--ranker-log-error) rather than replay those "
+                        "its ranker made in each measured round (lengths.jsonl's predicted_length)")
     p.add_argument("--memory-iterations", type=int, default=3)
     p.add_argument("--out", default="runs/bench-sim-fidelity")
     args = p.parse_args()

@@ -307,12 +307,13 @@ class TrainLoop:
             self.metrics.sample_staleness.observe(self.learner.policy_version - s.sample.policy_version)
         self._recent_lengths.extend(lengths)
         text = self._texts.pop(group.prompt_id, "")
-        if group.prompt_id in self._predicted:
-            p = self._predicted.pop(group.prompt_id)
-            self._length_pairs.append((p.predicted_length, sum(lengths) / len(lengths), p.long_tail))
+        predicted = self._predicted.pop(group.prompt_id, None)
+        if predicted is not None:
+            self._length_pairs.append((predicted.predicted_length, sum(lengths) / len(lengths), predicted.long_tail))
         if self.lengths:
             self.lengths.observe(group.dataset_index, text, self.learner.policy_version, lengths)
-        self.recorder.lengths(group.prompt_id, group.dataset_index, lengths)
+        self.recorder.lengths(group.prompt_id, group.dataset_index, lengths,
+                              predicted.predicted_length if predicted is not None else None)
 
     def _length_prediction_record(self) -> dict:
         """Predicted vs actual mean output length of this iteration's prompts (dispatch with predictions)."""

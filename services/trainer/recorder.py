@@ -73,11 +73,16 @@ class Recorder:
                                        "prompt_ids": prompt_ids}) + "\n")
         self._ledger.flush()
 
-    def lengths(self, prompt_id: str, dataset_index: int, lengths: list[int]) -> None:
+    def lengths(self, prompt_id: str, dataset_index: int, lengths: list[int],
+                predicted_length: float | None = None) -> None:
         """One line per consumed prompt: its samples' output lengths and their mean (what an
-        oracle dispatcher of a rerun needs)."""
-        self._lengths.write(json.dumps({"prompt_id": prompt_id, "dataset_index": dataset_index,
-                                        "mean_length": sum(lengths) / len(lengths), "lengths": lengths}) + "\n")
+        oracle dispatcher of a rerun needs) and, where it was dispatched with one, the mean
+        length predicted for it (the ranker's quality, and what `streamrl simulate` replays)."""
+        line = {"prompt_id": prompt_id, "dataset_index": dataset_index, "mean_length": sum(lengths) / len(lengths),
+                "lengths": lengths}
+        if predicted_length is not None:
+            line["predicted_length"] = round(predicted_length, 3)
+        self._lengths.write(json.dumps(line) + "\n")
 
     def summary(self, **totals) -> RunSummary:
         """Write summary.json: the iterations' totals and the trainer's counters."""

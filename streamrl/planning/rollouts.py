@@ -50,6 +50,30 @@ def read_lengths_file(path: Path, where: str = "workload.lengths.path") -> dict[
     return {j: sorted(v) for j, v in sorted(by_iteration.items())}
 
 
+def read_predictions_file(path: Path, where: str = "workload.rankerPredictions") -> dict[tuple[int, int], float]:
+    """{(iteration, position): predicted mean length} from a run's lengths.jsonl, for the
+    prompts it dispatched with a prediction."""
+    out: dict[tuple[int, int], float] = {}
+    try:
+        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if rec.get("predicted_length") is None:
+                continue
+            iteration, position = (int(x) for x in str(rec["prompt_id"]).split("-")[:2])
+            predicted = float(rec["predicted_length"])
+            if not math.isfinite(predicted) or predicted < 0:
+                raise ValueError(f"line {lineno}: predicted_length must be a length >= 0, got {predicted}")
+            out[(iteration, position)] = predicted
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{where} {path}: unusable: {err}") from None
+    if not out:
+        raise ValueError(f"{where} {path}: no predicted_length in it (the run dispatched without predictions: "
+                         "use a skewness-aware run's lengths.jsonl)")
+    return out
+
+
 class Workload:
     def __init__(self, section: WorkloadSection, prompts_per_step: int, group_size: int, seed: int,
                  base: Path | None = None):
@@ -71,6 +95,12 @@ class Workload:
                                          f"of {sorted({len(g) for _, g in prompts})} samples; replay needs "
                                          f"algorithm.promptsPerStep {prompts_per_step} x groupSize {group_size}")
             self._pool = [g for prompts in self._file.values() for _, g in prompts]
+        self._predictions: dict[tuple[int, int], float] = {}
+        if section.ranker_predictions:
+            path = Path(section.ranker_predictions)
+            if not path.is_absolute() and base is not None and (base / path).exists():
+                path = base / path
+            self._predictions = read_predictions_file(path)
 
     def growth(self, iteration: int) -> float:
         return (1 + self.section.median_growth_per_iteration) ** iteration
@@ -101,7 +131,8 @@ class Workload:
             lengths = tuple(int(min(cap, max(1, round(x * scale)))) for x in group)
             index = iteration * self.prompts_per_step + k
             mean = sum(lengths) / len(lengths)
-            ranked = mean * math.exp(ranker.normal(0.0, self.section.ranker_log_error))
+            ranked = mean * math.exp(ranker.normal(0.0, self.section.ranker_log_error))  # drawn either way: one stream
+            ranked = self._predictions.get((iteration, k), ranked)
             out.append(DrawnPrompt(f"{iteration}-{k}-{index}", index, self.section.prompt_tokens, lengths, ranked))
         return out
 

@@ -75,6 +75,10 @@ class WorkloadSection(SpecModel):
     """Drift: lengths grow by this factor per iteration (0.01 = 1% longer each iteration), clipped to maxNewTokens."""
     ranker_log_error: float = Field(0.5, ge=0)
     """skewness-aware: standard deviation of log(predicted / true mean length) of a prompt (0 = as the oracle)."""
+    ranker_predictions: str | None = None
+    """skewness-aware: a run's `lengths.jsonl` whose `predicted_length`s (what its ranker said of each
+    prompt, by iteration and position) stand in for drawn predictions; prompts it has none for
+    are drawn with rankerLogError. The run must have dispatched with predictions."""
 
 
 class TableGeneration(SpecModel):

@@ -186,4 +186,11 @@ def test_skewness_aware_run_completes_every_prompt_when_a_replica_dies(write_job
     assert "long-tail plan:" in ranked
     records = IterationRecord.read_lines(out / "metrics.jsonl")
     assert all(r.actual_length_mean > 0 and r.predicted_length_mean is not None for r in records)
+    # lengths.jsonl keeps each prompt's prediction beside its lengths: per iteration, their mean
+    # is the one metrics.jsonl reports.
+    lines = [json.loads(line) for line in (out / "lengths.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 * 12 and all(line["predicted_length"] >= 0 for line in lines)
+    for r in records:
+        mine = [line["predicted_length"] for line in lines if line["prompt_id"].startswith(f"{r.iteration}-")]
+        assert sum(mine) / len(mine) == pytest.approx(r.predicted_length_mean, abs=1e-2)
     assert (out / "ranker.npz").is_file()  # the ranker learnt and saved its state on the way out

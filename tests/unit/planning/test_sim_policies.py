@@ -109,3 +109,31 @@ def test_the_scaling_decision_is_the_products_round(tmp_path, monkeypatch):
     patched = simulate(parse_scenario(data)).summary
     assert patched.scale_ups == 2 and patched.replicas_final == {"g": 4}
     assert [r.reason for r in patched.scaling] == ["patched: add", "patched: add"]
+
+
+def test_a_runs_recorded_predictions_stand_in_for_the_ranker(tmp_path):
+    predictions = tmp_path / "predicted.jsonl"
+
+    def generation_s(predicted: tuple[float, ...]) -> float:
+        predictions.write_text("".join(json.dumps({"prompt_id": f"0-{k}-{k}", "lengths": [1], "predicted_length": v})
+                                       + "\n" for k, v in enumerate(predicted)))
+        data = _scenario(tmp_path, "skewness-aware")
+        data["workload"]["rankerPredictions"] = str(predictions)
+        return simulate(parse_scenario(data)).iterations[0].generation_s
+
+    # Predictions in the true order (their scale does not matter) schedule as the perfect ranker.
+    assert generation_s((20.0, 80.0, 30.0, 90.0)) == 9.0
+    # A ranker that had it backwards sends the shortest first: 2 on g-0 (until 1), 3 on g-1
+    # (until 2), 8 on g-0 (until 8), 9 on g-1 (until 10).
+    assert generation_s((9.0, 3.0, 8.0, 2.0)) == 10.0
+
+
+def test_a_predictions_file_without_predictions_is_refused_by_name(tmp_path):
+    data = _scenario(tmp_path, "skewness-aware")
+    data["workload"]["rankerPredictions"] = str(tmp_path / "lengths.jsonl")  # random-fifo's: no predictions
+    try:
+        simulate(parse_scenario(data))
+    except ValueError as err:
+        assert "workload.rankerPredictions" in str(err) and "no predicted_length" in str(err)
+    else:
+        raise AssertionError("a lengths.jsonl without predictions was taken as the ranker's")
