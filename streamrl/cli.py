@@ -242,6 +242,7 @@ def cmd_profile(args) -> int:
                              device=pool.engine.device),
         ptl=generation.ptl, ptl_context=generation.ptl_context, ptl_long_context=generation.long_context,
         ptl_context_s_per_token=generation.context_s_per_token, prefill_s_per_token=generation.prefill_s_per_token,
+        prefill_s_per_step=generation.prefill_s_per_step,
         train_micro_batch_size=training.micro_batch_size, train_sequence_tokens=training.sequence_tokens,
         forward_backward_s_per_token=training.forward_backward_s_per_token,
         forward_backward_s_per_micro_batch=training.forward_backward_s_per_micro_batch,
@@ -253,7 +254,8 @@ def cmd_profile(args) -> int:
     print("PTL(BS) ms per decode step: " + ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in profile.ptl)
           + f" (context {profile.ptl_context}; +{profile.ptl_context_s_per_token * 1e9:.1f} ns per sequence per "
           f"context token, measured to {profile.ptl_long_context})")
-    print(f"prefill {profile.prefill_s_per_token * 1e6:.1f} us/token; forward/backward "
+    print(f"prefill {profile.prefill_s_per_step * 1e3:.2f} ms per admitting step + "
+          f"{profile.prefill_s_per_token * 1e6:.1f} us/token; forward/backward "
           f"{profile.forward_backward_s_per_micro_batch * 1e3:.2f} ms per micro-batch + "
           f"{profile.forward_backward_s_per_token * 1e6:.1f} us per padded token (micro-batch "
           f"{training.micro_batch_size}); optimizer step {profile.optimizer_step_s * 1e3:.1f} ms; publish "

@@ -26,7 +26,9 @@ class GenerationMeasurement:
     context_s_per_token: float
     """Seconds a decode step grows per running sequence per token of context beyond ptl_context."""
     prefill_s_per_token: float
-    """Seconds of a step that admits prompts (prefill and the first token), per prompt token."""
+    """Seconds a step that admits prompts (prefill and the first token) costs per prompt token..."""
+    prefill_s_per_step: float
+    """...plus this much once per admitting step, whatever it admits (fitted over several sizes)."""
     max_batch_size: int
     """The engine's capacity."""
     weight_load_s: float
@@ -50,6 +52,21 @@ def measure_weight_load(engine: Engine, rounds: int = 3) -> float:
     return statistics.median(seconds)
 
 
+def affine_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of y = a + b x by least squares, each clamped at >= 0 (the other
+    refitted through the points when one would go negative)."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    a = my - b * mx
+    if b < 0:
+        return my, 0.0
+    if a < 0:
+        return 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    return a, b
+
+
 def context_slope(short: list[tuple[int, float]], long: list[tuple[int, float]], extra_tokens: int) -> float:
     """Seconds per running sequence per context token, fitted through the origin to how much
     longer each batch size's step took `extra_tokens` further into its sequences (>= 0)."""
@@ -65,22 +82,27 @@ def _median_ptl(engine: Engine, sizes: list[int], steps: int, rounds: int, conte
 
 
 def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, steps: int = 4, prompt_tokens: int = 32,
-                       prefill_batch: int = 4, prefill_rounds: int = 2, rounds: int = 3,
+                       prefill_batches: tuple[int, ...] = (1, 4, 16, 64), prefill_rounds: int = 3, rounds: int = 3,
                        long_context: int | None = None) -> GenerationMeasurement:
     """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up), the median of
     `rounds` measurements, and again at `long_context` tokens for the step's growth with
-    context; prefill of `prefill_batch` prompts of `prompt_tokens` tokens (mean of
-    `prefill_rounds` after a warm-up); and loading a weight version. On a thread of its own, as a
-    replica runs its engine (the worker's engine thread; its start-up measurement in a worker
-    thread): with more than one torch thread a decode step there costs up to twice what it
-    costs on the main thread (the tiny model), which would flatter a colocated process."""
+    context; steps admitting each of `prefill_batches` prompts (up to the engine's capacity)
+    of `prompt_tokens` tokens (median of `prefill_rounds` after a warm-up), fitted as a cost
+    per step plus one per prompt token (a step admitting 64 prompts costs far less than 16
+    admitting 4: its fixed part is paid once); and loading a weight version.
+
+    On a thread of its own after the model was loaded on the main thread, as a replica and a
+    colocated trainer run their engine: with more than one torch thread, two threads' OpenMP
+    teams then outnumber the cores, libgomp stops spin-waiting between parallel regions, and a
+    small model's decode step costs about twice what it does on the main thread."""
     with ThreadPoolExecutor(1, thread_name_prefix="engine") as thread:
-        return thread.submit(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batch, prefill_rounds,
+        return thread.submit(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batches, prefill_rounds,
                              rounds, long_context).result()
 
 
-def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_tokens: int, prefill_batch: int,
-             prefill_rounds: int, rounds: int, long_context: int | None) -> GenerationMeasurement:
+def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_tokens: int,
+             prefill_batches: tuple[int, ...], prefill_rounds: int, rounds: int,
+             long_context: int | None) -> GenerationMeasurement:
     capacity = engine.stats().capacity
     sizes = sorted({min(b, capacity) for b in batch_sizes}) if batch_sizes else ptl_batch_sizes(capacity)
     ptl = _median_ptl(engine, sizes, steps, rounds)
@@ -88,17 +110,25 @@ def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_t
     if long_context > engine.ptl_context:
         slope = context_slope(ptl, _median_ptl(engine, sizes, steps, rounds, long_context),
                               long_context - engine.ptl_context)
-    batch = min(prefill_batch, capacity)
+    points = [(n * prompt_tokens, _admission_s(engine, n, prompt_tokens, prefill_rounds))
+              for n in sorted({min(b, capacity) for b in prefill_batches})]
+    per_step, per_token = affine_fit(points) if len(points) > 1 else (0.0, points[0][1] / points[0][0])
+    return GenerationMeasurement(ptl, engine.ptl_context, long_context, slope, per_token, per_step, capacity,
+                                 measure_weight_load(engine))
+
+
+def _admission_s(engine: Engine, prompts: int, prompt_tokens: int, rounds: int) -> float:
+    """Median seconds of one engine step that admits `prompts` prompts (prefill and the first
+    token; each asks for one token, so nothing decodes after), after a warm-up round."""
     seconds = []
-    for round_ in range(prefill_rounds + 1):
-        for i in range(batch):
+    for round_ in range(rounds + 1):
+        for i in range(prompts):
             prompt = tuple(4 + (i + k) % 16 for k in range(prompt_tokens))  # ordinary ids of any vocabulary
-            engine.add_request(GenerationRequest(f"prefill-{round_}-{i}", prompt, max_new_tokens=1, temperature=0.0))
+            engine.add_request(GenerationRequest(f"prefill-{prompts}-{round_}-{i}", prompt, max_new_tokens=1,
+                                                 temperature=0.0))
         t0 = time.perf_counter()
         while engine.has_unfinished():  # one step admits, prefills and samples the one token
             engine.step()
         if round_:  # the first round warms up
             seconds.append(time.perf_counter() - t0)
-    per_token = sum(seconds) / len(seconds) / (batch * prompt_tokens)
-    return GenerationMeasurement(ptl, engine.ptl_context, long_context, slope, per_token, capacity,
-                                 measure_weight_load(engine))
+    return statistics.median(seconds)

@@ -19,7 +19,8 @@ class GenerationCost(Protocol):
         ...
 
     def prefill_s(self, tokens: int) -> float:
-        """Seconds to prefill `tokens` prompt tokens (summed over the sequences admitted)."""
+        """Seconds of one engine step that admits prompts of `tokens` tokens in all (prefill and
+        their first tokens; called only for a step that admits something)."""
         ...
 
     @property

@@ -17,9 +17,16 @@ from streamrl.records import Record, write_json
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 """1: PTL timed the decoder's forward alone, training was seconds per token only, and the
-per-sample, per-micro-batch and weight-load costs were not measured (they read as 0)."""
+per-sample, per-micro-batch and weight-load costs were not measured (they read as 0).
+2: prefill was one admission of 4 prompts divided by their tokens (no per-step part)."""
+_OLD_VERSIONS = {
+    1: "its PTL times the decoder's forward alone and it lacks the per-sample, per-micro-batch and weight-load "
+       "costs (read as 0), so it predicts too fast",
+    2: "it prices prefill per prompt token alone, with a small admission's fixed cost spread over its tokens, so "
+       "it over-prices steps that admit many prompts",
+}
 
 
 class ProfileHardware(Record):
@@ -73,7 +80,9 @@ class Profile(Record):
     """Seconds a decode step grows per running sequence per token of context beyond ptl_context
     (the torch engine attends every sequence over the longest one's context)."""
     prefill_s_per_token: float = Field(ge=0)
-    """Seconds to prefill one prompt token (a batch of prompts, divided by their tokens)."""
+    """Seconds a step admitting prompts (prefill and first token) costs per prompt token..."""
+    prefill_s_per_step: float = Field(0.0, ge=0)
+    """...plus this once per admitting step (fitted over admissions of several sizes)."""
     train_micro_batch_size: int = Field(ge=1)
     """Samples per forward/backward (the job's algorithm.microBatchSize) while training was measured."""
     train_sequence_tokens: int = Field(ge=1)
@@ -121,7 +130,8 @@ class Profile(Record):
     def generation_cost(self) -> MeasuredGenerationCost:
         """A replica of this engine on this hardware (a GenerationCost)."""
         return MeasuredGenerationCost(tuple(self.ptl), self.prefill_s_per_token, self.engine.max_batch_size,
-                                      self.ptl_context, self.ptl_context_s_per_token, self.engine.type == "torch")
+                                      self.ptl_context, self.ptl_context_s_per_token, self.engine.type == "torch",
+                                      self.prefill_s_per_step)
 
     def training_cost(self, num_gpus: int | None = None) -> MeasuredTrainingCost:
         """The trainer as measured (a TrainingCost); with `num_gpus`, forward/backward and the
@@ -139,9 +149,8 @@ def load_profile(path: str | Path) -> Profile:
         raise ValueError(f"profile {path}: no such file (write one with `streamrl profile JOB --out {path}`)")
     profile = Profile.read(path)
     if profile.version < PROFILE_VERSION:
-        log.warning("profile %s is version %d: its PTL times the decoder's forward alone and it lacks the "
-                    "per-sample, per-micro-batch and weight-load costs (read as 0), so it predicts too fast; "
-                    "measure again with `streamrl profile`", path, profile.version)
+        why = "; ".join(_OLD_VERSIONS[v] for v in range(max(1, profile.version), PROFILE_VERSION))
+        log.warning("profile %s is version %d: %s; measure again with `streamrl profile`", path, profile.version, why)
     return profile
 
 
@@ -158,6 +167,7 @@ class MeasuredGenerationCost:
     padded_attention: bool = False
     """Every sequence attends over the longest one's context (the torch engine's slot cache):
     a caller passes the batch's longest context, not its mean."""
+    prefill_s_per_step: float = 0.0
 
     def decode_step_s(self, batch: int, context: int) -> float:
         """Linear between measured batch sizes; beyond them, the nearest segment's slope (never
@@ -168,7 +178,7 @@ class MeasuredGenerationCost:
         return interpolate_ptl(self.ptl, batch, floor=min(t for _, t in self.ptl))
 
     def prefill_s(self, tokens: int) -> float:
-        return tokens * self.prefill_s_per_token
+        return self.prefill_s_per_step + tokens * self.prefill_s_per_token
 
 
 @dataclass(frozen=True)

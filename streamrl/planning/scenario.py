@@ -90,7 +90,9 @@ class TableGeneration(SpecModel):
     context_seconds_per_token: float = Field(0.0, ge=0)
     """Added to a step per running sequence per token of its context (KV-cache reads); 0 = context-free."""
     prefill_seconds_per_token: float = Field(0.0, ge=0)
-    """Seconds to prefill one prompt token."""
+    """Seconds to prefill one prompt token..."""
+    prefill_seconds_per_step: float = Field(0.0, ge=0)
+    """...plus this once per engine step that admits prompts."""
     max_batch_size: int = Field(ge=1)
     """The most sequences one replica runs at once."""
     sample_seconds: float = Field(0.0, ge=0)

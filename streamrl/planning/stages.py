@@ -33,12 +33,13 @@ class TableGenerationCost:
     context_s_per_token: float
     prefill_s_per_token: float
     max_batch: int
+    prefill_s_per_step: float = 0.0
 
     def decode_step_s(self, batch: int, context: int) -> float:
         return self.ptl.ptl(batch) + batch * context * self.context_s_per_token
 
     def prefill_s(self, tokens: int) -> float:
-        return tokens * self.prefill_s_per_token
+        return self.prefill_s_per_step + tokens * self.prefill_s_per_token
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
         spec, gpus, price, sample_s, load_s = pool.cost, 1, 1.0, 0.0, 0.0
         if isinstance(spec, TableGeneration):
             cost = TableGenerationCost(LatencyProfile(tuple(spec.decode_step_seconds)), spec.context_seconds_per_token,
-                                       spec.prefill_seconds_per_token, spec.max_batch_size)
+                                       spec.prefill_seconds_per_token, spec.max_batch_size,
+                                       spec.prefill_seconds_per_step)
             sample_s = spec.sample_seconds
         elif isinstance(spec, ProfileCost):
             profile = _profile(spec, base, where)

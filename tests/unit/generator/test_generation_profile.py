@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from streamrl.generator.profile import context_slope, measure_generation
+from streamrl.generator.profile import affine_fit, context_slope, measure_generation
 from streamrl.generator.torch_engine import TorchEngine
 from streamrl.models import load_model, load_tokenizer
 
@@ -34,6 +34,10 @@ def test_generation_is_measured_on_an_engine_thread_at_two_contexts(tiny_model_d
     assert engine.contexts == [None, None, 40, 40]  # rounds at its own context, then at the long one
     assert [b for b, _ in m.ptl] == [1, 4] and (m.ptl_context, m.long_context) == (16, 40)
     assert m.context_s_per_token >= 0 and 0 < m.weight_load_s < 1
+    # admissions of 1 and 4 prompts (the engine's capacity caps 16 and 64): a step's fixed part
+    # and a part per prompt token, both measured
+    assert m.prefill_s_per_step > 0 and m.prefill_s_per_token > 0
+    assert m.prefill_s_per_step + 32 * m.prefill_s_per_token < 0.5
     assert engine.policy_version == 0  # the weights swapped in for timing are swapped out again
     assert all(p.equal(held[name]) for name, p in engine.model.named_parameters())
 
@@ -43,3 +47,11 @@ def test_the_context_slope_is_fitted_per_sequence_per_token():
     long = [(1, 1.0 + 1 * 10 * 0.01), (4, 2.0 + 4 * 10 * 0.01)]
     assert context_slope(short, long, 10) == pytest.approx(0.01)
     assert context_slope(long, short, 10) == 0.0  # faster further in is noise, not a negative cost
+
+
+def test_admission_cost_is_fitted_as_a_step_plus_a_part_per_token():
+    a, b = affine_fit([(10, 1.0), (20, 1.5), (40, 2.5)])  # 0.5 + 0.05 x
+    assert (a, b) == (pytest.approx(0.5), pytest.approx(0.05))
+    assert affine_fit([(10, 2.0), (20, 1.0)]) == (pytest.approx(1.5), 0.0)  # cheaper when larger: noise, no slope
+    a, b = affine_fit([(10, 0.1), (20, 1.5)])  # would cross below zero at no tokens: through the origin
+    assert a == 0.0 and b == pytest.approx((10 * 0.1 + 20 * 1.5) / (100 + 400))

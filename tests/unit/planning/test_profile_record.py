@@ -38,6 +38,9 @@ def test_generation_cost_interpolates_ptl_over_batch_size_and_ignores_context():
     assert cost.decode_step_s(32, 16) == pytest.approx(0.018)  # beyond: the last segment's slope
     assert cost.decode_step_s(4, 4000) == cost.decode_step_s(4, 16)
     assert cost.prefill_s(1000) == pytest.approx(0.1)
+    with_step = _profile(prefill_s_per_step=0.003).generation_cost()
+    assert with_step.prefill_s(1000) == pytest.approx(0.103)  # once per admitting step, plus its tokens
+    assert with_step.prefill_s(10) == pytest.approx(0.004)
 
 
 def test_training_cost_scales_with_the_gpus_the_plan_gives_it():
@@ -80,6 +83,12 @@ def test_a_version_1_profile_still_loads_its_unmeasured_costs_as_zero_and_says_s
     assert (old.forward_backward_s_per_micro_batch, old.weight_load_s, old.sample_stream_s) == (0.0, 0.0, 0.0)
     assert old.hardware.cores == 0
     assert "is version 1: its PTL times the decoder's forward alone" in caplog.text
+    caplog.clear()
+    data["version"] = 2
+    (tmp_path / "v2.json").write_text(json.dumps(data))
+    assert load_profile(tmp_path / "v2.json").prefill_s_per_step == 0.0
+    assert "is version 2: it prices prefill per prompt token alone" in caplog.text
+    assert "forward alone" not in caplog.text
     caplog.clear()
     _profile().write(tmp_path / "new.json")
     load_profile(tmp_path / "new.json")

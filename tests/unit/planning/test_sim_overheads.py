@@ -47,6 +47,13 @@ def test_a_replica_sends_its_finished_samples_before_its_next_step(tmp_path):
     assert _first(run) == pytest.approx((0.0, 14.5, 9.5, 5.0))
 
 
+def test_a_step_that_admits_prompts_pays_its_fixed_prefill_once(tmp_path):
+    run = simulate(parse_scenario(_scenario(tmp_path, "batch", pool={"prefillSecondsPerStep": 0.5})))
+    # g-0 admits p0's two samples in one step (0.5 s; their first tokens) and decodes 3 and 9 more
+    # steps: done at 3.5 and 9.5 (admitting nothing after, it pays no more); g-1 ends at 5.5.
+    assert _first(run) == pytest.approx((0.0, 14.5, 9.5, 5.0))
+
+
 def test_every_micro_batch_costs_its_fixed_seconds(tmp_path):
     data = _scenario(tmp_path, "batch", trainer={"microBatchSeconds": 0.5})
     assert _first(simulate(parse_scenario(data))) == pytest.approx((0.0, 14.5, 9.0, 5.5))  # 4 + 0.5 + 1
