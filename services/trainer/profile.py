@@ -62,7 +62,7 @@ def fit_micro_batch_cost(points: list[tuple[int, float]]) -> tuple[float, float]
 
 
 def measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu", dtype: str = "float32",
-                     prompt_tokens: int = 32, completion_tokens: int = 64, steps: int = 2,
+                     prompt_tokens: int = 32, completion_tokens: int = 64, steps: int = 5,
                      chunk_bytes: int = 1 << 20) -> TrainingMeasurement:
     """Single micro-batches of the shapes the job trains (full at a quarter of
     `completion_tokens`, at it and at algorithm.maxNewTokens, the longest a sample can be; a
