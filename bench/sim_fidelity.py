@@ -3,15 +3,22 @@ job's model on this machine (one thread, as a disaggregated stage gets one core,
 as colocated mode's one process gets); bench/modes.py and bench/skew.py then run for real; the
 simulator, fed only with those profiles (their seconds, and the machine's cores the local run
 shares out) and each run's own output lengths and ranker predictions (the workload and the
-ranker's quality, not a time), predicts them: samples/s and pipeline-bubble ratio per mode
-(targets: within 15% and 0.05), and the order of the dispatch policies by generation time,
-over every pair and over the pairs the measured rounds separate (their means apart by more
-than twice their combined standard error; the rest are ties within noise). Last, the memory-bound regime
-this machine cannot run: an H20-class analytic profile, 64 replicas, outputs with p99/p50 >= 8,
-skewness-aware and oracle generation time relative to random-fifo. Prints tables and, as the
-last line, a JSON object with predicted and measured figures and their ratios.
+ranker's quality, not a time), predicts them:
 
-    python bench/sim_fidelity.py [--iterations 20] [--prompts-per-step 64] [--skew-rounds 3]
+- samples/s and pipeline-bubble ratio per mode (targets: within 15% and 0.05), judged on the
+  means over --repeats repeats of profile-then-run, since this machine's speed drifts by
+  several percent between minutes (each repeat's figures are printed beside them);
+- the order of the dispatch policies by generation time, over every pair and over the pairs
+  the measured rounds separate (means apart by more than twice their combined standard
+  error; the rest are ties within noise);
+- the memory-bound regime this machine cannot run: an H20-class analytic profile, 64
+  replicas, outputs with p99/p50 >= 8, skewness-aware and oracle generation time relative
+  to random-fifo.
+
+Prints tables and, as the last line, a JSON object with predicted and measured figures and
+their ratios.
+
+    python bench/sim_fidelity.py [--iterations 20] [--prompts-per-step 64] [--repeats 2] [--skew-rounds 3]
                                  [--skip-skew] [--drawn-predictions] [--out runs/bench-sim-fidelity]
 """
 
@@ -98,36 +105,62 @@ def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: 
     }
 
 
-def modes_side_by_side(args, out: Path, profiles: dict[int, Path], prompt_tokens: int) -> dict:
+def modes_once(args, out: Path, profiles: dict[int, Path], prompt_tokens: int) -> dict[str, dict]:
+    """bench/modes.py run for real, then simulated from `profiles` and each run's lengths:
+    {mode: {"predicted": summary, "measured_samples_per_s": x, "measured_bubble": y}}."""
     measured = last_json(run([sys.executable, "bench/modes.py", "--iterations", str(args.iterations),
                               "--prompts-per-step", str(args.prompts_per_step), "--out", str(out / "modes")],
                              out / "modes.log"))
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step)
-    predicted = {}
+    out_rows = {}
     for mode in MODES:
         # colocated: one process on every core; the others: a core per stage
         profile = profiles[2] if mode == "colocated" else profiles[1]
         sc = parse_scenario(scenario(f"modes-{mode}", mode, out / "modes" / mode / "lengths.jsonl", profile,
                                      prompt_tokens, job))
-        predicted[mode] = simulate(sc).summary
+        out_rows[mode] = {"predicted": simulate(sc).summary, "measured_samples_per_s": measured["samples_per_s"][mode],
+                          "measured_bubble": measured["pipeline_bubble_ratio"][mode]}
+    return out_rows
+
+
+def modes_side_by_side(args, out: Path, prompt_tokens: int, completion_tokens: int) -> tuple[dict, dict[int, Path]]:
+    """`--repeats` times: profiles measured, then bench/modes.py, then the simulation of those
+    runs from those profiles. This machine's speed drifts by several percent from one minute to
+    the next, so each repeat pairs a profile with the runs right after it, and the targets are
+    judged on the means over repeats (each repeat's ratio is reported beside them)."""
+    repeats, first_profiles = [], None
+    for r in range(args.repeats):
+        where = out / f"repeat-{r}"
+        where.mkdir(parents=True, exist_ok=True)
+        profiles = measure_profiles(where, prompt_tokens, completion_tokens)
+        first_profiles = first_profiles or profiles
+        repeats.append(modes_once(args, where, profiles, prompt_tokens))
     rows = {}
     for mode in MODES:
-        p, m = predicted[mode], measured
+        sim = [rep[mode]["predicted"].samples_per_s for rep in repeats]
+        real = [rep[mode]["measured_samples_per_s"] for rep in repeats]
+        sim_b = [rep[mode]["predicted"].pipeline_bubble_ratio for rep in repeats]
+        real_b = [rep[mode]["measured_bubble"] for rep in repeats]
         rows[mode] = {
-            "samples_per_s": {"predicted": round(p.samples_per_s, 2), "measured": m["samples_per_s"][mode],
-                              "ratio": round(p.samples_per_s / m["samples_per_s"][mode], 3)},
-            "pipeline_bubble_ratio": {"predicted": round(p.pipeline_bubble_ratio, 3),
-                                      "measured": m["pipeline_bubble_ratio"][mode],
-                                      "difference": round(p.pipeline_bubble_ratio
-                                                          - m["pipeline_bubble_ratio"][mode], 3)},
+            "samples_per_s": {"predicted": round(statistics.mean(sim), 2), "measured": round(statistics.mean(real), 2),
+                              "ratio": round(statistics.mean(sim) / statistics.mean(real), 3),
+                              "ratio_per_repeat": [round(p / m, 3) for p, m in zip(sim, real)],
+                              "measured_per_repeat": real},
+            "pipeline_bubble_ratio": {"predicted": round(statistics.mean(sim_b), 3),
+                                      "measured": round(statistics.mean(real_b), 3),
+                                      "difference": round(statistics.mean(sim_b) - statistics.mean(real_b), 3),
+                                      "difference_per_repeat": [round(p - m, 3) for p, m in zip(sim_b, real_b)]},
         }
-    print(f"{'mode':<13} {'samples/s sim':>14} {'real':>8} {'ratio':>7} {'bubble sim':>11} {'real':>6} {'diff':>6}")
+    print(f"means over {args.repeats} repeat(s); per repeat: samples/s ratio, bubble difference")
+    print(f"{'mode':<13} {'samples/s sim':>14} {'real':>8} {'ratio':>7} {'bubble sim':>11} {'real':>6} {'diff':>6}"
+          f"  per repeat")
     for mode, r in rows.items():
         s, b = r["samples_per_s"], r["pipeline_bubble_ratio"]
+        each = "  ".join(f"{x:.3f}/{y:+.3f}" for x, y in zip(s["ratio_per_repeat"], b["difference_per_repeat"]))
         print(f"{mode:<13} {s['predicted']:>14.1f} {s['measured']:>8.1f} {s['ratio']:>7.3f} "
-              f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}")
-    return rows
+              f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}  {each}")
+    return rows, first_profiles
 
 
 def pairs_agreeing(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
@@ -228,6 +261,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=20, help="bench/modes.py iterations")
     p.add_argument("--prompts-per-step", type=int, default=64, help="bench/modes.py prompts per iteration")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="profile-then-bench/modes.py repeats; the targets are judged on their means")
     p.add_argument("--skew-rounds", type=int, default=3,
                    help="bench/skew.py rounds (2 or more tell which policy pairs the measurement separates)")
     p.add_argument("--skew-iterations", type=int, default=10, help="bench/skew.py iterations")
@@ -246,8 +281,7 @@ def main() -> None:
     task = counting_prompts(1024, 0)
     prompt_tokens = round(statistics.mean(len(t.text) for t in task)) + 1  # character tokens and BOS
     completion_tokens = round(statistics.mean(len(t.answer) for t in task)) + 1  # and EOS
-    profiles = measure_profiles(out, prompt_tokens, completion_tokens)
-    modes = modes_side_by_side(args, out, profiles, prompt_tokens)
+    modes, profiles = modes_side_by_side(args, out, prompt_tokens, completion_tokens)
     skew = None if args.skip_skew else skew_ranking(args, out, profiles, prompt_tokens)
     mem = memory_bound(args)
     within = {m: abs(r["samples_per_s"]["ratio"] - 1) <= 0.15 for m, r in modes.items()}
@@ -260,6 +294,7 @@ def main() -> None:
         "memory_bound": mem,
         "profiles": {t: str(pth) for t, pth in profiles.items()},
         "prompt_tokens": prompt_tokens, "iterations": args.iterations, "prompts_per_step": args.prompts_per_step,
+        "repeats": args.repeats,
     }))
 
 
