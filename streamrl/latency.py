@@ -1,8 +1,11 @@
-"""PTL(BS), the seconds of one decode step as a function of batch size, read off measured
-points: one interpolation for the dispatcher's long-tail planner and the planner's profiles."""
+"""Measured costs read off points: PTL(BS), the seconds of one decode step as a function of
+batch size (one interpolation for the dispatcher's long-tail planner and the planner's
+profiles), and a fixed-plus-per-unit line (what `streamrl profile` fits to a learner's
+micro-batches and to an engine's admitting steps)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 
@@ -15,3 +18,17 @@ def interpolate_ptl(points: Sequence[tuple[int, float]], batch_size: int, floor:
         if batch_size <= b1 or (b1, t1) == points[-1]:
             return max(floor, t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0))
     raise AssertionError("unreachable")
+
+
+def fit_fixed_plus_per_unit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed seconds, seconds per unit) fitted by least squares to measured (units, seconds)
+    points; both kept >= 0 (a negative intercept or slope is refitted through the origin)."""
+    if len({n for n, _ in points}) < 2:
+        raise ValueError("fitting a fixed and a per-unit cost needs points at at least two sizes")
+    xs, ys = [float(n) for n, _ in points], [s for _, s in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept = my - slope * mx
+    if intercept < 0 or slope < 0:
+        return 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return intercept, slope

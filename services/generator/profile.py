@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from streamrl.generator.engine import Engine, GenerationRequest, ptl_batch_sizes
+from streamrl.latency import fit_fixed_plus_per_unit
 from streamrl.weights import WeightStore, deserialize
 
 
@@ -50,21 +51,6 @@ def measure_weight_load(engine: Engine, rounds: int = 3) -> float:
         seconds.append(time.perf_counter() - t0)
     engine.load_weights(weights.items(), version)  # back to what it held
     return statistics.median(seconds)
-
-
-def affine_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope) of y = a + b x by least squares, each clamped at >= 0 (the other
-    refitted through the points when one would go negative)."""
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
-    a = my - b * mx
-    if b < 0:
-        return my, 0.0
-    if a < 0:
-        return 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
-    return a, b
 
 
 def context_slope(short: list[tuple[int, float]], long: list[tuple[int, float]], extra_tokens: int) -> float:
@@ -112,7 +98,7 @@ def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_t
                               long_context - engine.ptl_context)
     points = [(n * prompt_tokens, _admission_s(engine, n, prompt_tokens, prefill_rounds))
               for n in sorted({min(b, capacity) for b in prefill_batches})]
-    per_step, per_token = affine_fit(points) if len(points) > 1 else (0.0, points[0][1] / points[0][0])
+    per_step, per_token = fit_fixed_plus_per_unit(points) if len(points) > 1 else (0.0, points[0][1] / points[0][0])
     return GenerationMeasurement(ptl, engine.ptl_context, long_context, slope, per_token, per_step, capacity,
                                  measure_weight_load(engine))
 

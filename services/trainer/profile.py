@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from streamrl.latency import fit_fixed_plus_per_unit
 from streamrl.samples import Group, Sample, ScoredSample
 from streamrl.spec import AlgorithmSpec
 from streamrl.trainer.learner import Learner
@@ -44,21 +45,6 @@ def synthetic_groups(num_samples: int, group_size: int, prompt_tokens: int, comp
             for i in range(min(group_size, num_samples - g * group_size)))
         groups.append(Group(f"profile-{g}", 0, g, tuple(4 + k % 16 for k in range(prompt_tokens)), samples))
     return groups
-
-
-def fit_micro_batch_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """(seconds per micro-batch, seconds per padded token) fitted by least squares to
-    (padded tokens, seconds) of single micro-batches; both kept >= 0 (a negative intercept is
-    refitted through the origin)."""
-    if len({n for n, _ in points}) < 2:
-        raise ValueError("fitting a micro-batch's cost needs micro-batches of at least two sizes")
-    xs, ys = [float(n) for n, _ in points], [s for _, s in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    intercept = my - slope * mx
-    if intercept < 0 or slope < 0:
-        return 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
-    return intercept, slope
 
 
 def measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu", dtype: str = "float32",
@@ -97,7 +83,7 @@ def _measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str, 
                 optimizer_s.append(stats.optimizer_s)
                 publish_s.append(time.perf_counter() - t0)
         points.append((n * (prompt_tokens + completion), statistics.median(seconds)))
-    per_micro_batch, per_token = fit_micro_batch_cost(points)
+    per_micro_batch, per_token = fit_fixed_plus_per_unit(points)
     return TrainingMeasurement(mb, prompt_tokens + completion_tokens, per_token, per_micro_batch,
                                statistics.median(optimizer_s), statistics.median(publish_s))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrl.planning.scenario import FileLengths, LognormalLengths, WorkloadSection
+from streamrl.planning.scenario import FileLengths, LognormalLengths, WorkloadSection, scenario_path
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,7 @@ class Workload:
         self._file: dict[int, list[tuple[int, list[int]]]] = {}
         spec = section.lengths
         if isinstance(spec, FileLengths):
-            path = Path(spec.path)
-            if not path.is_absolute() and base is not None and (base / path).exists():
-                path = base / path
+            path = scenario_path(spec.path, base)
             self._file = read_lengths_file(path)
             if spec.type == "replay":
                 for j, prompts in self._file.items():
@@ -97,10 +95,7 @@ class Workload:
             self._pool = [g for prompts in self._file.values() for _, g in prompts]
         self._predictions: dict[tuple[int, int], float] = {}
         if section.ranker_predictions:
-            path = Path(section.ranker_predictions)
-            if not path.is_absolute() and base is not None and (base / path).exists():
-                path = base / path
-            self._predictions = read_predictions_file(path)
+            self._predictions = read_predictions_file(scenario_path(section.ranker_predictions, base))
 
     def growth(self, iteration: int) -> float:
         return (1 + self.section.median_growth_per_iteration) ** iteration

@@ -334,3 +334,12 @@ def with_overrides(scenario: Scenario, mode: str | None = None, policy: str | No
     if iterations is not None:
         data["algorithm"]["numIterations"] = iterations
     return parse_scenario(data, f"scenario {scenario.name}")
+
+
+def scenario_path(path: str, base: Path | None) -> Path:
+    """A file a scenario names: a relative path is the scenario file's folder's where it exists
+    there, else the working directory's."""
+    p = Path(path)
+    if not p.is_absolute() and base is not None and (base / p).exists():
+        return base / p
+    return p

@@ -18,6 +18,7 @@ from streamrl.planning.scenario import (
     Scenario,
     TableGeneration,
     TableTraining,
+    scenario_path,
 )
 from streamrl.planning.shape import ModelShape
 from streamrl.spec import PipelineMode
@@ -85,19 +86,11 @@ class Stages:
     """Seconds the trainer's process spends per sample it takes in (delaying its training when busy)."""
 
 
-def _path(path: str, base: Path | None) -> Path:
-    """A relative path is the scenario file's folder's, else the working directory's."""
-    p = Path(path)
-    if not p.is_absolute() and base is not None and (base / p).exists():
-        return base / p
-    return p
-
-
 def model_shape(scenario: Scenario, catalog: Catalog, base: Path | None = None) -> ModelShape | None:
     if scenario.model is None:
         return None
     if scenario.model.endswith(".json") or "/" in scenario.model:
-        return ModelShape.from_hf_config(_path(scenario.model, base))
+        return ModelShape.from_hf_config(scenario_path(scenario.model, base))
     return catalog.model(scenario.model)
 
 
@@ -178,6 +171,6 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
 
 def _profile(spec: ProfileCost, base: Path | None, where: str):
     try:
-        return load_profile(_path(spec.path, base))
+        return load_profile(scenario_path(spec.path, base))
     except ValueError as err:
         raise ValueError(f"{where}.path: {err}") from None

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from streamrl.generator.profile import affine_fit, context_slope, measure_generation
+from streamrl.generator.profile import context_slope, measure_generation
 from streamrl.generator.torch_engine import TorchEngine
 from streamrl.models import load_model, load_tokenizer
 
@@ -48,10 +48,3 @@ def test_the_context_slope_is_fitted_per_sequence_per_token():
     assert context_slope(short, long, 10) == pytest.approx(0.01)
     assert context_slope(long, short, 10) == 0.0  # faster further in is noise, not a negative cost
 
-
-def test_admission_cost_is_fitted_as_a_step_plus_a_part_per_token():
-    a, b = affine_fit([(10, 1.0), (20, 1.5), (40, 2.5)])  # 0.5 + 0.05 x
-    assert (a, b) == (pytest.approx(0.5), pytest.approx(0.05))
-    assert affine_fit([(10, 2.0), (20, 1.0)]) == (pytest.approx(1.5), 0.0)  # cheaper when larger: noise, no slope
-    a, b = affine_fit([(10, 0.1), (20, 1.5)])  # would cross below zero at no tokens: through the origin
-    assert a == 0.0 and b == pytest.approx((10 * 0.1 + 20 * 1.5) / (100 + 400))
