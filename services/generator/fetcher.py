@@ -37,9 +37,9 @@ class WeightFetcher:
         self.trainer_version = 0
         """The newest version the trainer on the live stream publishes, as far as it has said."""
         self.source: WeightSource | None = None
+        """The live stream's trainer (set as each stream opens)."""
         self.sha256: dict[int, str] = {}
         """The published SHA-256 of each version fetched (the initial model has none)."""
-        """The live stream's trainer (set as each stream opens)."""
 
     def welcome(self, policy_version: int) -> None:
         """A trainer welcomed the replica: it publishes `policy_version`."""

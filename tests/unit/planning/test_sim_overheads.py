@@ -8,31 +8,17 @@ resolved from a measured profile."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel
 from streamrl.planning.scenario import parse_scenario
 from streamrl.planning.simulate import simulate
 from streamrl.planning.stages import resolve_stages
+from tests.unit.planning.handworked import hand_scenario
 
 
 def _scenario(tmp_path, mode: str, pool: dict | None = None, trainer: dict | None = None, **extra) -> dict:
-    lengths = tmp_path / "lengths.jsonl"
-    lengths.write_text(json.dumps({"prompt_id": "0-0-0", "lengths": [4, 10]}) + "\n"
-                       + json.dumps({"prompt_id": "0-1-1", "lengths": [6, 6]}) + "\n")
-    return {
-        "name": "hand", "pipeline": {"mode": mode, "minMicroBatchSize": 2},
-        "algorithm": {"numIterations": 2, "promptsPerStep": 2, "groupSize": 2, "microBatchSize": 4},
-        "workload": {"promptTokens": 0, "maxNewTokens": 100, "lengths": {"type": "replay", "path": str(lengths)}},
-        "trainer": {"cost": {"type": "table", "secondsPerToken": 0.1, "stepSeconds": 1.0, **(trainer or {})}},
-        "generators": [{"name": "g", "replicas": 2, "cost": {"type": "table", "decodeStepSeconds": [[1, 1.0]],
-                                                              "maxBatchSize": 4, **(pool or {})}}],
-        "network": {"local": {"bandwidthGbps": 10, "latencyMs": 0}},
-        "weights": {"sizeBytes": 1.25e9},
-        **extra,
-    }
+    return hand_scenario(tmp_path, mode, iterations=2, pool=pool, trainer=trainer, **extra)
 
 
 def _first(run) -> tuple:

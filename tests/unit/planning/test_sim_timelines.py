@@ -10,29 +10,11 @@ of a cap of 4 with nothing waiting, a skewness bubble. g-1 finishes p1 after 5 s
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from streamrl.planning.scenario import parse_scenario
 from streamrl.planning.simulate import padded_tokens, simulate
-
-
-def _scenario(tmp_path, mode: str, **extra) -> dict:
-    lengths = tmp_path / "lengths.jsonl"
-    lengths.write_text(json.dumps({"prompt_id": "0-0-0", "lengths": [4, 10]}) + "\n"
-                       + json.dumps({"prompt_id": "0-1-1", "lengths": [6, 6]}) + "\n")
-    return {
-        "name": "hand", "pipeline": {"mode": mode, "minMicroBatchSize": 2},
-        "algorithm": {"numIterations": 3, "promptsPerStep": 2, "groupSize": 2, "microBatchSize": 4},
-        "workload": {"promptTokens": 0, "maxNewTokens": 100, "lengths": {"type": "replay", "path": str(lengths)}},
-        "trainer": {"cost": {"type": "table", "secondsPerToken": 0.1, "stepSeconds": 1.0}},
-        "generators": [{"name": "g", "replicas": 2,
-                        "cost": {"type": "table", "decodeStepSeconds": [[1, 1.0]], "maxBatchSize": 4}}],
-        "network": {"local": {"bandwidthGbps": 10, "latencyMs": 0}},
-        "weights": {"sizeBytes": 1.25e9},
-        **extra,
-    }
+from tests.unit.planning.handworked import hand_scenario
 
 
 def _timeline(run) -> list[tuple]:
@@ -53,7 +35,7 @@ def test_padded_tokens_pad_each_micro_batch_to_its_longest_sample():
 
 
 def test_batch_mode_waits_for_the_whole_batch_and_the_relayed_weights(tmp_path):
-    run = simulate(parse_scenario(_scenario(tmp_path, "batch")))
+    run = simulate(parse_scenario(hand_scenario(tmp_path, "batch")))
     # iteration 0: the batch is complete at 9; 40 padded tokens train in 4 s, the step takes 1 s.
     # iteration 1 starts at 14: g-0 holds version 1 at 15, g-1 (from g-0) at 16; p0 ends at 15 + 9.
     assert _timeline(run) == _expect([
@@ -73,7 +55,7 @@ def test_batch_mode_waits_for_the_whole_batch_and_the_relayed_weights(tmp_path):
 
 
 def test_colocated_is_batch_without_a_link(tmp_path):
-    run = simulate(parse_scenario(_scenario(tmp_path, "colocated")))
+    run = simulate(parse_scenario(hand_scenario(tmp_path, "colocated")))
     assert _timeline(run) == _expect([(14.0 * i, 14.0, 9.0, 5.0, 9 / 14, 6 / 28) for i in range(3)])
     s = run.summary
     assert s.weight_bytes_local == 0
@@ -82,7 +64,7 @@ def test_colocated_is_batch_without_a_link(tmp_path):
 
 
 def test_stream_sync_trains_each_group_as_it_completes(tmp_path):
-    run = simulate(parse_scenario(_scenario(tmp_path, "stream-sync")))
+    run = simulate(parse_scenario(hand_scenario(tmp_path, "stream-sync")))
     # iteration 0: p1 (done at 5) trains 12 tokens in 1.2 s; p0 (done at 9) 20 tokens in 2 s; step at 11.
     # iteration 1 from 12: g-0 loads at 13 (p0 done at 22), g-1 at 14 (p1 done at 19).
     assert _timeline(run) == _expect([
@@ -93,7 +75,7 @@ def test_stream_sync_trains_each_group_as_it_completes(tmp_path):
 
 
 def test_stream_async_generates_the_next_iteration_while_training(tmp_path):
-    run = simulate(parse_scenario(_scenario(tmp_path, "stream-async")))
+    run = simulate(parse_scenario(hand_scenario(tmp_path, "stream-async")))
     # iterations 0 and 1 are handed out at once: each replica runs four sequences from 0 (no
     # bubble: two still run after g-0's short ones finish). Iteration 1's samples are all in
     # when it starts at 12: one take of 40 padded tokens. Iteration 2 (version 1) runs on g-0
@@ -109,7 +91,7 @@ def test_stream_async_generates_the_next_iteration_while_training(tmp_path):
 
 
 def test_without_relay_every_replica_fetches_from_the_trainer_one_after_the_other(tmp_path):
-    data = _scenario(tmp_path, "batch")
+    data = hand_scenario(tmp_path, "batch")
     data["generators"][0]["weightRelay"] = False
     run = simulate(parse_scenario(data))
     # the trainer's link carries both copies, one after the other: g-0 at 15, g-1 at 16, as relayed
