@@ -2,8 +2,9 @@
 
 Pure functions over numbers (no I/O, no gRPC). One replica's time for M samples of
 length L at batch size BS is PTL(BS) * L * ceil(M / BS), with PTL the measured per-token
-decode latency at that batch size. Long outputs want small batches (they decode faster
-per token); short ones tolerate large batches.
+decode latency at that batch size (objective `sum`, as published). Long outputs want small
+batches (they decode faster per token); short ones tolerate large batches. Objective `max`
+prices a group as continuous batching runs it instead (`batched_time`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ def group_time(profile: LatencyProfile, num_samples: int, num_replicas: int, len
     return profile.ptl(bs) * length * math.ceil(per_replica / bs)
 
 
+def batched_time(profile: LatencyProfile, num_samples: int, num_replicas: int, mean_length: float,
+                 longest: float, batch_cap: int) -> float:
+    """Estimated wall seconds under continuous batching: each of num_replicas identical replicas
+    keeps min(batch_cap, its share) sequences running while work waits, so it steps through its
+    share of the tokens that many at a time, and no fewer steps than the longest sample takes.
+    Unlike group_time, a wave of short samples is not charged the long ones' length."""
+    if num_samples == 0:
+        return 0.0
+    if num_replicas == 0:
+        return math.inf
+    per_replica = math.ceil(num_samples / num_replicas)
+    bs = max(1, min(batch_cap, per_replica))
+    return profile.ptl(bs) * max(longest, per_replica * mean_length / bs)
+
+
 def _slowest(replicas: list[ReplicaProfile], batch_size: int) -> LatencyProfile:
     return max((r.profile for r in replicas), key=lambda p: p.ptl(batch_size))
 
@@ -88,11 +104,14 @@ def plan_long_tail(demand: LongTailDemand, replicas: list[ReplicaProfile], long_
                    objective: Objective = "sum") -> LongTailPlan:
     """Choose N_long in 0..N minimising the estimated generation time.
 
-    `sum` adds the two groups' times (as published); `max` takes the slower group (the
-    wall time when both run at once). With N_long = 0 every replica runs everything at
-    its full batch and the long samples set the pace; with N_long = N every replica runs
-    at the long-tail cap. Long-tail replicas are the ones fastest at small batches; a
-    group is estimated with its slowest member's profile.
+    `sum` adds the two groups' times, each by group_time (as published). `max` takes the
+    slower group, each by batched_time: the wall time when both run at once, as continuous
+    batching runs them (group_time charges every wave of a full batch the length of its
+    longest sample, which overprices a mixed batch and makes `max` split where the long-tail
+    group is the slower by far). With N_long = 0 every replica runs everything at its full
+    batch and the long samples set the pace; with N_long = N every replica runs at the
+    long-tail cap. Long-tail replicas are the ones fastest at small batches; a group is
+    estimated with its slowest member's profile.
     """
     if not replicas:
         raise ValueError("no replicas to dispatch to")
@@ -103,19 +122,27 @@ def plan_long_tail(demand: LongTailDemand, replicas: list[ReplicaProfile], long_
     ordered = sorted(replicas, key=lambda r: (r.profile.ptl(long_batch_cap), r.replica_id))
     total = num_long_samples + num_regular_samples
     pace = long_length if num_long_samples else regular_length
+    mean = (num_long_samples * long_length + num_regular_samples * regular_length) / total if total else 0.0
+
+    def one_group(profile: LatencyProfile, samples: int, n: int, length: float, cap: int, longest: float) -> float:
+        if objective == "sum":
+            return group_time(profile, samples, n, longest, cap)
+        return batched_time(profile, samples, n, length, longest, cap)
+
     estimates = []
     for n_long in range(len(ordered) + 1):
         longs, regulars = ordered[:n_long], ordered[n_long:]
         if n_long == 0:
             cap = min(r.max_batch_size for r in regulars)
-            t = group_time(_slowest(regulars, cap), total, len(regulars), pace, cap)
+            t = one_group(_slowest(regulars, cap), total, len(regulars), mean, cap, pace)
         elif not regulars:
-            t = group_time(_slowest(longs, long_batch_cap), total, n_long, pace, long_batch_cap)
+            t = one_group(_slowest(longs, long_batch_cap), total, n_long, mean, long_batch_cap, pace)
         else:
             cap = min(r.max_batch_size for r in regulars)
-            t_long = group_time(_slowest(longs, long_batch_cap), num_long_samples, n_long, long_length,
-                                long_batch_cap)
-            t_reg = group_time(_slowest(regulars, cap), num_regular_samples, len(regulars), regular_length, cap)
+            t_long = one_group(_slowest(longs, long_batch_cap), num_long_samples, n_long, long_length,
+                               long_batch_cap, long_length)
+            t_reg = one_group(_slowest(regulars, cap), num_regular_samples, len(regulars), regular_length, cap,
+                              regular_length)
             t = t_long + t_reg if objective == "sum" else max(t_long, t_reg)
         estimates.append(t)
     best = min(range(len(estimates)), key=lambda n: (estimates[n], n))

@@ -176,8 +176,13 @@ class TrainLoop:
             return
         plan = plan_long_tail(self._demand, replicas, dispatch.long_tail_batch_cap, dispatch.objective)
         self.coordinator.set_long_tail_replicas(set(plan.long_replicas), dispatch.long_tail_batch_cap)
-        log.info("long-tail plan: %d of %d replicas on the long tail (estimated %.2fs)", len(plan.long_replicas),
-                 len(replicas), plan.estimated_s)
+        d = self._demand
+        log.info("long-tail plan: %d of %d replicas on the long tail (estimated %.2fs; for 0..%d: %s; demand %d x %.0f "
+                 "+ %d x %.0f tokens; PTL ms at batch %d/full: %s)", len(plan.long_replicas), len(replicas),
+                 plan.estimated_s, len(replicas), " ".join(f"{t:.2f}" for t in plan.estimates_s), d.num_long_samples,
+                 d.long_length, d.num_regular_samples, d.regular_length, dispatch.long_tail_batch_cap,
+                 " ".join(f"{r.replica_id}={r.profile.ptl(dispatch.long_tail_batch_cap) * 1e3:.2f}/"
+                          f"{r.profile.ptl(r.max_batch_size) * 1e3:.2f}" for r in replicas))
 
     async def publish(self) -> WeightsNotice:
         t0 = time.monotonic()

@@ -94,7 +94,8 @@ class DispatchSpec(SpecModel):
     """alpha: the fraction of each iteration's prompts, longest predicted first, treated as long tail."""
     objective: Literal["sum", "max"] = "sum"
     """How the planner scores a split of replicas: `sum` of the two groups' estimated times
-    (as published) or their `max` (the wall time when both run at once)."""
+    (as published) or their `max` (the wall time when both run at once, each group priced as
+    continuous batching runs it)."""
     long_tail_batch_cap: int = Field(8, ge=1)
     """Batch cap of long-tail replicas."""
     oracle_lengths: str | None = None

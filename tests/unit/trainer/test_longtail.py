@@ -4,6 +4,7 @@ from streamrl.trainer.longtail import (
     LatencyProfile,
     LongTailDemand,
     ReplicaProfile,
+    batched_time,
     group_time,
     length_targets,
     plan_long_tail,
@@ -47,8 +48,13 @@ def test_two_replicas_one_for_the_long_tail():
     assert plan.estimates_s == pytest.approx((5.92, 4.36, 11.52))
     assert (plan.long_replicas, plan.regular_replicas) == (("r0",), ("r1",))
     assert plan.estimated_s == pytest.approx(4.36)
+    # max, by batched_time (mean length over all 128: (16*80 + 112*10) / 128 = 18.75):
+    # N_long=0: 64 per replica at bs 64, steps max(80, 64*18.75/64) = 80: 5.92
+    # N_long=1: long 0.018 * max(80, 16*80/8 = 160) = 2.88, regular 0.074 * max(10, 112*10/64) = 1.295
+    # N_long=2: 64 per replica at bs 8, steps max(80, 64*18.75/8 = 150): 0.018*150 = 2.7
     slowest = plan_long_tail(LongTailDemand(16, 112, 80, 10), _replicas(2), 8, "max")
-    assert slowest.estimates_s == pytest.approx((5.92, 2.88, 11.52))
+    assert slowest.estimates_s == pytest.approx((5.92, 2.88, 2.7))
+    assert slowest.long_replicas == ("r0", "r1")
 
 
 def test_sum_and_max_objectives_can_disagree():
@@ -57,9 +63,40 @@ def test_sum_and_max_objectives_can_disagree():
     total = plan_long_tail(LongTailDemand(32, 224, 80, 30), _replicas(4), 8, "sum")
     assert total.estimates_s == pytest.approx((5.92, 10.20, 7.32, 11.76, 11.52))
     assert total.long_replicas == ()
+    # max (mean over all 256: 36.25): 0 -> 0.074*80; 1 -> long 0.018*max(80, 32*80/8), regular 75 per replica
+    # 0.074*max(30, 75*30/64); 2 -> long 0.018*160, regular 0.074*max(30, 112*30/64 = 52.5);
+    # 3 -> long 0.018*max(80, 11*80/8), regular 0.074*(224*30/64); 4 -> 0.018*max(80, 64*36.25/8 = 290)
     slowest = plan_long_tail(LongTailDemand(32, 224, 80, 30), _replicas(4), 8, "max")
-    assert slowest.estimates_s == pytest.approx((5.92, 5.76, 4.44, 8.88, 11.52))
+    assert slowest.estimates_s == pytest.approx((5.92, 5.76, 0.074 * 52.5, 0.074 * 105, 0.018 * 290))
     assert len(slowest.long_replicas) == 2
+
+
+def test_batched_time_by_hand():
+    # 112 samples of mean 10 on one replica at cap 64: 112*10/64 = 17.5 steps at PTL(64), more than the longest 10.
+    assert batched_time(LINEAR, 112, 1, 10, 10, 64) == pytest.approx(0.074 * 17.5)
+    # 4 samples: batch 4 at PTL(4); the longest (50) paces it, not 4*20/4 = 20 steps.
+    assert batched_time(LINEAR, 4, 1, 20, 50, 64) == pytest.approx(LINEAR.ptl(4) * 50)
+    assert batched_time(LINEAR, 0, 0, 10, 10, 8) == 0.0
+    assert batched_time(LINEAR, 3, 0, 10, 10, 8) == float("inf")
+
+
+def test_max_keeps_a_mixed_batch_whole_where_the_long_group_would_be_slower():
+    # A plan two CPU replicas' reports led to in bench/skew.py: PTL (ms) 1.24 at 8 and 4.16 at
+    # 64 (the replica sharing the trainer's core), 1.38 and 3.29 (the other); 104 long samples
+    # (P90 36 tokens), 408 regular (P50 9). Its long group took 1.1 s against 0.4 s unsplit.
+    shared = ReplicaProfile("shared", LatencyProfile(((8, 0.00124), (64, 0.00416))), 64)
+    alone = ReplicaProfile("alone", LatencyProfile(((8, 0.00138), (64, 0.00329))), 64)
+    demand = LongTailDemand(104, 408, 36, 9)
+    # group_time charges every wave of the unsplit full batch the long samples' 36 tokens,
+    # which puts not splitting above the long-tail group alone:
+    assert group_time(shared.profile, 512, 2, 36, 64) == pytest.approx(0.00416 * 36 * 4)
+    assert group_time(shared.profile, 104, 1, 36, 8) == pytest.approx(0.00124 * 36 * 13)
+    assert group_time(shared.profile, 512, 2, 36, 64) > group_time(shared.profile, 104, 1, 36, 8)
+    # continuous batching runs it in max(36, 256 * 14.46 / 64) steps instead: no split.
+    plan = plan_long_tail(demand, [shared, alone], 8, "max")
+    assert plan.long_replicas == ()
+    assert plan.estimates_s[0] == pytest.approx(0.00416 * 256 * (104 * 36 + 408 * 9) / 512 / 64)
+    assert plan.estimates_s[1] == pytest.approx(0.00124 * 104 * 36 / 8)
 
 
 def test_long_tail_goes_to_the_replicas_fastest_at_small_batches():
