@@ -63,6 +63,8 @@ class SimReplica:
         self._reported_at = sim.now
         self._lent_s = 0.0
         """Seconds of its core another process used while it decoded, paid before its next step."""
+        self._lent_stretch_s = 0.0
+        """Of those, the ones lent during the current stretch: its steps' wall time, as a replica times them."""
         self._sending = False
         self.policy_version = policy_version
         self.fetching = False
@@ -111,6 +113,8 @@ class SimReplica:
         sending), it loses them."""
         if self._stretch is not None or self._sending:
             self._lent_s += seconds
+        if self._stretch is not None:
+            self._lent_stretch_s += seconds
 
     # ---- reading ------------------------------------------------------------------------
     def skewness_seconds(self) -> float:
@@ -189,8 +193,9 @@ class SimReplica:
         if s.low:
             self._skewness_s += self.sim.now - s.start
         self.num_tokens += s.steps * len(self.running)
-        if s.steps:
-            product_engine.observe_ptl(self.ptl, len(self.running), s.step_s, s.steps)
+        lent, self._lent_stretch_s = self._lent_stretch_s, 0.0
+        if s.steps:  # a replica times a step's wall clock: what its core lent meanwhile is in it
+            product_engine.observe_ptl(self.ptl, len(self.running), s.step_s + lent / s.steps, s.steps)
         if self._on_report is not None and self.sim.now - self._reported_at >= LOAD_REPORT_INTERVAL_S:
             self._reported_at = self.sim.now
             self._on_report(self)

@@ -3,8 +3,8 @@ timelines of test_sim_timelines.py (two replicas, 1 s decode steps, prompts of 0
 lengths [4, 10] for p0 on g-0 and [6, 6] for p1 on g-1, 0.1 s per padded token, a 1 s step):
 a replica's seconds per finished sample, the learner's per-micro-batch seconds, the trainer's
 intake of samples that arrive while it trains, colocated mode paying that intake in the
-replica's process, a replica on the trainer's core lending it that intake, and those seconds
-resolved from a measured profile."""
+replica's process, a replica on the trainer's core lending it that intake (and timing its
+steps the longer for it), and those seconds resolved from a measured profile."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel
 from streamrl.planning.scenario import parse_scenario
-from streamrl.planning.simulate import simulate
+from streamrl.planning.simulate import Simulator, simulate
 from streamrl.planning.stages import resolve_stages
 from tests.unit.planning.handworked import hand_scenario
 
@@ -111,3 +111,15 @@ def test_a_replica_on_the_trainers_core_lends_it_the_intake_of_each_sample(tmp_p
     assert _first(run) == pytest.approx((0.0, 14.75, 9.75, 5.0))
     data["placement"]["cores"] = None
     assert _first(simulate(parse_scenario(data))) == pytest.approx((0.0, 14.0, 9.0, 5.0))
+
+
+def test_a_replica_on_the_trainers_core_reports_the_steps_it_lent_for_as_longer(tmp_path):
+    # As a replica times a step's wall clock: g-1's 5 steps of [6, 6] (1 s each at batch 2) lent
+    # the trainer 0.25 s, so it observes 1.05 s per step, in each of the 2 iterations (10 steps,
+    # smoothed 0.1 per step into its start-up 1.0). g-0, on a core of its own, reports 1.0.
+    data = _scenario(tmp_path, "batch", trainer={"sampleSeconds": 0.25}, placement={"cores": 2})
+    scenario = parse_scenario(data)
+    sim = Simulator(scenario, resolve_stages(scenario))
+    sim.run()
+    assert sim.fleet.engines["g-1"].ptl == pytest.approx({1: 1.0, 2: 1.0 + 0.05 * (1 - 0.9**10), 4: 1.0})
+    assert sim.fleet.engines["g-0"].ptl == pytest.approx({1: 1.0, 2: 1.0, 4: 1.0})
