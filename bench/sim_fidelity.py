@@ -1,13 +1,14 @@
 """The simulator against the real thing, side by side in one go. `streamrl profile` measures the
 job's model on this machine (one thread, as a disaggregated stage gets one core, and every core,
-as colocated mode's one process gets); bench/modes.py and bench/skew.py then run for real; the
-simulator, fed only with those profiles (their seconds, and the machine's cores the local run
-shares out) and each run's own output lengths and ranker predictions (the workload and the
-ranker's quality, not a time), predicts them:
+as colocated mode's one process gets) before and after each real run of bench/modes.py and
+bench/skew.py; the simulator, fed only with those profiles (their seconds, and the machine's
+cores the local run shares out) and each run's own output lengths and ranker predictions (the
+workload and the ranker's quality, not a time), predicts each run from the two profiles around
+it (averaged: this machine's speed drifts by several percent between minutes, and a profile
+takes seconds where a run takes minutes):
 
 - samples/s and pipeline-bubble ratio per mode (targets: within 15% and 0.05), judged on the
-  means over --repeats repeats of profile-then-run, since this machine's speed drifts by
-  several percent between minutes (each repeat's figures are printed beside them);
+  means over --repeats runs of bench/modes.py (each repeat's figures are printed beside them);
 - the order of the dispatch policies by generation time, over every pair and over the pairs
   the measured rounds separate (means apart by more than twice their combined standard
   error; the rest are ties within noise);
@@ -70,6 +71,7 @@ def run(argv: list[str], log: Path) -> str:
 
 def measure_profiles(out: Path, prompt_tokens: int, completion_tokens: int) -> dict[int, Path]:
     """{threads: profile file} measured by `streamrl profile` on this machine."""
+    out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for threads in (1, 2):
         path = out / f"profile-{threads}-thread.json"
@@ -105,42 +107,52 @@ def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: 
     }
 
 
-def modes_once(args, out: Path, profiles: dict[int, Path], prompt_tokens: int) -> dict[str, dict]:
-    """bench/modes.py run for real, then simulated from `profiles` and each run's lengths:
-    {mode: {"predicted": summary, "measured_samples_per_s": x, "measured_bubble": y}}."""
-    measured = last_json(run([sys.executable, "bench/modes.py", "--iterations", str(args.iterations),
-                              "--prompts-per-step", str(args.prompts_per_step), "--out", str(out / "modes")],
-                             out / "modes.log"))
+def simulate_modes(args, out: Path, brackets: list[dict[int, Path]], prompt_tokens: int,
+                   measured: dict) -> dict[str, dict]:
+    """bench/modes.py's runs in `out` (their report `measured`) simulated from each of
+    `brackets` (the profiles taken right before and right after them) and each run's lengths,
+    the predictions averaged: {mode: {"predicted": {samples_per_s, pipeline_bubble_ratio},
+    "measured_samples_per_s": x, "measured_bubble": y}}."""
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step)
     out_rows = {}
     for mode in MODES:
-        # colocated: one process on every core; the others: a core per stage
-        profile = profiles[2] if mode == "colocated" else profiles[1]
-        sc = parse_scenario(scenario(f"modes-{mode}", mode, out / "modes" / mode / "lengths.jsonl", profile,
-                                     prompt_tokens, job))
-        out_rows[mode] = {"predicted": simulate(sc).summary, "measured_samples_per_s": measured["samples_per_s"][mode],
+        runs = []
+        for profiles in brackets:
+            # colocated: one process on every core; the others: a core per stage
+            profile = profiles[2] if mode == "colocated" else profiles[1]
+            sc = parse_scenario(scenario(f"modes-{mode}", mode, out / "modes" / mode / "lengths.jsonl", profile,
+                                         prompt_tokens, job))
+            runs.append(simulate(sc).summary)
+        out_rows[mode] = {"predicted": {"samples_per_s": statistics.mean(r.samples_per_s for r in runs),
+                                        "pipeline_bubble_ratio": statistics.mean(r.pipeline_bubble_ratio
+                                                                                 for r in runs)},
+                          "measured_samples_per_s": measured["samples_per_s"][mode],
                           "measured_bubble": measured["pipeline_bubble_ratio"][mode]}
     return out_rows
 
 
-def modes_side_by_side(args, out: Path, prompt_tokens: int, completion_tokens: int) -> tuple[dict, dict[int, Path]]:
-    """`--repeats` times: profiles measured, then bench/modes.py, then the simulation of those
-    runs from those profiles. This machine's speed drifts by several percent from one minute to
-    the next, so each repeat pairs a profile with the runs right after it, and the targets are
-    judged on the means over repeats (each repeat's ratio is reported beside them)."""
-    repeats, first_profiles = [], None
+def modes_side_by_side(args, out: Path, prompt_tokens: int,
+                       completion_tokens: int) -> tuple[dict, list[dict[int, Path]]]:
+    """`--repeats` runs of bench/modes.py, with profiles measured before the first, between
+    them and after the last; each run simulated from the two profiles around it (averaged).
+    This machine's speed drifts by several percent from one minute to the next, and a profile
+    takes seconds where a run takes minutes: the two around a run see the machine it ran on
+    better than one before it. The targets are judged on the means over repeats (each
+    repeat's ratio is reported beside them). Returns the rows and every profile taken."""
+    taken = [measure_profiles(out / "profile-0", prompt_tokens, completion_tokens)]
+    repeats = []
     for r in range(args.repeats):
         where = out / f"repeat-{r}"
         where.mkdir(parents=True, exist_ok=True)
-        profiles = measure_profiles(where, prompt_tokens, completion_tokens)
-        first_profiles = first_profiles or profiles
-        repeats.append(modes_once(args, where, profiles, prompt_tokens))
+        modes = bench_modes_then(args, where, prompt_tokens)
+        taken.append(measure_profiles(out / f"profile-{r + 1}", prompt_tokens, completion_tokens))
+        repeats.append(modes(taken[-2:]))
     rows = {}
     for mode in MODES:
-        sim = [rep[mode]["predicted"].samples_per_s for rep in repeats]
+        sim = [rep[mode]["predicted"]["samples_per_s"] for rep in repeats]
         real = [rep[mode]["measured_samples_per_s"] for rep in repeats]
-        sim_b = [rep[mode]["predicted"].pipeline_bubble_ratio for rep in repeats]
+        sim_b = [rep[mode]["predicted"]["pipeline_bubble_ratio"] for rep in repeats]
         real_b = [rep[mode]["measured_bubble"] for rep in repeats]
         rows[mode] = {
             "samples_per_s": {"predicted": round(statistics.mean(sim), 2), "measured": round(statistics.mean(real), 2),
@@ -160,7 +172,17 @@ def modes_side_by_side(args, out: Path, prompt_tokens: int, completion_tokens: i
         each = "  ".join(f"{x:.3f}/{y:+.3f}" for x, y in zip(s["ratio_per_repeat"], b["difference_per_repeat"]))
         print(f"{mode:<13} {s['predicted']:>14.1f} {s['measured']:>8.1f} {s['ratio']:>7.3f} "
               f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}  {each}")
-    return rows, first_profiles
+    print("PTL(64) of the profiles taken, ms (one thread): "
+          + ", ".join(f"{dict(load_profile(t[1]).ptl)[64] * 1e3:.2f}" for t in taken))
+    return rows, taken
+
+
+def bench_modes_then(args, where: Path, prompt_tokens: int):
+    """Run bench/modes.py now; the simulation waits for the profile taken after it."""
+    measured = last_json(run([sys.executable, "bench/modes.py", "--iterations", str(args.iterations),
+                              "--prompts-per-step", str(args.prompts_per_step), "--out", str(where / "modes")],
+                             where / "modes.log"))
+    return lambda brackets: simulate_modes(args, where, brackets, prompt_tokens, measured)
 
 
 def pairs_agreeing(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
@@ -184,10 +206,14 @@ def separated_pairs(runs: dict[str, list[float]]) -> set[tuple[str, str]]:
     return out
 
 
-def skew_ranking(args, out: Path, profiles: dict[int, Path], prompt_tokens: int) -> dict:
+def skew_ranking(args, out: Path, before: dict[int, Path], prompt_tokens: int, completion_tokens: int) -> dict:
+    """bench/skew.py run for real, then each policy's rounds simulated from the profiles taken
+    right before (`before`) and right after it (averaged), each round's workload and, for the
+    ranked policies, that round's own predictions."""
     skew_out = out / "skew"
     report = last_json(run([sys.executable, "bench/skew.py", "--rounds", str(args.skew_rounds),
                             "--iterations", str(args.skew_iterations), "--out", str(skew_out)], out / "skew.log"))
+    after = measure_profiles(out / "profile-after-skew", prompt_tokens, completion_tokens)
     measured, runs = report["generation_s_per_iteration"], report["generation_s_per_run"]
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.skew_iterations, promptsPerStep=64)
@@ -195,15 +221,17 @@ def skew_ranking(args, out: Path, profiles: dict[int, Path], prompt_tokens: int)
     for name, (policy, settings) in SKEW.items():
         per_round = []
         for rnd in range(args.skew_rounds):
-            # The workload every policy faced (random-fifo's lengths; the oracle read the same
-            # file); a ranked policy's predictions are those its own ranker made in that round.
-            sc = scenario(f"skew-{name}", "batch", skew_out / f"random-fifo-r{rnd}" / "lengths.jsonl", profiles[1],
-                          prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
-                          ranker_log_error=args.ranker_log_error)
-            if policy == "skewness-aware" and not args.drawn_predictions:
-                sc["workload"]["rankerPredictions"] = str(skew_out / f"{name}-r{rnd}" / "lengths.jsonl")
-            # iteration 0 is not averaged (bench/skew.py: the ranker has seen nothing yet)
-            per_round.append(statistics.mean(r.generation_s for r in simulate(parse_scenario(sc)).iterations[1:]))
+            for profiles in (before, after):
+                # The workload every policy faced (random-fifo's lengths; the oracle read the same
+                # file); a ranked policy's predictions are those its own ranker made in that round.
+                sc = scenario(f"skew-{name}", "batch", skew_out / f"random-fifo-r{rnd}" / "lengths.jsonl",
+                              profiles[1], prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
+                              ranker_log_error=args.ranker_log_error)
+                if policy == "skewness-aware" and not args.drawn_predictions:
+                    sc["workload"]["rankerPredictions"] = str(skew_out / f"{name}-r{rnd}" / "lengths.jsonl")
+                # iteration 0 is not averaged (bench/skew.py: the ranker has seen nothing yet)
+                per_round.append(statistics.mean(r.generation_s
+                                                 for r in simulate(parse_scenario(sc)).iterations[1:]))
         predicted[name] = statistics.mean(per_round)
     same, total = pairs_agreeing(predicted, measured)
     separated = separated_pairs(runs)
@@ -262,7 +290,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=20, help="bench/modes.py iterations")
     p.add_argument("--prompts-per-step", type=int, default=64, help="bench/modes.py prompts per iteration")
     p.add_argument("--repeats", type=int, default=2,
-                   help="profile-then-bench/modes.py repeats; the targets are judged on their means")
+                   help="bench/modes.py runs, each between two profiles; the targets are judged on their means")
     p.add_argument("--skew-rounds", type=int, default=3,
                    help="bench/skew.py rounds (2 or more tell which policy pairs the measurement separates)")
     p.add_argument("--skew-iterations", type=int, default=10, help="bench/skew.py iterations")
@@ -281,8 +309,8 @@ def main() -> None:
     task = counting_prompts(1024, 0)
     prompt_tokens = round(statistics.mean(len(t.text) for t in task)) + 1  # character tokens and BOS
     completion_tokens = round(statistics.mean(len(t.answer) for t in task)) + 1  # and EOS
-    modes, profiles = modes_side_by_side(args, out, prompt_tokens, completion_tokens)
-    skew = None if args.skip_skew else skew_ranking(args, out, profiles, prompt_tokens)
+    modes, taken = modes_side_by_side(args, out, prompt_tokens, completion_tokens)
+    skew = None if args.skip_skew else skew_ranking(args, out, taken[-1], prompt_tokens, completion_tokens)
     mem = memory_bound(args)
     within = {m: abs(r["samples_per_s"]["ratio"] - 1) <= 0.15 for m, r in modes.items()}
     bubbles = {m: abs(r["pipeline_bubble_ratio"]["difference"]) <= 0.05 for m, r in modes.items()}
@@ -292,7 +320,7 @@ def main() -> None:
         "pipeline_bubble_within_0_05": bubbles,
         "skew": skew,
         "memory_bound": mem,
-        "profiles": {t: str(pth) for t, pth in profiles.items()},
+        "profiles": [{t: str(pth) for t, pth in profiles.items()} for profiles in taken],
         "prompt_tokens": prompt_tokens, "iterations": args.iterations, "prompts_per_step": args.prompts_per_step,
         "repeats": args.repeats,
     }))
