@@ -50,6 +50,9 @@ def run(job_file: Path, out_dir: Path | None = None, quiet: bool = False, promet
     if threading.current_thread() is not threading.main_thread():
         return _run(job_file, out_dir, quiet, prometheus, cores)
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C (or kill -INT) stops the run even where it started with SIGINT ignored, as a shell
+    # script's background job (`streamrl run job.yaml &`) starts: Python would keep it ignored.
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _run(job_file, out_dir, quiet, prometheus, cores)
     finally:

@@ -111,8 +111,11 @@ def test_ctrl_c_stops_every_process_and_keeps_the_records_and_report(write_job, 
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     out = cwd / OUT
+    # Started with SIGINT ignored, as a shell script's background job (`streamrl run job.yaml &`)
+    # starts: Ctrl-C, or kill -INT, must stop it all the same.
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", OUT, "--prometheus"],
-                           cwd=cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           cwd=cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.monotonic() + 300
