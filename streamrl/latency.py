@@ -5,7 +5,6 @@ micro-batches and to an engine's admitting steps)."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 
@@ -21,14 +20,20 @@ def interpolate_ptl(points: Sequence[tuple[int, float]], batch_size: int, floor:
 
 
 def fit_fixed_plus_per_unit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(fixed seconds, seconds per unit) fitted by least squares to measured (units, seconds)
-    points; both kept >= 0 (a negative intercept or slope is refitted through the origin)."""
+    """(fixed seconds, seconds per unit) fitted by least squares on relative error to measured
+    (units, seconds) points (each weighted 1 / seconds²: a timing's noise grows with it, and in
+    plain least squares the largest size's noise alone decides the fixed part, which the small
+    sizes measure); both kept >= 0 (a negative intercept or slope is refitted through the origin)."""
     if len({n for n, _ in points}) < 2:
         raise ValueError("fitting a fixed and a per-unit cost needs points at at least two sizes")
     xs, ys = [float(n) for n, _ in points], [s for _, s in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    ws = [1.0 / (y * y) if y > 0 else 1.0 for y in ys]
+    sw = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / sw
+    my = sum(w * y for w, y in zip(ws, ys)) / sw
+    slope = (sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys))
+             / sum(w * (x - mx) ** 2 for w, x in zip(ws, xs)))
     intercept = my - slope * mx
     if intercept < 0 or slope < 0:
-        return 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+        return 0.0, max(0.0, sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(w * x * x for w, x in zip(ws, xs)))
     return intercept, slope
