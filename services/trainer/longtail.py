@@ -69,6 +69,12 @@ class LongTailPlan:
     """The objective for each number of long-tail replicas 0..N (for inspection)."""
 
 
+def _share(num_samples: int, num_replicas: int, batch_cap: int) -> tuple[int, int]:
+    """(samples per replica, its batch size) for num_samples spread evenly over num_replicas."""
+    per_replica = math.ceil(num_samples / num_replicas)
+    return per_replica, max(1, min(batch_cap, per_replica))
+
+
 def group_time(profile: LatencyProfile, num_samples: int, num_replicas: int, length: float, batch_cap: int) -> float:
     """Estimated seconds for num_samples of `length` tokens spread evenly over num_replicas
     identical replicas decoding at most batch_cap at once."""
@@ -76,8 +82,7 @@ def group_time(profile: LatencyProfile, num_samples: int, num_replicas: int, len
         return 0.0
     if num_replicas == 0:
         return math.inf
-    per_replica = math.ceil(num_samples / num_replicas)
-    bs = max(1, min(batch_cap, per_replica))
+    per_replica, bs = _share(num_samples, num_replicas, batch_cap)
     return profile.ptl(bs) * length * math.ceil(per_replica / bs)
 
 
@@ -91,8 +96,7 @@ def batched_time(profile: LatencyProfile, num_samples: int, num_replicas: int, m
         return 0.0
     if num_replicas == 0:
         return math.inf
-    per_replica = math.ceil(num_samples / num_replicas)
-    bs = max(1, min(batch_cap, per_replica))
+    per_replica, bs = _share(num_samples, num_replicas, batch_cap)
     return profile.ptl(bs) * max(longest, per_replica * mean_length / bs)
 
 
