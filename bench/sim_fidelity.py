@@ -145,9 +145,11 @@ def modes_side_by_side(args, out: Path, prompt_tokens: int,
     for r in range(args.repeats):
         where = out / f"repeat-{r}"
         where.mkdir(parents=True, exist_ok=True)
-        modes = bench_modes_then(args, where, prompt_tokens)
+        measured = last_json(run([sys.executable, "bench/modes.py", "--iterations", str(args.iterations),
+                                  "--prompts-per-step", str(args.prompts_per_step), "--out", str(where / "modes")],
+                                 where / "modes.log"))
         taken.append(measure_profiles(out / f"profile-{r + 1}", prompt_tokens, completion_tokens))
-        repeats.append(modes(taken[-2:]))
+        repeats.append(simulate_modes(args, where, taken[-2:], prompt_tokens, measured))
     rows = {}
     for mode in MODES:
         sim = [rep[mode]["predicted"]["samples_per_s"] for rep in repeats]
@@ -175,14 +177,6 @@ def modes_side_by_side(args, out: Path, prompt_tokens: int,
     print("PTL(64) of the profiles taken, ms (one thread): "
           + ", ".join(f"{dict(load_profile(t[1]).ptl)[64] * 1e3:.2f}" for t in taken))
     return rows, taken
-
-
-def bench_modes_then(args, where: Path, prompt_tokens: int):
-    """Run bench/modes.py now; the simulation waits for the profile taken after it."""
-    measured = last_json(run([sys.executable, "bench/modes.py", "--iterations", str(args.iterations),
-                              "--prompts-per-step", str(args.prompts_per_step), "--out", str(where / "modes")],
-                             where / "modes.log"))
-    return lambda brackets: simulate_modes(args, where, brackets, prompt_tokens, measured)
 
 
 def pairs_agreeing(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
