@@ -225,8 +225,8 @@ def cmd_profile(args) -> int:
                    for p in load_prompts(spec.task)[:spec.algorithm.prompts_per_step]]
         samples = measure_samples(sample_scorer(spec.reward.function,
                                                 lambda ids: tok.decode(ids, skip_special_tokens=True)),
-                                  spec.algorithm, vocab_size, prompts, completion_tokens, pool.engine.max_batch_size,
-                                  spec.generators.dispatch.effective_queue_factor)
+                                  spec.algorithm, vocab_size, prompts, completion_tokens, generation.max_batch_size,
+                                  spec.generators.dispatch.effective_queue_factor, step_s=generation.ptl[-1][1])
         shape = ModelShape.from_hf_config(model_dir, name=name)
         if not (args.model_dir or spec.model.source == "path"):
             shape = shape.model_copy(update={"source": f"streamrl/models.py ({args.size})"})

@@ -17,15 +17,19 @@ from streamrl.records import Record, write_json
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 """1: PTL timed the decoder's forward alone, training was seconds per token only, and the
 per-sample, per-micro-batch and weight-load costs were not measured (they read as 0).
-2: prefill was one admission of 4 prompts divided by their tokens (no per-step part)."""
+2: prefill was one admission of 4 prompts divided by their tokens (no per-step part).
+3: prefill was timed admitting into an idle engine, greedily, and the wire with samples
+written back-to-back."""
 _OLD_VERSIONS = {
     1: "its PTL times the decoder's forward alone and it lacks the per-sample, per-micro-batch and weight-load "
        "costs (read as 0), so it predicts too fast",
     2: "it prices prefill per prompt token alone, with a small admission's fixed cost spread over its tokens, so "
        "it over-prices steps that admit many prompts",
+    3: "it times admissions into an idle engine and samples written back-to-back, both cheaper than serving "
+       "(admitting beside a running batch, samples leaving a few per decode step), so it predicts too fast",
 }
 
 
@@ -80,7 +84,8 @@ class Profile(Record):
     """Seconds a decode step grows per running sequence per token of context beyond ptl_context
     (the torch engine attends every sequence over the longest one's context)."""
     prefill_s_per_token: float = Field(ge=0)
-    """Seconds a step admitting prompts (prefill and first token) costs per prompt token..."""
+    """Seconds a step admitting prompts (prefill and first token) costs beyond its decode step,
+    per prompt token, measured admitting beside a running batch as serving does..."""
     prefill_s_per_step: float = Field(0.0, ge=0)
     """...plus this once per admitting step (fitted over admissions of several sizes)."""
     train_micro_batch_size: int = Field(ge=1)
@@ -104,8 +109,9 @@ class Profile(Record):
     """Seconds the trainer's coordinator spends per sample it takes in (checks, scoring, grouping,
     dispatching more work), in process: what a colocated generator's samples cost."""
     sample_stream_s: float = Field(0.0, ge=0)
-    """Seconds per sample over a loopback Connect stream, both ends in one process (the work out,
-    the sample's conversion both ways, gRPC, the intake): intake plus the wire."""
+    """CPU seconds per sample over a loopback Connect stream, both ends in one process, the
+    samples sent as a replica sends them, a few per decode step (the work out, the sample's
+    conversion both ways, gRPC, the intake): intake plus the wire."""
 
     @field_validator("ptl")
     @classmethod

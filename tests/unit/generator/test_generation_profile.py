@@ -42,6 +42,37 @@ def test_generation_is_measured_on_an_engine_thread_at_two_contexts(tiny_model_d
     assert all(p.equal(held[name]) for name, p in engine.model.named_parameters())
 
 
+class _AdmissionNotingEngine(TorchEngine):
+    """The torch engine, noting (sequences running, prompts waiting) before each step that admits."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.admitting: list[tuple[int, int]] = []
+
+    def step(self):
+        st = self.stats()
+        if st.num_waiting:
+            self.admitting.append((st.num_running, st.num_waiting))
+        return super().step()
+
+
+def test_admissions_are_timed_beside_a_running_batch_that_fills_the_engine(tiny_model_dir):
+    """Serving admits prompts into a running batch, which costs more than into an idle engine:
+    1 prompt joins 3 running sequences (capacity 4), 4 prompts an empty engine; each admitting
+    step timed less the next step, the same batch decoding."""
+    tok = load_tokenizer(tiny_model_dir)
+    engine = _AdmissionNotingEngine(load_model(tiny_model_dir), 4, tok.eos_token_id)
+    m = measure_generation(engine, [1, 2, 4], steps=2, prompt_tokens=8, rounds=1, prefill_batches=(1, 4),
+                           prefill_rounds=3)
+    # PTL's steady batches join an idle engine once per batch size: (0, 1), (0, 2), (0, 4)
+    assert engine.admitting.count((3, 1)) == 4  # a warm-up and 3 timed rounds beside 3 running
+    assert engine.admitting.count((0, 3)) == 1  # those 3 joined once, untimed
+    assert engine.admitting.count((0, 4)) == 1 + 4  # PTL(4), then 4 prompts into the empty engine, 4 rounds
+    assert len(engine.admitting) == 3 + 4 + 1 + 4
+    assert m.prefill_s_per_step + 8 * m.prefill_s_per_token > 0
+    assert not engine.has_unfinished() and engine.stats().num_running == 0  # the running batch was let go
+
+
 def test_the_context_slope_is_fitted_per_sequence_per_token():
     short = [(1, 1.0), (4, 2.0)]
     long = [(1, 1.0 + 1 * 10 * 0.01), (4, 2.0 + 4 * 10 * 0.01)]

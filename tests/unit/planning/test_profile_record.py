@@ -90,6 +90,12 @@ def test_a_version_1_profile_still_loads_its_unmeasured_costs_as_zero_and_says_s
     assert "is version 2: it prices prefill per prompt token alone" in caplog.text
     assert "forward alone" not in caplog.text
     caplog.clear()
+    data["version"] = 3
+    (tmp_path / "v3.json").write_text(json.dumps(data))
+    load_profile(tmp_path / "v3.json")
+    assert "is version 3: it times admissions into an idle engine and samples written" in caplog.text
+    assert "per prompt token alone" not in caplog.text
+    caplog.clear()
     _profile().write(tmp_path / "new.json")
     load_profile(tmp_path / "new.json")
     assert "version" not in caplog.text
