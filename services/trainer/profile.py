@@ -220,7 +220,7 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
     A full batch finishes about capacity / completion_tokens samples per decode step
     (`step_s`, the engine's PTL at capacity), each handed to the event loop alone; the stream's
     cost is the process's CPU seconds (every thread, gRPC's own included) per sample. Samples
-    written back-to-back cost about half as much (the tiny job: 125 against 190-235 us): gRPC coalesces
+    written back-to-back cost about half as much (the tiny job: 125 against 208-238 us): gRPC coalesces
     them, and the event loop wakes once for many."""
 
     async def both() -> SampleMeasurement:
