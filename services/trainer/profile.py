@@ -201,13 +201,16 @@ async def _over_stream(coordinator, prompts, group_size: int, completion_tokens:
             if it:
                 seconds.append((time.process_time() - t0) / per_round)
             await coordinator.take_groups(it, 1, per_round)
-        outbox.put_nowait(None)
+        outbox.put_nowait(None)  # done writing: the servicer ends the stream, then the channel closes cleanly
+        while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:
+            pass
+        await call.code()
         return statistics.median(seconds)
     finally:
         finished.put(None)
         thread.join()
+        await server.stop(1.0)
         await channel.close()
-        await server.stop(None)
 
 
 def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vocab_size: int,
