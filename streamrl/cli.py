@@ -191,7 +191,7 @@ def cmd_profile(args) -> int:
     from streamrl.rewards import sample_scorer
     from streamrl.spec import load_job
     from streamrl.tasks import load_prompts
-    from streamrl.trainer.profile import measure_samples, measure_training
+    from streamrl.trainer.profile import measure_samples, measure_training, stage_threads
 
     job = load_job(args.job)
     spec = job.spec
@@ -204,7 +204,9 @@ def cmd_profile(args) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
     completion_tokens = args.completion_tokens or spec.algorithm.max_new_tokens
     out = Path(args.out)
-    with tempfile.TemporaryDirectory() as tmp:
+    # The engine and the learner each on a thread of its own, both alive throughout, as in a
+    # process of the product; see stage_threads.
+    with tempfile.TemporaryDirectory() as tmp, stage_threads() as (engine_thread, learner_thread):
         if args.model_dir or spec.model.source == "path":
             model_dir = check_model_dir(args.model_dir or spec.model.path)
             name = model_dir.name
@@ -212,14 +214,16 @@ def cmd_profile(args) -> int:
             model_dir, name = build_tiny_model(Path(tmp) / "model", spec.model.seed, args.size), f"builtin-{args.size}"
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir))
         generation = measure_generation(engine, batch_sizes, args.steps, args.prompt_tokens,
-                                        long_context=args.prompt_tokens + spec.algorithm.max_new_tokens)
+                                        long_context=args.prompt_tokens + spec.algorithm.max_new_tokens,
+                                        thread=engine_thread)
         num_params = sum(p.numel() for p in engine.model.parameters()) if hasattr(engine, "model") else 0
         del engine
         device = spec.trainer.device
         model = load_model(model_dir, spec.model.dtype, device)
         vocab_size = model.config.vocab_size
         training = measure_training(model, spec.algorithm, device, spec.model.dtype, args.prompt_tokens,
-                                    completion_tokens, args.train_steps, spec.trainer.weight_chunk_bytes)
+                                    completion_tokens, args.train_steps, spec.trainer.weight_chunk_bytes,
+                                    thread=learner_thread)
         tok = load_tokenizer(model_dir)
         prompts = [((tok.bos_token_id, *tok(p.text, add_special_tokens=False)["input_ids"]), p.answer)
                    for p in load_prompts(spec.task)[:spec.algorithm.prompts_per_step]]

@@ -7,6 +7,7 @@ engine interface, not the profile file."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +72,8 @@ def _median_ptl(engine: Engine, sizes: list[int], steps: int, rounds: int, conte
 
 def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, steps: int = 4, prompt_tokens: int = 32,
                        prefill_batches: tuple[int, ...] = (1, 4, 16, 64), prefill_rounds: int = 5, rounds: int = 3,
-                       long_context: int | None = None) -> GenerationMeasurement:
+                       long_context: int | None = None,
+                       thread: ThreadPoolExecutor | None = None) -> GenerationMeasurement:
     """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up), the median of
     `rounds` measurements, and again at `long_context` tokens for the step's growth with
     context; steps admitting each of `prefill_batches` prompts (up to the engine's capacity)
@@ -83,8 +85,11 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
     On a thread of its own after the model was loaded on the main thread, as a replica and a
     colocated trainer run their engine: with more than one torch thread, two threads' OpenMP
     teams then outnumber the cores, libgomp stops spin-waiting between parallel regions, and a
-    small model's decode step costs about twice what it does on the main thread."""
-    with ThreadPoolExecutor(1, thread_name_prefix="engine") as thread:
+    small model's decode step costs about twice what it does on the main thread. `thread`: that
+    one (trainer/profile.py's stage_threads), else one of its own."""
+    with contextlib.ExitStack() as stack:
+        if thread is None:
+            thread = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="engine"))
         return thread.submit(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batches, prefill_rounds,
                              rounds, long_context).result()
 

@@ -73,6 +73,18 @@ def test_admissions_are_timed_beside_a_running_batch_that_fills_the_engine(tiny_
     assert not engine.has_unfinished() and engine.stats().num_running == 0  # the running batch was let go
 
 
+def test_generation_is_measured_on_the_thread_it_is_given(tiny_model_dir):
+    """`streamrl profile` hands it the engine thread it keeps alive beside the learner's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok = load_tokenizer(tiny_model_dir)
+    engine = _ThreadNotingEngine(load_model(tiny_model_dir), 4, tok.eos_token_id)
+    with ThreadPoolExecutor(1, thread_name_prefix="given") as given:
+        measure_generation(engine, [1, 4], steps=2, prompt_tokens=8, rounds=1, thread=given)
+        assert engine.threads == {"given_0"}
+        assert given.submit(lambda: 1).result() == 1  # still serving: the measurement did not shut it down
+
+
 def test_the_context_slope_is_fitted_per_sequence_per_token():
     short = [(1, 1.0), (4, 2.0)]
     long = [(1, 1.0 + 1 * 10 * 0.01), (4, 2.0 + 4 * 10 * 0.01)]

@@ -8,7 +8,7 @@ import threading
 
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
-from streamrl.spec import load_job
+from streamrl.spec import AlgorithmSpec, load_job
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.loop import TrainLoop
@@ -65,3 +65,35 @@ def test_accumulate_step_and_weights_share_one_thread_off_the_event_loop(tiny_mo
     threads = {ident for _, ident in learner.threads}
     assert len(threads) == 1 and event_loop_thread not in threads
     assert learner.policy_version == 4  # the steps ran, each on that thread
+
+
+def test_the_profile_measures_each_stage_on_its_thread_with_the_other_stage_thread_alive(tiny_model_dir):
+    """`streamrl profile`'s layout (stage_threads): the engine's thread and the learner's both
+    alive throughout, the learner's holding its OpenMP team before the engine is measured, as in
+    a process of the product; the training measured on the learner's thread."""
+    from streamrl.trainer.profile import measure_training, stage_threads
+
+    spec = AlgorithmSpec(micro_batch_size=2, group_size=2, max_new_tokens=8)
+    seen: dict[str, set[str]] = {"engine": set(), "learner": set()}
+
+    class _NotingLearner(Learner):
+        def accumulate(self, groups, num_samples_in_step):
+            seen["learner"].add(threading.current_thread().name)
+            return super().accumulate(groups, num_samples_in_step)
+
+    import streamrl.trainer.profile as trainer_profile
+
+    real, trainer_profile.Learner = trainer_profile.Learner, _NotingLearner
+    try:
+        with stage_threads() as (engine_thread, learner_thread):
+            seen["engine"].add(engine_thread.submit(lambda: threading.current_thread().name).result())
+            before = {t.name for t in threading.enumerate()}
+            m = measure_training(load_model(tiny_model_dir), spec, prompt_tokens=4, completion_tokens=4, steps=1,
+                                 thread=learner_thread)
+            assert {t.name for t in threading.enumerate()} >= before  # neither stage's thread ended
+    finally:
+        trainer_profile.Learner = real
+    assert len(seen["learner"]) == 1 and next(iter(seen["learner"])).startswith("learner")
+    assert next(iter(seen["engine"])).startswith("engine")
+    assert m.forward_backward_s_per_token > 0 and m.micro_batch_size == 2
+    assert not any(t.name.startswith(("engine", "learner")) for t in threading.enumerate())  # both let go after
