@@ -59,8 +59,9 @@ def stage_threads():
     thread, libgomp spin-waits between parallel regions only while its teams hold no more
     threads than there are cores: the tiny model on two threads, measured with one team alive,
     took 1.65 ms per decode step at batch 64 in one process and 4.13 ms in the next; with both
-    stages' threads alive, 3.87-4.60 ms, and 32-34 ms per micro-batch of 32 x 23 tokens where
-    a colocated run trains them in 33 ms. One torch thread: no teams, nothing changes."""
+    stages' threads alive, 3.87-4.60 ms, and 32-34 ms per micro-batch of 32 x 23 tokens, where
+    a colocated run trains its 20-29-token ones in 33 ms. One torch thread: no teams, nothing
+    changes."""
     with ThreadPoolExecutor(1, thread_name_prefix="engine") as engine, \
             ThreadPoolExecutor(1, thread_name_prefix="learner") as learner:
         learner.submit(lambda: torch.ones(1 << 20).mul_(2)).result()  # a parallel region: its team
@@ -73,10 +74,10 @@ def measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str = 
     """Single micro-batches of the shapes the job trains (full at a quarter of
     `completion_tokens`, at it and at algorithm.maxNewTokens, the longest a sample can be; a
     quarter full at `completion_tokens`), each trained `steps` times after a warm-up and its
-    median kept; the fit over them, the optimizer step and publishing (medians). On a worker
-    thread, as the trainer's loop runs its learner (asyncio.to_thread): with more than one torch
-    thread, training there is slower than on the main thread (the tiny model, 2 threads: 0.65 s
-    against 0.45 s for a batch of 512 samples). `thread`: that one (stage_threads), else one of its own."""
+    median kept; the fit over them, the optimizer step and publishing (medians). On a thread
+    of its own, as the trainer's loop runs its learner: with more than one torch thread,
+    training there is slower than on the main thread (the tiny model, 2 threads: 0.65 s against
+    0.45 s for a batch of 512 samples). `thread`: that one (stage_threads), else one of its own."""
     with contextlib.ExitStack() as stack:
         if thread is None:
             thread = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="learner"))
@@ -243,8 +244,8 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
     A full batch finishes about capacity / completion_tokens samples per decode step
     (`step_s`, the engine's PTL at capacity), each handed to the event loop alone; the stream's
     cost is the process's CPU seconds (every thread, gRPC's own included) per sample. Samples
-    written back-to-back cost about half as much (the tiny job: 125 against 208-238 us): gRPC coalesces
-    them, and the event loop wakes once for many."""
+    written back-to-back cost about half as much (the tiny job: 125 against 208-238 us): gRPC
+    coalesces them, and the event loop wakes once for many."""
 
     async def both() -> SampleMeasurement:
         args = (prompts, algo.group_size, completion_tokens, capacity, rounds)
