@@ -36,8 +36,10 @@ def _left_behind(out: Path) -> str:
 
 
 def test_every_process_of_a_run_with_a_relative_out_is_scraped(write_job, tmp_path):
+    # 60 iterations (about 9 s here): Prometheus sees every process 2-3 s after they start, later
+    # on a busy machine, and 12 iterations (1.5 s) could end before it did (a CI run did).
     job = write_job({"metadata": {"name": "relative"}, "spec": {
-        "algorithm": {"numIterations": 12, "promptsPerStep": 8, "groupSize": 8},
+        "algorithm": {"numIterations": 60, "promptsPerStep": 8, "groupSize": 8},
         "generators": {"pools": [{"name": "default", "replicas": 2, "engine": {"type": "torch", "maxBatchSize": 16}}],
                        "dispatch": {"policy": "skewness-aware"}},  # a ranker process too
     }})

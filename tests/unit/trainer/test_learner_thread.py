@@ -86,14 +86,15 @@ def test_the_profile_measures_each_stage_on_its_thread_with_the_other_stage_thre
     real, trainer_profile.Learner = trainer_profile.Learner, _NotingLearner
     try:
         with stage_threads() as (engine_thread, learner_thread):
-            seen["engine"].add(engine_thread.submit(lambda: threading.current_thread().name).result())
-            before = {t.name for t in threading.enumerate()}
+            threads = [t.submit(threading.current_thread).result() for t in (engine_thread, learner_thread)]
+            seen["engine"].add(threads[0].name)
             m = measure_training(load_model(tiny_model_dir), spec, prompt_tokens=4, completion_tokens=4, steps=1,
                                  thread=learner_thread)
-            assert {t.name for t in threading.enumerate()} >= before  # neither stage's thread ended
+            assert all(t.is_alive() for t in threads)  # neither stage's thread ended
     finally:
         trainer_profile.Learner = real
     assert len(seen["learner"]) == 1 and next(iter(seen["learner"])).startswith("learner")
     assert next(iter(seen["engine"])).startswith("engine")
     assert m.forward_backward_s_per_token > 0 and m.micro_batch_size == 2
-    assert not any(t.name.startswith(("engine", "learner")) for t in threading.enumerate())  # both let go after
+    assert seen["learner"] == {threads[1].name}
+    assert not any(t.is_alive() for t in threads)  # both let go after
