@@ -84,7 +84,7 @@ class TrainLoop:
         """The one thread every learner call runs on, as `streamrl profile` measures it. torch and
         the C library keep state per calling thread (an OpenMP team, a malloc arena), which the
         event loop's default executor, its threads taking turns, set up again and again:
-        colocated on two threads, three runs each took 435-436 samples/s against 416-430."""
+        colocated on two threads, three runs each took 435-436 samples/s against 415-430."""
         self._busy = 0
         self._task: asyncio.Task | None = None
         self.checkpoint_wait_s = 0.0

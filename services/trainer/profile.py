@@ -225,7 +225,6 @@ async def _over_stream(coordinator, prompts, group_size: int, completion_tokens:
         outbox.put_nowait(None)  # done writing: the servicer ends the stream, then the channel closes cleanly
         while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:
             pass
-        await call.code()
         return statistics.median(seconds)
     finally:
         finished.put(None)
