@@ -19,10 +19,10 @@ def _setup_logging(level: str = "INFO") -> None:
 
 
 def _threads(n: int) -> None:
-    import torch
+    """n torch threads for the process's compute thread, one for its others (streamrl.compute)."""
+    from streamrl import compute
 
-    torch.set_num_threads(n)
-    torch.set_num_interop_threads(1)
+    compute.set_threads(n)
 
 
 def cmd_run(args) -> int:
@@ -182,6 +182,7 @@ def cmd_profile(args) -> int:
 
     import torch
 
+    from streamrl import compute
     from streamrl.generator.engine import setup_engine
     from streamrl.generator.profile import measure_generation
     from streamrl.models import build_tiny_model, check_model_dir, eos_token_id, load_model, load_tokenizer
@@ -191,7 +192,7 @@ def cmd_profile(args) -> int:
     from streamrl.rewards import sample_scorer
     from streamrl.spec import load_job
     from streamrl.tasks import load_prompts
-    from streamrl.trainer.profile import measure_samples, measure_training, stage_threads
+    from streamrl.trainer.profile import measure_samples, measure_training
 
     job = load_job(args.job)
     spec = job.spec
@@ -204,9 +205,9 @@ def cmd_profile(args) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
     completion_tokens = args.completion_tokens or spec.algorithm.max_new_tokens
     out = Path(args.out)
-    # The engine and the learner each on a thread of its own, both alive throughout, as in a
-    # process of the product; see stage_threads.
-    with tempfile.TemporaryDirectory() as tmp, stage_threads() as (engine_thread, learner_thread):
+    # The engine and the learner on one thread, the compute thread a process of the product
+    # runs them on (streamrl.compute).
+    with tempfile.TemporaryDirectory() as tmp, compute.executor("compute") as compute_thread:
         if args.model_dir or spec.model.source == "path":
             model_dir = check_model_dir(args.model_dir or spec.model.path)
             name = model_dir.name
@@ -215,7 +216,7 @@ def cmd_profile(args) -> int:
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir))
         generation = measure_generation(engine, batch_sizes, args.steps, args.prompt_tokens,
                                         long_context=args.prompt_tokens + spec.algorithm.max_new_tokens,
-                                        thread=engine_thread)
+                                        thread=compute_thread)
         num_params = sum(p.numel() for p in engine.model.parameters()) if hasattr(engine, "model") else 0
         del engine
         device = spec.trainer.device
@@ -223,7 +224,7 @@ def cmd_profile(args) -> int:
         vocab_size = model.config.vocab_size
         training = measure_training(model, spec.algorithm, device, spec.model.dtype, args.prompt_tokens,
                                     completion_tokens, args.train_steps, spec.trainer.weight_chunk_bytes,
-                                    thread=learner_thread)
+                                    thread=compute_thread)
         tok = load_tokenizer(model_dir)
         prompts = [((tok.bos_token_id, *tok(p.text, add_special_tokens=False)["input_ids"]), p.answer)
                    for p in load_prompts(spec.task)[:spec.algorithm.prompts_per_step]]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from streamrl import compute
 from streamrl.generator.engine import Engine, ptl_batch_sizes
 from streamrl.generator.fetcher import WeightFetcher
 from streamrl.generator.reconnect import Backoff
@@ -64,8 +65,9 @@ class _Ended:
     """Why it broke, for the log (when not final)."""
 
 
-def _on_thread(fn: Callable[[], None], name: str) -> asyncio.Future:
-    """Run `fn` on a daemon thread; the future completes when it returns."""
+def _on_compute_thread(fn: Callable[[], None], name: str) -> asyncio.Future:
+    """Run `fn` on the process's compute thread (a daemon; streamrl.compute); the future
+    completes when it returns."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
@@ -77,7 +79,7 @@ def _on_thread(fn: Callable[[], None], name: str) -> asyncio.Future:
         else:
             loop.call_soon_threadsafe(done.set_result, None)
 
-    threading.Thread(target=target, name=name, daemon=True).start()
+    compute.start_thread(target, name)
     return done
 
 
@@ -227,22 +229,23 @@ class GeneratorAgent:
             return 0
         self._loop = asyncio.get_running_loop()
         self._outbox = asyncio.Queue()
+        self._engine = _on_compute_thread(self.worker.run, "engine")
         channel = open_channel(self.trainer_address, self.security)
         try:
             await asyncio.wait_for(channel.channel_ready(), connect_timeout_s)
             capacity = self.engine.stats().capacity
             sizes = ptl_batch_sizes(capacity)
             t0 = time.monotonic()
-            await asyncio.to_thread(self.engine.measure_latency, sizes)
+            # On the engine thread, where the engine steps from now on.
+            await asyncio.wrap_future(self.worker.submit(self.engine.measure_latency, sizes))
             log.info("PTL(BS) measured at %d batch sizes in %.2fs", len(sizes), time.monotonic() - t0)
         except TimeoutError:
             log.error("trainer %s unreachable after %.0fs", self.trainer_address, connect_timeout_s)
-            await channel.close()
+            await self._end_before_serving(channel)
             return 1
         except BaseException:
-            await channel.close()
+            await self._end_before_serving(channel)
             raise
-        self._engine = _on_thread(self.worker.run, "engine")
         try:
             await self._serve(channel)
         finally:
@@ -250,6 +253,11 @@ class GeneratorAgent:
             self.worker.stop()
             await self._engine  # an engine that failed raises here
         return self.exit_code
+
+    async def _end_before_serving(self, channel) -> None:
+        await channel.close()
+        self.worker.stop()
+        await self._engine
 
     async def _serve(self, channel) -> None:
         """One stream after another: after a break, abandon its work and dial again with

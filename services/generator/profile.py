@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from streamrl import compute
 from streamrl.generator.engine import Engine, GenerationRequest, ptl_batch_sizes
 from streamrl.latency import fit_fixed_plus_per_unit
 from streamrl.weights import WeightStore, deserialize
@@ -73,7 +74,7 @@ def _median_ptl(engine: Engine, sizes: list[int], steps: int, rounds: int, conte
 def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, steps: int = 4, prompt_tokens: int = 32,
                        prefill_batches: tuple[int, ...] = (1, 4, 16, 64), prefill_rounds: int = 5, rounds: int = 3,
                        long_context: int | None = None,
-                       thread: ThreadPoolExecutor | None = None) -> GenerationMeasurement:
+                       thread: Executor | None = None) -> GenerationMeasurement:
     """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up), the median of
     `rounds` measurements, and again at `long_context` tokens for the step's growth with
     context; steps admitting each of `prefill_batches` prompts (up to the engine's capacity)
@@ -82,14 +83,12 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
     per step plus one per prompt token (a step admitting 64 prompts costs far less than 16
     admitting 4: its fixed part is paid once); and loading a weight version.
 
-    On a thread of its own after the model was loaded on the main thread, as a replica and a
-    colocated trainer run their engine: with more than one torch thread, two threads' OpenMP
-    teams then outnumber the cores, libgomp stops spin-waiting between parallel regions, and a
-    small model's decode step costs about twice what it does on the main thread. `thread`: that
-    one (trainer/profile.py's stage_threads), else one of its own."""
+    On the process's compute thread (streamrl.compute), where a replica and a colocated trainer
+    step their engine: `thread`, when the caller holds it (`streamrl profile` measures the
+    learner there too), else one of its own."""
     with contextlib.ExitStack() as stack:
         if thread is None:
-            thread = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="engine"))
+            thread = stack.enter_context(compute.executor("engine"))
         return thread.submit(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batches, prefill_rounds,
                              rounds, long_context).result()
 

@@ -3,7 +3,9 @@ sample the moment it finishes, swaps weights between steps.
 
 Transport-agnostic: the gRPC agent (remote replicas) and the colocated trainer (in-process)
 feed the same inbox (Work, BatchCap, LoadWeights, TrainerVersion, Abandon, Stop) and receive
-the same callbacks.
+the same callbacks. The engine thread is its process's compute thread (streamrl.compute):
+other torch work of the process is submitted to the worker (`submit`, a Call in the inbox)
+and runs between steps: the replica's start-up PTL(BS), the colocated trainer's learner.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +65,15 @@ class Stop:
     """Finish: leave the loop (unfinished work is abandoned; the trainer re-dispatches it)."""
 
 
-class Worker:
+@dataclass(frozen=True)
+class Call:
+    """Run `fn` on the engine thread, between steps; its result or error goes to `future`."""
+
+    fn: Callable[[], object]
+    future: Future
+
+
+class Worker(Executor):
     def __init__(
         self,
         engine: Engine,
@@ -87,6 +98,8 @@ class Worker:
         self.version_ceiling: int | None = None
         """The trainer's newest version (TrainerVersion); None: no bound (in-process trainer)."""
         self._stopped = threading.Event()
+        self._submitting = threading.Lock()
+        """Held while a call is queued and while the loop ends: no call is queued after the last drain."""
         self.skewness_bubble_s = 0.0
         """Skewness-bubble seconds so far (also exported as a counter)."""
 
@@ -94,8 +107,32 @@ class Worker:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        """Run fn(*args, **kwargs) on the engine thread between steps (an Executor's submit:
+        `loop.run_in_executor(worker, ...)` works)."""
+        future: Future = Future()
+        with self._submitting:
+            if self._stopped.is_set():
+                raise RuntimeError(f"generator {self.generator_id}: the engine thread has stopped")
+            self.inbox.put(Call(lambda: fn(*args, **kwargs), future))
+        return future
+
     def run(self) -> None:
-        """The loop; returns after Stop."""
+        """The loop; returns after Stop (calls still queued fail)."""
+        try:
+            self._loop()
+        finally:
+            with self._submitting:
+                self._stopped.set()
+            while True:
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(msg, Call):
+                    msg.future.set_exception(RuntimeError(f"generator {self.generator_id}: the engine thread stopped"))
+
+    def _loop(self) -> None:
         clock = self.metrics.clock
         while not self._stopped.is_set():
             block = not self.engine.has_unfinished()
@@ -130,6 +167,8 @@ class Worker:
             return
         while True:
             self._handle(msg)
+            if self._stopped.is_set():
+                return  # what is queued behind a Stop is not handled (calls fail: run)
             try:
                 msg = self.inbox.get_nowait()
             except queue.Empty:
@@ -158,6 +197,12 @@ class Worker:
             self._sample_of.clear()
             self._deferred.clear()
             msg.done(dropped)
+        elif isinstance(msg, Call):
+            if msg.future.set_running_or_notify_cancel():
+                try:
+                    msg.future.set_result(msg.fn())
+                except BaseException as err:  # noqa: BLE001 - handed to whoever submitted it
+                    msg.future.set_exception(err)
         elif isinstance(msg, Stop):
             self._stopped.set()
         else:

@@ -14,10 +14,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import replace
 from pathlib import Path
 
+from streamrl import compute as compute_thread
 from streamrl.messages import WeightsNotice
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
 from streamrl.records import CheckpointInfo, IterationRecord, RunEvent, StepStats, TrainerPhase, append_event
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 class TrainLoop:
     def __init__(self, spec: RLJobSpec, coordinator: Coordinator, learner: Learner, store: WeightStore,
                  encode, prompts: list[Prompt], recorder: Recorder, metrics: ServiceMetrics,
-                 save_model: Callable[[Path], None] | None = None, lengths: LengthSource | None = None):
+                 save_model: Callable[[Path], None] | None = None, lengths: LengthSource | None = None,
+                 compute: Executor | None = None):
         self.spec = spec
         self.coordinator = coordinator
         self.learner = learner
@@ -80,11 +82,11 @@ class TrainLoop:
         """(rank 0's save future, its staging directory, the state it records) being written."""
         self.stopping: TrainerPhase | None = None
         """Set by stop_soon: the phase to end in at the next safe point."""
-        self._learner_thread = ThreadPoolExecutor(1, thread_name_prefix="learner")
-        """The one thread every learner call runs on, as `streamrl profile` measures it. torch and
-        the C library keep state per calling thread (an OpenMP team, a malloc arena), which the
-        event loop's default executor, its threads taking turns, set up again and again:
-        colocated on two threads, three runs each took 435-436 samples/s against 415-430."""
+        self.compute = compute or compute_thread.executor("learner")
+        """The one thread every learner call runs on: the process's compute thread (streamrl.compute;
+        colocated, the in-process generator's engine thread), as `streamrl profile` measures it.
+        torch and the C library keep state per calling thread (an OpenMP team, a malloc arena),
+        which the event loop's default executor, its threads taking turns, set up again and again."""
         self._busy = 0
         self._task: asyncio.Task | None = None
         self.checkpoint_wait_s = 0.0
@@ -132,7 +134,7 @@ class TrainLoop:
             return await self._on_learner_thread(fn, *args)
 
     async def _on_learner_thread(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._learner_thread, functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(self.compute, functools.partial(fn, *args))
 
     @property
     def phase(self) -> TrainerPhase:

@@ -14,12 +14,14 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Protocol
 
 import torch
 from prometheus_client import CollectorRegistry
 
+from streamrl import compute
 from streamrl.admin import merged_registry
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
@@ -51,6 +53,9 @@ class InProcessGenerator(Protocol):
 
     registry: CollectorRegistry
     """Its own metrics (the engine's busy time is not the trainer's), served beside the trainer's."""
+
+    compute: Executor
+    """Its engine thread, the process's compute thread: the learner's calls run there too."""
 
     def start(self) -> None: ...
 
@@ -128,8 +133,9 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         tok.save_pretrained(path)
 
     lengths = setup_lengths(spec, ranker_address)
+    local = in_process(coordinator, store) if in_process else None
     loop = TrainLoop(spec, coordinator, learner, store, encode, load_prompts(spec.task), recorder, metrics,
-                     save_model, lengths)
+                     save_model, lengths, compute=local.compute if local else None)
     loop.enable_checkpoints(checkpoints, identity, run_id, incarnation)
     resumed_from = None
     if found:
@@ -157,7 +163,6 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             incarnation=incarnation, resumed_from=resumed_from, last_checkpoint=checkpoints.last,
         )
 
-    local = in_process(coordinator, store) if in_process else None
     registry = merged_registry(metrics.registry, local.registry) if local else metrics.registry
     shell = Service("trainer", registry, status, host, admin_port, endpoint_file, spec.security)
     shell.ready_when = lambda: loop.phase == TrainerPhase.RUNNING
@@ -261,7 +266,7 @@ async def follow(job: RLJob, model_dir: Path, out_dir: Path, ranks: Ranks, host:
 
     async def run() -> int:
         try:
-            await asyncio.to_thread(learner.follow, metrics.clock)
+            await asyncio.get_running_loop().run_in_executor(compute.executor("learner"), learner.follow, metrics.clock)
             return ExitCode.OK
         except Exception:
             log.exception("trainer rank %d failed", ranks.rank)

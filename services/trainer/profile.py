@@ -13,11 +13,12 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import torch
 
+from streamrl import compute
 from streamrl.latency import fit_fixed_plus_per_unit
 from streamrl.samples import Group, Sample, ScoredSample
 from streamrl.spec import AlgorithmSpec
@@ -50,37 +51,19 @@ def synthetic_groups(num_samples: int, group_size: int, prompt_tokens: int, comp
     return groups
 
 
-@contextlib.contextmanager
-def stage_threads():
-    """(engine thread, learner thread): two single-thread executors, alive together until the
-    block ends, the learner's holding its OpenMP team from the start, as in a process of the
-    product (a colocated trainer steps its engine on one thread and trains on another; a stage's
-    own process runs torch on its main thread and helpers besides). With more than one torch
-    thread, libgomp spin-waits between parallel regions only while its teams hold no more
-    threads than there are cores: the tiny model on two threads, measured with one team alive,
-    took 1.65 ms per decode step at batch 64 in one process and 4.13 ms in the next; with both
-    stages' threads alive, 3.87-4.60 ms, and 32-34 ms per micro-batch of 32 x 23 tokens, where
-    a colocated run trains its 20-29-token ones in 33 ms. One torch thread: no teams, nothing
-    changes."""
-    with ThreadPoolExecutor(1, thread_name_prefix="engine") as engine, \
-            ThreadPoolExecutor(1, thread_name_prefix="learner") as learner:
-        learner.submit(lambda: torch.ones(1 << 20).mul_(2)).result()  # a parallel region: its team
-        yield engine, learner
-
-
 def measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu", dtype: str = "float32",
                      prompt_tokens: int = 32, completion_tokens: int = 64, steps: int = 5,
-                     chunk_bytes: int = 1 << 20, thread: ThreadPoolExecutor | None = None) -> TrainingMeasurement:
+                     chunk_bytes: int = 1 << 20, thread: Executor | None = None) -> TrainingMeasurement:
     """Single micro-batches of the shapes the job trains (full at a quarter of
     `completion_tokens`, at it and at algorithm.maxNewTokens, the longest a sample can be; a
     quarter full at `completion_tokens`), each trained `steps` times after a warm-up and its
-    median kept; the fit over them, the optimizer step and publishing (medians). On a thread
-    of its own, as the trainer's loop runs its learner: with more than one torch thread,
-    training there is slower than on the main thread (the tiny model, 2 threads: 0.65 s against
-    0.45 s for a batch of 512 samples). `thread`: that one (stage_threads), else one of its own."""
+    median kept; the fit over them, the optimizer step and publishing (medians). On the
+    process's compute thread (streamrl.compute), where the trainer's loop runs its learner:
+    `thread`, when the caller holds it (`streamrl profile` measures the engine there too), else
+    one of its own."""
     with contextlib.ExitStack() as stack:
         if thread is None:
-            thread = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="learner"))
+            thread = stack.enter_context(compute.executor("learner"))
         return thread.submit(_measure_training, model, algo, device, dtype, prompt_tokens, completion_tokens, steps,
                              chunk_bytes).result()
 

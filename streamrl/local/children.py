@@ -88,8 +88,11 @@ def spawn(name: str, argv: list[str], threads: int, cores: list[int], log_dir: P
     """Start `streamrl <argv>` with `threads` torch threads, pinned to `cores` (none: unpinned),
     in its own session (a Ctrl-C reaches the runner, which stops it in order); forked from
     `zygote` when given (its imports are done: it starts in milliseconds). Its log is
-    <log_dir>/<name>.log, appended to with `log_mode` "a" (a restart after its predecessor)."""
-    overrides = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+    <log_dir>/<name>.log, appended to with `log_mode` "a" (a restart after its predecessor).
+    MKL reads its default thread count once, at start: 1, so that only the process's compute
+    thread, which the command gives its threads, runs MKL's products on more than one
+    (streamrl.compute)."""
+    overrides = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                  "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     log_path = log_dir / f"{name}.log"
     if zygote is not None:

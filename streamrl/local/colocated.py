@@ -13,6 +13,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from streamrl import compute
 from streamrl.generator.engine import Engine, setup_engine
 from streamrl.generator.worker import LoadWeights, Worker
 from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
@@ -39,15 +40,21 @@ class LocalGenerator:
         self.replica = coordinator.connect(Hello(generator_id, "local", engine.stats().capacity, "torch",
                                                  engine.policy_version))
         self.replica.skewness_bubble_s = lambda: self.worker.skewness_bubble_s
-        self._thread = threading.Thread(target=self.worker.run, name="engine", daemon=True)
+        self._thread: threading.Thread | None = None
         self._pump_task: asyncio.Task | None = None
 
     @property
     def registry(self) -> CollectorRegistry:
         return self.metrics.registry
 
+    @property
+    def compute(self) -> Worker:
+        """The engine thread, the process's compute thread: the learner's calls run there
+        between engine steps (one OpenMP team for both; see streamrl.compute)."""
+        return self.worker
+
     def start(self) -> None:
-        self._thread.start()
+        self._thread = compute.start_thread(self.worker.run, "engine")
         self._pump_task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
@@ -71,7 +78,8 @@ class LocalGenerator:
         self.worker.stop()
         if self._pump_task:
             self._pump_task.cancel()
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
         self.metrics.clock.close()
 
 

@@ -167,7 +167,8 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
     started: list[Child] = []
     colocated = spec.pipeline.mode == PipelineMode.colocated
     # Replicas fork from a zygote whose imports overlap the trainer's start-up.
-    zygote = None if colocated else Zygote(out / "logs" / "zygote.log", dict(os.environ, OMP_NUM_THREADS="1"))
+    zygote = None if colocated else Zygote(out / "logs" / "zygote.log",
+                                           dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
     try:
         ranker = None
         if "ranker" in plan.processes:

@@ -1,7 +1,8 @@
 """The engine thread's side of a reconnect, on a real tiny engine: every sample carries the
 incarnation of the work it answers; Abandon drops a broken stream's work, running and
 deferred, and nothing of it is emitted afterwards; work waits while the engine holds weights
-newer than its trainer's, until a rollback load brings the trainer's version."""
+newer than its trainer's, until a rollback load brings the trainer's version. Calls submitted
+to the worker (the process's other torch work) run on the engine thread, between steps."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def worker(tiny_model_dir):
     engine = TorchEngine(load_model(tiny_model_dir), max_batch_size=4, eos_token_id=-1)
     samples: list[Sample] = []
     w = Worker(engine, "g0", ServiceMetrics("generator"), on_sample=samples.append)
-    thread = threading.Thread(target=w.run, daemon=True)
+    thread = threading.Thread(target=w.run, name="engine-under-test", daemon=True)
     thread.start()
     yield w, samples
     w.stop()
@@ -105,3 +106,43 @@ def test_the_same_version_with_other_weights_is_loaded_only_as_a_replacement(wor
     _wait(lambda: all(torch.equal(dict(w.engine.model.named_parameters())[k], t) for k, t in other.items()),
           "the resumed trainer's v3 loaded")
     assert w.engine.policy_version == 3
+
+
+def test_calls_run_on_the_engine_thread_between_steps(worker):
+    w, samples = worker
+    w.inbox.put(_work("p", 4, max_new=30))
+    _wait(lambda: w.engine.stats().num_running == 4, "4 running sequences")
+    tokens = w.submit(lambda: w.engine.stats().num_generated_tokens).result(10)
+    seen = w.submit(lambda: (threading.current_thread().name, w.engine.stats().num_generated_tokens)).result(10)
+    assert seen[0] == "engine-under-test"
+    assert seen[1] > tokens  # the engine stepped in between: the calls did not stop it
+    _wait(lambda: len(samples) == 4, "4 samples")
+    assert all(len(s.completion_token_ids) == 30 for s in samples)
+
+
+def test_a_failing_call_hands_its_error_back_and_the_engine_goes_on(worker):
+    w, samples = worker
+
+    def fails():
+        raise ValueError("inside the call")
+
+    with pytest.raises(ValueError, match="inside the call"):
+        w.submit(fails).result(10)
+    w.inbox.put(_work("p", 2))
+    _wait(lambda: len(samples) == 2, "2 samples after the failed call")
+    assert w.submit(lambda x, y: x + y, 2, y=3).result(10) == 5
+
+
+def test_after_stop_calls_are_refused_and_queued_ones_fail(tiny_model_dir):
+    engine = TorchEngine(load_model(tiny_model_dir), max_batch_size=4, eos_token_id=-1)
+    w = Worker(engine, "g0", ServiceMetrics("generator"), on_sample=lambda s: None)
+    w.stop()
+    queued = w.submit(lambda: "never")  # behind the Stop
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    with pytest.raises(RuntimeError, match="engine thread stopped"):
+        queued.result(1)
+    with pytest.raises(RuntimeError, match="g0: the engine thread has stopped"):
+        w.submit(lambda: "late")
