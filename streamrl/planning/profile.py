@@ -17,12 +17,15 @@ from streamrl.records import Record, write_json
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 """1: PTL timed the decoder's forward alone, training was seconds per token only, and the
 per-sample, per-micro-batch and weight-load costs were not measured (they read as 0).
 2: prefill was one admission of 4 prompts divided by their tokens (no per-step part).
 3: prefill was timed admitting into an idle engine, greedily, and the wire with samples
-written back-to-back."""
+written back-to-back.
+4: the engine and the learner were measured on two threads, each with an OpenMP team of its
+own (more than one torch thread only; one thread has no teams, so a 1-thread version 4
+profile is current)."""
 _OLD_VERSIONS = {
     1: "its PTL times the decoder's forward alone and it lacks the per-sample, per-micro-batch and weight-load "
        "costs (read as 0), so it predicts too fast",
@@ -30,6 +33,9 @@ _OLD_VERSIONS = {
        "it over-prices steps that admit many prompts",
     3: "it times admissions into an idle engine and samples written back-to-back, both cheaper than serving "
        "(admitting beside a running batch, samples leaving a few per decode step), so it predicts too fast",
+    4: "it measures the engine and the learner on two threads with an OpenMP team each, where a process now "
+       "runs both on one (streamrl.compute): at more than one torch thread that costs about twice the seconds "
+       "per decode step and per micro-batch, so it predicts too slow",
 }
 
 
@@ -154,8 +160,10 @@ def load_profile(path: str | Path) -> Profile:
     if not path.is_file():
         raise ValueError(f"profile {path}: no such file (write one with `streamrl profile JOB --out {path}`)")
     profile = Profile.read(path)
-    if profile.version < PROFILE_VERSION:
-        why = "; ".join(_OLD_VERSIONS[v] for v in range(max(1, profile.version), PROFILE_VERSION))
+    stale = [v for v in range(max(1, profile.version), PROFILE_VERSION)
+             if not (v == 4 and profile.hardware.threads == 1)]  # one thread: no teams, nothing changed
+    if stale:
+        why = "; ".join(_OLD_VERSIONS[v] for v in stale)
         log.warning("profile %s is version %d: %s; measure again with `streamrl profile`", path, profile.version, why)
     return profile
 

@@ -56,7 +56,8 @@ class GeneratorPoolSpec(SpecModel):
     engine: EngineSpec = Field(default_factory=TorchEngineSpec)
     """Inference engine of every replica in the pool."""
     threads: int = Field(1, ge=1)
-    """torch threads per replica (local runs pin one core each by default)."""
+    """torch threads per replica, for its engine thread (streamrl.compute; local runs pin one core each by
+    default)."""
     weight_relay: StrictBool = True
     """Replicas serve the weight versions they hold to the other replicas of this pool:
     one replica fetches each version from the trainer and the rest fetch from it, so a

@@ -16,7 +16,7 @@ class TrainerSpec(SpecModel):
     device: str = "cpu"
     """torch device of the learner (`cuda` on GPU pools: each rank takes the GPU of its local rank)."""
     threads: int = Field(1, ge=1)
-    """torch threads of each trainer rank."""
+    """torch threads of each trainer rank, for its learner's thread (streamrl.compute)."""
     nodes: int = Field(1, ge=1, le=1024)
     """Kubernetes: trainer pods (an Indexed Job, one pod per node); locally, 1."""
     restart_limit: int | None = Field(None, ge=0, le=100)

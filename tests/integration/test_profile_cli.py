@@ -32,7 +32,7 @@ def test_profile_writes_the_record_and_plot_and_plan_uses_it(tmp_path, write_job
     assert 0 < profile.prefill_s_per_token < 0.01 and 0 < profile.forward_backward_s_per_token < 0.01
     assert 0 < profile.prefill_s_per_step < 0.05
     assert profile.optimizer_step_s > 0 and profile.publish_s > 0
-    assert profile.version == 4 and profile.hardware.cores >= 1
+    assert profile.version == 5 and profile.hardware.cores >= 1
     assert profile.forward_backward_s_per_micro_batch >= 0 and 0 < profile.weight_load_s < 1
     assert 0 < profile.sample_intake_s < profile.sample_stream_s < 0.01  # the wire costs more than nothing
     assert (out.with_suffix(".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
