@@ -155,6 +155,9 @@ def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[
             {"name": "STREAMRL_CACHE_DIR", "value": CACHE_MOUNT},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            # MKL reads its default once, at start: only the compute thread (streamrl.compute) runs
+            # its products on the process's threads
+            {"name": "MKL_NUM_THREADS", "value": "1"},
             *(env or []),
         ],
         "ports": [{"name": k, "containerPort": v, "protocol": "TCP"} for k, v in ports.items()],

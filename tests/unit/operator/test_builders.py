@@ -67,6 +67,8 @@ def test_heterogeneous_pools_land_on_their_node_pools_with_their_gpus():
         assert main["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert main["resources"]["requests"]["nvidia.com/gpu"] == 1
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        # MKL starts with one thread; only the compute thread gets more (streamrl.compute)
+        assert {"name": "MKL_NUM_THREADS", "value": "1"} in main["env"]
         if replicas is not None:
             assert objects[key]["spec"]["replicas"] == replicas
             assert objects[key]["spec"]["selector"]["matchLabels"]["streamrl.io/pool"] == key[1].rsplit("-", 1)[1]
