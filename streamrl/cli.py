@@ -185,6 +185,7 @@ def cmd_profile(args) -> int:
     from streamrl import compute
     from streamrl.generator.engine import setup_engine
     from streamrl.generator.profile import measure_generation
+    from streamrl.local.colocated import measure_serving
     from streamrl.models import build_tiny_model, check_model_dir, eos_token_id, load_model, load_tokenizer
     from streamrl.planning.catalog import load_catalog
     from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel, plot_ptl
@@ -192,7 +193,7 @@ def cmd_profile(args) -> int:
     from streamrl.rewards import sample_scorer
     from streamrl.spec import load_job
     from streamrl.tasks import load_prompts
-    from streamrl.trainer.profile import measure_samples, measure_training
+    from streamrl.trainer.profile import coordinator_for, measure_samples, measure_training
 
     job = load_job(args.job)
     spec = job.spec
@@ -218,7 +219,6 @@ def cmd_profile(args) -> int:
                                         long_context=args.prompt_tokens + spec.algorithm.max_new_tokens,
                                         thread=compute_thread)
         num_params = sum(p.numel() for p in engine.model.parameters()) if hasattr(engine, "model") else 0
-        del engine
         device = spec.trainer.device
         model = load_model(model_dir, spec.model.dtype, device)
         vocab_size = model.config.vocab_size
@@ -228,10 +228,13 @@ def cmd_profile(args) -> int:
         tok = load_tokenizer(model_dir)
         prompts = [((tok.bos_token_id, *tok(p.text, add_special_tokens=False)["input_ids"]), p.answer)
                    for p in load_prompts(spec.task)[:spec.algorithm.prompts_per_step]]
-        samples = measure_samples(sample_scorer(spec.reward.function,
-                                                lambda ids: tok.decode(ids, skip_special_tokens=True)),
-                                  spec.algorithm, vocab_size, prompts, completion_tokens, generation.max_batch_size,
-                                  spec.generators.dispatch.effective_queue_factor, step_s=generation.ptl[-1][1])
+        scorer = sample_scorer(spec.reward.function, lambda ids: tok.decode(ids, skip_special_tokens=True))
+        queue_factor = spec.generators.dispatch.effective_queue_factor
+        samples = measure_samples(scorer, spec.algorithm, vocab_size, prompts, completion_tokens,
+                                  generation.max_batch_size, queue_factor, step_s=generation.ptl[-1][1])
+        colocated_s = measure_serving(engine, coordinator_for(scorer, spec.algorithm, vocab_size, queue_factor),
+                                      prompts, spec.algorithm.group_size, compute_thread)
+        del engine
         shape = ModelShape.from_hf_config(model_dir, name=name)
         if not (args.model_dir or spec.model.source == "path"):
             shape = shape.model_copy(update={"source": f"streamrl/models.py ({args.size})"})
@@ -252,7 +255,8 @@ def cmd_profile(args) -> int:
         forward_backward_s_per_token=training.forward_backward_s_per_token,
         forward_backward_s_per_micro_batch=training.forward_backward_s_per_micro_batch,
         optimizer_step_s=training.optimizer_step_s, publish_s=training.publish_s,
-        weight_load_s=generation.weight_load_s, sample_intake_s=samples.intake_s, sample_stream_s=samples.stream_s)
+        weight_load_s=generation.weight_load_s, sample_intake_s=samples.intake_s, sample_stream_s=samples.stream_s,
+        sample_colocated_s=colocated_s)
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.write(out)
     plot = plot_ptl(profile, Path(args.plot) if args.plot else out.with_suffix(".png"))
@@ -266,7 +270,8 @@ def cmd_profile(args) -> int:
           f"{training.micro_batch_size}); optimizer step {profile.optimizer_step_s * 1e3:.1f} ms; publish "
           f"{profile.publish_s * 1e3:.1f} ms; weight load {profile.weight_load_s * 1e3:.1f} ms")
     print(f"per sample: intake {profile.sample_intake_s * 1e6:.1f} us in process, "
-          f"{profile.sample_stream_s * 1e6:.1f} us over the Connect stream")
+          f"{profile.sample_stream_s * 1e6:.1f} us over the Connect stream, "
+          f"{profile.sample_colocated_s * 1e6:.1f} us serving colocated beside the engine's steps")
     print(f"profile: {out}\nplot: {plot}")
     return 0
 

@@ -102,6 +102,9 @@ class Worker(Executor):
         """Held while a call is queued and while the loop ends: no call is queued after the last drain."""
         self.skewness_bubble_s = 0.0
         """Skewness-bubble seconds so far (also exported as a counter)."""
+        self.stepping_s = 0.0
+        """Seconds inside the engine's steps so far; the rest of the loop's busy time is its
+        bookkeeping and the samples' hand-over (what `streamrl profile` prices per sample)."""
 
     @property
     def policy_version(self) -> int:
@@ -147,7 +150,9 @@ class Worker(Executor):
             low = before.num_waiting == 0 and before.num_running < self.low_occupancy * before.capacity
             clock.busy(LOW_OCCUPANCY if low else "")
             t0 = time.monotonic()
-            for done in self.engine.step():
+            finished = self.engine.step()
+            self.stepping_s += time.monotonic() - t0
+            for done in finished:
                 self._emit(done)
             st = self.engine.stats()
             self.metrics.generated_tokens.inc(st.num_generated_tokens - before.num_generated_tokens)

@@ -104,7 +104,9 @@ class SampleMeasurement:
     hand-over to the event loop and conversion, gRPC and intake."""
 
 
-def _coordinator(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vocab_size: int, queue_factor: float):
+def coordinator_for(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vocab_size: int,
+                    queue_factor: float):
+    """A real coordinator for measuring the job's sample path (its sampling, reward and dispatch)."""
     from streamrl.metrics import ServiceMetrics
     from streamrl.trainer.coordinator import Coordinator
     from streamrl.trainer.workqueue import SamplingConfig
@@ -114,7 +116,8 @@ def _coordinator(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vo
                        vocab_size=vocab_size)
 
 
-def _prompts(iteration: int, prompts: list[tuple[tuple[int, ...], str]]):
+def prompt_work(iteration: int, prompts: list[tuple[tuple[int, ...], str]]):
+    """An iteration's prompts (token ids, answer) as the trainer's loop hands them to the coordinator."""
     from streamrl.trainer.groups import PromptWork
 
     return [PromptWork(f"{iteration}-{k}-{k}", k, answer, ids) for k, (ids, answer) in enumerate(prompts)]
@@ -133,7 +136,7 @@ async def _in_process(coordinator, prompts, group_size: int, completion_tokens: 
     seconds = []
     for it in range(rounds + 1):
         t0 = time.perf_counter()
-        coordinator.add_prompts(it, _prompts(it, prompts), group_size, 0)
+        coordinator.add_prompts(it, prompt_work(it, prompts), group_size, 0)
         while not replica.outbox.empty():  # each sample's intake dispatches more work, as the trainer's does
             work = replica.outbox.get_nowait()
             if isinstance(work, Work):
@@ -191,7 +194,7 @@ async def _over_stream(coordinator, prompts, group_size: int, completion_tokens:
         seconds, accepted = [], coordinator.counters.num_samples_accepted
         for it in range(rounds + 1):
             t0 = time.process_time()
-            coordinator.add_prompts(it, _prompts(it, prompts), group_size, 0)
+            coordinator.add_prompts(it, prompt_work(it, prompts), group_size, 0)
             sent = 0
             while sent < per_round:  # answer each Work as a generator does
                 work = response_from_pb(await call.read())
@@ -231,9 +234,9 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
 
     async def both() -> SampleMeasurement:
         args = (prompts, algo.group_size, completion_tokens, capacity, rounds)
-        intake = await _in_process(_coordinator(scorer, algo, vocab_size, queue_factor), *args)
+        intake = await _in_process(coordinator_for(scorer, algo, vocab_size, queue_factor), *args)
         burst = max(1, round(capacity / max(1, completion_tokens)))
-        stream = await _over_stream(_coordinator(scorer, algo, vocab_size, queue_factor), *args, burst, step_s)
+        stream = await _over_stream(coordinator_for(scorer, algo, vocab_size, queue_factor), *args, burst, step_s)
         return SampleMeasurement(intake, stream)
 
     quiet = logging.getLogger("streamrl.trainer")  # its replicas joining and leaving are no news here

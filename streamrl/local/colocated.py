@@ -7,8 +7,10 @@ comes here when the job's pipeline mode is colocated.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
+from concurrent.futures import Executor, Future
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -23,6 +25,7 @@ from streamrl.samples import Sample
 from streamrl.spec import RLJob
 from streamrl.trainer import main as trainer
 from streamrl.trainer.coordinator import Coordinator
+from streamrl.trainer.profile import prompt_work
 from streamrl.weights import WeightStore, deserialize
 
 
@@ -41,6 +44,7 @@ class LocalGenerator:
                                                  engine.policy_version))
         self.replica.skewness_bubble_s = lambda: self.worker.skewness_bubble_s
         self._thread: threading.Thread | None = None
+        self._on_executor: Future | None = None
         self._pump_task: asyncio.Task | None = None
 
     @property
@@ -53,8 +57,13 @@ class LocalGenerator:
         between engine steps (one OpenMP team for both; see streamrl.compute)."""
         return self.worker
 
-    def start(self) -> None:
-        self._thread = compute.start_thread(self.worker.run, "engine")
+    def start(self, thread: Executor | None = None) -> None:
+        """Step the engine on a compute thread of its own, or on `thread` (one that `streamrl
+        profile` measured the engine and the learner on) until stop()."""
+        if thread is None:
+            self._thread = compute.start_thread(self.worker.run, "engine")
+        else:
+            self._on_executor = thread.submit(self.worker.run)
         self._pump_task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
@@ -80,6 +89,8 @@ class LocalGenerator:
             self._pump_task.cancel()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._on_executor is not None:
+            self._on_executor.result(timeout=10)
         self.metrics.clock.close()
 
 
@@ -94,3 +105,35 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, **options) -> int:
         return LocalGenerator(engine, coordinator, store, metrics)
 
     return await trainer.serve(job, model_dir, out_dir, in_process=in_process, **options)
+
+
+def measure_serving(engine: Engine, coordinator: Coordinator, prompts: list[tuple[tuple[int, ...], str]],
+                    group_size: int, thread: Executor, rounds: int = 3) -> float:
+    """Seconds per sample that colocated serving takes beyond its engine's steps: an
+    iteration's work (`prompts`, token ids and answer, x group_size samples) served through the
+    real composition (this LocalGenerator's worker on `thread`, the coordinator on an event
+    loop), `rounds` times after a warm-up, its wall time less the seconds inside the engine's
+    steps, per sample (median). That is the worker's bookkeeping, each sample's hand-over to the
+    event loop, the coordinator's intake and dispatch, each new assignment's way back, and the
+    Python each of them holds the engine's thread back by. Decode and admission are the
+    engine's own costs, measured apart."""
+
+    async def serve() -> float:
+        local = LocalGenerator(engine, coordinator, WeightStore(1, 1 << 20),
+                               ServiceMetrics("generator"), generator_id="profile-local")
+        local.start(thread)
+        per_sample = []
+        try:
+            for it in range(rounds + 1):
+                total = len(prompts) * group_size
+                stepped, t0 = local.worker.stepping_s, time.perf_counter()
+                coordinator.add_prompts(it, prompt_work(it, prompts), group_size, 0)
+                await coordinator.take_groups(it, total, total)
+                wall = time.perf_counter() - t0
+                if it:  # the first round warms up
+                    per_sample.append((wall - (local.worker.stepping_s - stepped)) / total)
+        finally:
+            local.stop()
+        return statistics.median(per_sample)
+
+    return asyncio.run(serve())

@@ -24,8 +24,8 @@ per-sample, per-micro-batch and weight-load costs were not measured (they read a
 3: prefill was timed admitting into an idle engine, greedily, and the wire with samples
 written back-to-back.
 4: the engine and the learner were measured on two threads, each with an OpenMP team of its
-own (more than one torch thread only; one thread has no teams, so a 1-thread version 4
-profile is current)."""
+own (more than one torch thread only), and colocated serving's cost per sample was the
+coordinator's intake alone."""
 _OLD_VERSIONS = {
     1: "its PTL times the decoder's forward alone and it lacks the per-sample, per-micro-batch and weight-load "
        "costs (read as 0), so it predicts too fast",
@@ -33,9 +33,9 @@ _OLD_VERSIONS = {
        "it over-prices steps that admit many prompts",
     3: "it times admissions into an idle engine and samples written back-to-back, both cheaper than serving "
        "(admitting beside a running batch, samples leaving a few per decode step), so it predicts too fast",
-    4: "it measures the engine and the learner on two threads with an OpenMP team each, where a process now "
-       "runs both on one (streamrl.compute): at more than one torch thread that costs about twice the seconds "
-       "per decode step and per micro-batch, so it predicts too slow",
+    4: "it prices a colocated sample at the coordinator's intake alone (about a fifth of what serving takes "
+       "beside the engine's steps) and, at more than one torch thread, measures the engine and the learner on "
+       "two threads with an OpenMP team each, where a process now runs both on one (streamrl.compute)",
 }
 
 
@@ -118,6 +118,11 @@ class Profile(Record):
     """CPU seconds per sample over a loopback Connect stream, both ends in one process, the
     samples sent as a replica sends them, a few per decode step (the work out, the sample's
     conversion both ways, gRPC, the intake): intake plus the wire."""
+    sample_colocated_s: float = Field(0.0, ge=0)
+    """Seconds per sample that colocated serving takes beyond its engine's steps, measured
+    through the real composition (worker, hand-over, coordinator on its event loop): the
+    worker's bookkeeping, the intake and dispatch, and the Python they hold the engine's thread
+    back by. 0 (a profile before version 5): the intake stands in for it."""
 
     @field_validator("ptl")
     @classmethod
@@ -138,6 +143,10 @@ class Profile(Record):
     def sample_receive_s(self) -> float:
         """The trainer's seconds per sample a remote replica sends: the intake and the other half of the wire."""
         return self.sample_intake_s + self.sample_send_s()
+
+    def sample_colocated_cost_s(self) -> float:
+        """A colocated process's seconds per sample beside its engine's steps."""
+        return self.sample_colocated_s or self.sample_intake_s
 
     def generation_cost(self) -> MeasuredGenerationCost:
         """A replica of this engine on this hardware (a GenerationCost)."""
@@ -160,10 +169,8 @@ def load_profile(path: str | Path) -> Profile:
     if not path.is_file():
         raise ValueError(f"profile {path}: no such file (write one with `streamrl profile JOB --out {path}`)")
     profile = Profile.read(path)
-    stale = [v for v in range(max(1, profile.version), PROFILE_VERSION)
-             if not (v == 4 and profile.hardware.threads == 1)]  # one thread: no teams, nothing changed
-    if stale:
-        why = "; ".join(_OLD_VERSIONS[v] for v in stale)
+    if profile.version < PROFILE_VERSION:
+        why = "; ".join(_OLD_VERSIONS[v] for v in range(max(1, profile.version), PROFILE_VERSION))
         log.warning("profile %s is version %d: %s; measure again with `streamrl profile`", path, profile.version, why)
     return profile
 

@@ -118,8 +118,8 @@ class TableTraining(SpecModel):
 
 class ProfileCost(SpecModel):
     """Seconds measured by `streamrl profile` (its JSON file): for a pool, PTL(BS), prefill, the
-    weight load and each sample's send (half the measured wire; in colocated mode, the trainer's
-    intake, which runs in the replica's process); for the trainer, forward/backward per padded
+    weight load and each sample's send (half the measured wire; in colocated mode, what serving
+    takes per sample beside the engine's steps, in the one process); for the trainer, forward/backward per padded
     token and per micro-batch, the optimizer step, publishing and each sample's receive and intake."""
 
     type: Literal["profile"] = "profile"

@@ -145,7 +145,7 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
     elif isinstance(spec, ProfileCost):
         profile = _profile(spec, base, "trainer.cost")
         trainer = profile.training_cost(t.gpus)
-        trainer_sample_s = profile.sample_intake_s if colocated else profile.sample_receive_s()
+        trainer_sample_s = profile.sample_colocated_cost_s() if colocated else profile.sample_receive_s()
     else:
         if shape is None:
             raise ValueError("trainer.cost: an analytic cost needs the scenario's `model`")

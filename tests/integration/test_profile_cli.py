@@ -35,6 +35,8 @@ def test_profile_writes_the_record_and_plot_and_plan_uses_it(tmp_path, write_job
     assert profile.version == 5 and profile.hardware.cores >= 1
     assert profile.forward_backward_s_per_micro_batch >= 0 and 0 < profile.weight_load_s < 1
     assert 0 < profile.sample_intake_s < profile.sample_stream_s < 0.01  # the wire costs more than nothing
+    # serving colocated adds the worker's bookkeeping and the hand-over to the intake
+    assert profile.sample_intake_s < profile.sample_colocated_s < 0.01
     assert (out.with_suffix(".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"profile: {out}" in done.stdout
 

@@ -96,16 +96,12 @@ def test_a_version_1_profile_still_loads_its_unmeasured_costs_as_zero_and_says_s
     assert "is version 3: it times admissions into an idle engine and samples written" in caplog.text
     assert "per prompt token alone" not in caplog.text
     caplog.clear()
-    data["version"], data["hardware"]["threads"] = 4, 2
+    data["version"] = 4
     (tmp_path / "v4.json").write_text(json.dumps(data))
-    load_profile(tmp_path / "v4.json")
-    assert "is version 4: it measures the engine and the learner on two threads" in caplog.text
+    assert load_profile(tmp_path / "v4.json").sample_colocated_s == 0.0
+    assert "is version 4: it prices a colocated sample at the coordinator's intake alone" in caplog.text
     assert "idle engine" not in caplog.text
     caplog.clear()
-    data["hardware"]["threads"] = 1  # one thread had no OpenMP teams: the profile is current
-    (tmp_path / "v4-1.json").write_text(json.dumps(data))
-    load_profile(tmp_path / "v4-1.json")
-    assert "version" not in caplog.text
     _profile().write(tmp_path / "new.json")
     load_profile(tmp_path / "new.json")
     assert "version" not in caplog.text

@@ -91,10 +91,15 @@ def test_a_profile_gives_each_stage_its_measured_overheads(tmp_path, mode):
     assert stages.trainer.train_s(40, 2) == pytest.approx(4.0 + 1.0)
     if mode == "batch":  # the wire (0.08 s) split between its ends; the intake on the trainer's side
         assert (pool.sample_s, stages.trainer_sample_s) == pytest.approx((0.04, 0.06))
-    else:  # one process, no wire: the intake between the replica's steps
+    else:  # one process, no wire: a profile before version 5 stands in the intake between the replica's steps
         assert (pool.sample_s, stages.trainer_sample_s) == pytest.approx((0.02, 0.0))
     data["weights"]["loadSeconds"] = 0.0  # the scenario's own figure wins
     assert resolve_stages(parse_scenario(data)).pools["g"].load_s == 0.0
+    # serving colocated measured: that, not the intake, between the replica's steps; the wire unchanged
+    cost["path"] = _profile(tmp_path, sample_colocated_s=0.07)
+    stages = resolve_stages(parse_scenario(data))
+    expected = (0.04, 0.06) if mode == "batch" else (0.07, 0.0)
+    assert (stages.pools["g"].sample_s, stages.trainer_sample_s) == pytest.approx(expected)
 
 
 def test_a_replica_on_the_trainers_core_lends_it_the_intake_of_each_sample(tmp_path):
