@@ -1,9 +1,9 @@
 """What `streamrl profile` measures of a generator's engine: PTL(BS) through the engine's own
 measure_latency (what every replica runs as it starts) at its own context and a long one,
 what admitting prompts beside a running batch adds to a step through its public request path
-(a cost per step and per prompt token), and swapping a published
-weight version in, all on a thread of their own as a replica steps its engine. Knows the
-engine interface, not the profile file."""
+(a cost per step and per prompt token), and swapping a published weight version in, all on
+the compute thread where a replica steps its engine. Knows the engine interface, not the
+profile file."""
 
 from __future__ import annotations
 

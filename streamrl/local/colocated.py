@@ -1,7 +1,9 @@
 """Colocated mode's composition: the trainer with a generator inside its own process (one
-device alternates generating a batch and training on it). The one module that imports
-both the trainer and the generator (an import contract declares it); `streamrl trainer`
-comes here when the job's pipeline mode is colocated.
+device alternates generating a batch and training on it), the learner's calls running on the
+engine's thread, the process's one compute thread. The one module that imports both the
+trainer and the generator (an import contract declares it); `streamrl trainer` comes here
+when the job's pipeline mode is colocated, and `streamrl profile` measures what this
+composition's serving costs per sample (measure_serving).
 """
 
 from __future__ import annotations
