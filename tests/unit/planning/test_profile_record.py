@@ -83,24 +83,19 @@ def test_a_version_1_profile_still_loads_its_unmeasured_costs_as_zero_and_says_s
     assert (old.forward_backward_s_per_micro_batch, old.weight_load_s, old.sample_stream_s) == (0.0, 0.0, 0.0)
     assert old.hardware.cores == 0
     assert "is version 1: its PTL times the decoder's forward alone" in caplog.text
-    caplog.clear()
-    data["version"] = 2
-    (tmp_path / "v2.json").write_text(json.dumps(data))
-    assert load_profile(tmp_path / "v2.json").prefill_s_per_step == 0.0
-    assert "is version 2: it prices prefill per prompt token alone" in caplog.text
-    assert "forward alone" not in caplog.text
-    caplog.clear()
-    data["version"] = 3
-    (tmp_path / "v3.json").write_text(json.dumps(data))
-    load_profile(tmp_path / "v3.json")
-    assert "is version 3: it times admissions into an idle engine and samples written" in caplog.text
-    assert "per prompt token alone" not in caplog.text
-    caplog.clear()
-    data["version"] = 4
-    (tmp_path / "v4.json").write_text(json.dumps(data))
-    assert load_profile(tmp_path / "v4.json").sample_colocated_s == 0.0
-    assert "is version 4: it prices a colocated sample at the coordinator's intake alone" in caplog.text
-    assert "idle engine" not in caplog.text
+    for version, says, earlier, unmeasured in [
+        (2, "it prices prefill per prompt token alone", "forward alone", "prefill_s_per_step"),
+        (3, "it times admissions into an idle engine and samples written", "per prompt token alone", None),
+        (4, "it prices a colocated sample at the coordinator's intake alone", "idle engine", "sample_colocated_s"),
+    ]:
+        caplog.clear()
+        data["version"] = version
+        (tmp_path / f"v{version}.json").write_text(json.dumps(data))
+        loaded = load_profile(tmp_path / f"v{version}.json")
+        assert f"is version {version}: {says}" in caplog.text
+        assert earlier not in caplog.text  # only what changed since its own version
+        if unmeasured:
+            assert getattr(loaded, unmeasured) == 0.0
     caplog.clear()
     _profile().write(tmp_path / "new.json")
     load_profile(tmp_path / "new.json")
