@@ -13,9 +13,9 @@ OMP_WAIT_POLICY nor GOMP_SPINCOUNT lifts the throttle.
 So `set_threads(n)` (at start-up, by the command line) gives every thread one OpenMP thread,
 and the compute thread, started by `start_thread` or `executor`, n. A process that never
 calls `set_threads` keeps torch's own settings. MKL reads its default from the environment
-before any of this runs: `streamrl run` starts its processes with OMP_NUM_THREADS and
-MKL_NUM_THREADS at 1, so that a matrix product on another thread does not start a team of
-MKL's own.
+before any of this runs: `streamrl run` starts its processes, and the operator its pods,
+with MKL_NUM_THREADS at 1, so that a matrix product on another thread does not start a team
+of MKL's own.
 """
 
 from __future__ import annotations
@@ -38,11 +38,6 @@ def set_threads(n: int) -> None:
     _threads = n
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-
-
-def threads() -> int:
-    """The compute thread's OpenMP threads (torch's current count where set_threads was not called)."""
-    return _threads if _threads is not None else torch.get_num_threads()
 
 
 def _claim() -> None:
