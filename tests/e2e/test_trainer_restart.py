@@ -41,11 +41,15 @@ def test_a_killed_trainer_is_restarted_and_its_generators_reconnect(write_job, t
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), "--quiet"],
                            env=child_env(), stderr=subprocess.PIPE, text=True)
     try:
-        metrics = out / "metrics.jsonl"
+        metrics, events_file = out / "metrics.jsonl", out / EVENTS_FILE
         deadline = time.monotonic() + 240
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+
+        def checkpointed() -> bool:  # written while later iterations run: its own event says it is complete
+            return events_file.exists() and any(e.kind == "checkpoint" for e in RunEvent.read_lines(events_file))
+
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3 and checkpointed()):
             assert run.poll() is None, run.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "the run never reached its third iteration"
+            assert time.monotonic() < deadline, "the run never reached its third iteration and a checkpoint"
             time.sleep(0.1)
         generators = {name: json.loads((out / "endpoints" / f"{name}.json").read_text())["pid"]
                       for name in ("generator-default-0", "generator-default-1")}
