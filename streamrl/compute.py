@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 _threads: int | None = None
 """The compute thread's OpenMP threads (set_threads); None: torch's settings stay as they are."""
@@ -71,6 +74,14 @@ def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
     claimed.wait()
     _release()
     return thread
+
+
+def run(fn: Callable[..., T], *args, thread: Executor | None = None, name: str = "compute") -> T:
+    """fn(*args) on `thread` (a compute thread the caller holds), else on one of its own for this call."""
+    if thread is not None:
+        return thread.submit(fn, *args).result()
+    with executor(name) as own:
+        return own.submit(fn, *args).result()
 
 
 def executor(name: str) -> ThreadPoolExecutor:

@@ -7,7 +7,6 @@ profile file."""
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from concurrent.futures import Executor
@@ -86,11 +85,8 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
     On the process's compute thread (streamrl.compute), where a replica and a colocated trainer
     step their engine: `thread`, when the caller holds it (`streamrl profile` measures the
     learner there too), else one of its own."""
-    with contextlib.ExitStack() as stack:
-        if thread is None:
-            thread = stack.enter_context(compute.executor("engine"))
-        return thread.submit(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batches, prefill_rounds,
-                             rounds, long_context).result()
+    return compute.run(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batches, prefill_rounds, rounds,
+                       long_context, thread=thread, name="engine")
 
 
 def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_tokens: int,

@@ -6,7 +6,6 @@ over a loopback Connect stream. Knows the learner and the coordinator, not the p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import statistics
@@ -61,11 +60,8 @@ def measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str = 
     process's compute thread (streamrl.compute), where the trainer's loop runs its learner:
     `thread`, when the caller holds it (`streamrl profile` measures the engine there too), else
     one of its own."""
-    with contextlib.ExitStack() as stack:
-        if thread is None:
-            thread = stack.enter_context(compute.executor("learner"))
-        return thread.submit(_measure_training, model, algo, device, dtype, prompt_tokens, completion_tokens, steps,
-                             chunk_bytes).result()
+    return compute.run(_measure_training, model, algo, device, dtype, prompt_tokens, completion_tokens, steps,
+                       chunk_bytes, thread=thread, name="learner")
 
 
 def _measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str, dtype: str, prompt_tokens: int,

@@ -124,10 +124,9 @@ def measure_serving(engine: Engine, coordinator: Coordinator, prompts: list[tupl
         local = LocalGenerator(engine, coordinator, WeightStore(1, 1 << 20),
                                ServiceMetrics("generator"), generator_id="profile-local")
         local.start(thread)
-        per_sample = []
+        per_sample, total = [], len(prompts) * group_size
         try:
             for it in range(rounds + 1):
-                total = len(prompts) * group_size
                 stepped, t0 = local.worker.stepping_s, time.perf_counter()
                 coordinator.add_prompts(it, prompt_work(it, prompts), group_size, 0)
                 await coordinator.take_groups(it, total, total)

@@ -33,7 +33,7 @@ _OLD_VERSIONS = {
        "it over-prices steps that admit many prompts",
     3: "it times admissions into an idle engine and samples written back-to-back, both cheaper than serving "
        "(admitting beside a running batch, samples leaving a few per decode step), so it predicts too fast",
-    4: "it prices a colocated sample at the coordinator's intake alone (about a fifth of what serving takes "
+    4: "it prices a colocated sample at the coordinator's intake alone (about a tenth of what serving takes "
        "beside the engine's steps) and, at more than one torch thread, measures the engine and the learner on "
        "two threads with an OpenMP team each, where a process now runs both on one (streamrl.compute)",
 }

@@ -72,3 +72,19 @@ def test_set_threads_refuses_fewer_than_one():
 
     with pytest.raises(ValueError, match="threads: 0; must be at least 1"):
         compute.set_threads(0)
+
+
+def test_run_uses_the_thread_given_else_one_of_its_own_for_the_call():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamrl import compute
+
+    def where(tag):
+        return tag, threading.current_thread().name
+
+    with ThreadPoolExecutor(1, thread_name_prefix="given") as given:
+        assert compute.run(where, "a", thread=given) == ("a", given.submit(lambda: threading.current_thread().name)
+                                                         .result())
+    tag, name = compute.run(where, "b", name="own")
+    assert tag == "b" and name.startswith("own") and name != threading.current_thread().name
