@@ -6,8 +6,8 @@ enters a region with more than one OpenMP thread keeps a team of its own for as 
 lives. Once a process's teams hold more threads than it has cores, libgomp's workers stop
 spin-waiting between regions and sleep, and each of a decode step's hundreds of small
 regions pays a wake-up. On two cores with two torch threads, the tiny model decoded a batch of
-64 in 3.7-4.2 ms per step and trained a 32 x 23-token micro-batch in 30-34 ms when its engine
-and its learner ran on two threads; on one thread: 1.65-1.75 ms and 14-15.5 ms. Neither
+64 in 3.5-4.2 ms per step and trained a 32 x 23-token micro-batch in 30-35 ms when its engine
+and its learner ran on two threads; on one thread: 1.6-1.75 ms and 14-15.5 ms. Neither
 OMP_WAIT_POLICY nor GOMP_SPINCOUNT lifts the throttle.
 
 So `set_threads(n)` (at start-up, by the command line) gives every thread one OpenMP thread,
