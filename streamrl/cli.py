@@ -1,5 +1,5 @@
-"""`streamrl` command line: run | trainer | generator | ranker | plan | profile | simulate | ... Heavy imports are per
-command."""
+"""`streamrl` command line: run | validate | render | trainer | generator | ranker | plan | profile | simulate | ...
+Heavy imports are per command."""
 
 from __future__ import annotations
 
@@ -96,6 +96,16 @@ def cmd_validate(args) -> int:
     from streamrl.operator.validate import run
 
     return run(args.files, args.show_defaults, sys.stdout)
+
+
+def cmd_render(args) -> int:
+    try:
+        from streamrl.operator.render import run
+    except ImportError as err:
+        print(f"streamrl render builds the objects with the operator's code, which needs the operator extra "
+              f"(pip install 'streamrl[operator]'): {err}", file=sys.stderr)
+        return 2
+    return run(args.files, args.namespace, sys.stdout)
 
 
 def cmd_report(args) -> int:
@@ -316,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", metavar="FILE", help="RLJob YAML files (other kinds in them are skipped)")
     p.add_argument("--show-defaults", action="store_true", help="print each valid job with every default resolved")
     p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("render", help="print, as multi-document YAML, every object the operator creates for each "
+                                      "RLJob (its own builders; for kubectl apply --dry-run=server -f - or a GitOps "
+                                      "diff); exit 1 when any job has a problem")
+    p.add_argument("files", nargs="+", metavar="FILE", help="RLJob YAML files (other kinds in them are skipped)")
+    p.add_argument("--namespace", "-n", default="default", help="the namespace the job would be created in")
+    p.set_defaults(fn=cmd_render)
 
     p = sub.add_parser("report", help="plots and a Markdown summary of a run directory")
     p.add_argument("run_dir", help="a run directory (what `streamrl run --out` wrote)")

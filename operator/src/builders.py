@@ -1,37 +1,48 @@
 """Pure functions from an RLJob to every Kubernetes object it needs. No I/O: the kopf
-handlers call these and apply the results; tests validate them against Kubernetes's own
-schemas.
+handlers call these and apply the results; `streamrl render` prints them; tests validate
+them against Kubernetes's own schemas.
 
 Per job: a ConfigMap holding the spec every service loads; the trainer as an Indexed Job
 (one pod per trainer node, `processesPerNode` ranks in each started by torch.distributed.run;
-its exit is the run's outcome) with a headless Service that gives its pods stable names for
-the rendezvous, and a Service selecting only the index-0 pod (rank 0), the one endpoint
-generators dial; the trainer's run directory on a PersistentVolumeClaim when
-checkpoint.volume asks (created here unless it names an existing claim), so checkpoints
-outlive its pods; the ranker as a Deployment and Service (skewness-aware dispatch only); one
-generator Deployment per pool, with that pool's node selector, tolerations, GPUs and template.
+rank 0's exit is the run's outcome) with a headless Service that gives its pods stable names
+for the rendezvous, a Service selecting only the index-0 pod (rank 0), the one endpoint
+generators dial, and a ClusterIP Service for rank 0's admin port (never exposed with the
+first); the trainer's run directory on a PersistentVolumeClaim when checkpoint.volume asks
+(created here unless it names an existing claim), so checkpoints outlive its pods; the ranker
+as a Deployment and Service (skewness-aware dispatch only); one generator Deployment per
+pool, with that pool's node selector, tolerations, GPUs and template; and the perimeter
+(perimeter.py): the job's token Secret and its NetworkPolicies. A finished job's
+Deployments are built at 0 replicas: it keeps no GPU.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from typing import Any
 
+from streamrl.operator.names import (
+    ADMIN_PORT,
+    COMPLETION_INDEX,
+    HOSTNAME_MAX,
+    MAIN,
+    QUEUE_NAME,
+    RANKER_GRPC_PORT,
+    RELAY_PORT,
+    RENDEZVOUS_PORT,
+    RESTARTS,
+    TEMPLATE_HASH,
+    TRAINER_GRPC_PORT,
+    labels,
+    name,
+    object_meta,
+    selector,
+)
+from streamrl.operator.perimeter import build_network_policies, build_token_secret
+from streamrl.operator.pods import JOB_FILE, OUT_MOUNT, minted_token, pod_template
 from streamrl.operator.settings import Settings
-from streamrl.spec import API_VERSION, GROUP, KIND, TLS_MOUNT, RLJob, SpecError, dump_job
+from streamrl.spec import TOKEN_MOUNT, RLJob, SpecError, dump_job
 
-TRAINER_GRPC_PORT, RANKER_GRPC_PORT, RELAY_PORT, ADMIN_PORT = 50051, 50052, 50053, 8080
-RENDEZVOUS_PORT = 29500
-"""torch.distributed's TCP store on the trainer's index-0 pod (torchrun's default port)."""
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-"""The label (and env JOB_COMPLETION_INDEX) the Job controller gives each pod of an Indexed Job."""
-TEMPLATE_HASH = "streamrl.io/trainer-template-hash"
-"""Annotation on the trainer Job: a hash of what a running Job cannot change (a different one
-means the operator replaces the whole group)."""
-RESTARTS = "streamrl.io/group-restarts"
-"""Annotation on the trainer Job: how many times the whole group was restarted before it."""
 PREEMPTED_EXIT_CODE = 75
 """EX_TEMPFAIL: a trainer stopped by SIGTERM saves a checkpoint and exits with this (phase
 Preempted). Its Job fails through the pod failure policy's first rule, which the operator
@@ -42,167 +53,56 @@ time, after SIGTERM (suspend, a drained node, an eviction), to finish the step a
 LAUNCHER_MARGIN_S = 15
 """Of the grace period, what torch.distributed.run keeps for itself: its ranks get the rest
 to save before it kills them."""
-HOSTNAME_MAX = 63
-SPEC_MOUNT, OUT_MOUNT, CACHE_MOUNT = "/etc/streamrl/job", "/var/lib/streamrl/out", "/var/cache/streamrl"
-JOB_FILE = f"{SPEC_MOUNT}/job.yaml"
-MAIN = "main"
-"""Name of the container every role runs in (pod templates merge into it)."""
+TRAINER_POD_ANNOTATIONS = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                           "karpenter.sh/do-not-disrupt": "true"}
+"""A node autoscaler consolidating nodes would stop the whole group for a node it could empty."""
+RANKER_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
+"""The ranker's requests when its placement names none (not BestEffort: evicted last, not first)."""
+TOKEN_FILE = f"{TOKEN_MOUNT}/token"
 
 
-# ---- names and labels ---------------------------------------------------------------
-def name(job: str, role: str, pool: str | None = None) -> str:
-    return f"{job}-{role}" + (f"-{pool}" if pool else "")
-
-
-def labels(job: str, role: str, pool: str | None = None) -> dict[str, str]:
-    out = {
-        "app.kubernetes.io/name": "streamrl",
-        "app.kubernetes.io/instance": job,
-        "app.kubernetes.io/component": role,
-        "app.kubernetes.io/managed-by": "streamrl-operator",
-        f"{GROUP}/job": job,
-        f"{GROUP}/role": role,
-    }
-    if pool:
-        out[f"{GROUP}/pool"] = pool
-    return out
-
-
-def selector(job: str, role: str, pool: str | None = None) -> dict[str, str]:
-    """The labels that select a role's pods (a subset of labels(); stable for Deployments)."""
-    out = {f"{GROUP}/job": job, f"{GROUP}/role": role}
-    if pool:
-        out[f"{GROUP}/pool"] = pool
-    return out
-
-
-def generator_selector(job: str) -> str:
-    """Every generator pod of the job, serialized (the /scale subresource's labelSelector)."""
-    return f"{GROUP}/job={job},{GROUP}/role=generator"
-
-
-def owner_reference(body: dict) -> dict:
-    """Children in the RLJob's own cluster are garbage-collected with it."""
-    meta = body["metadata"]
-    return {"apiVersion": body.get("apiVersion", API_VERSION), "kind": body.get("kind", KIND),
-            "name": meta["name"], "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
-
-
-def _meta(job: RLJob, obj_name: str, namespace: str, lbls: dict[str, str], owner: dict | None) -> dict:
-    meta = {"name": obj_name, "namespace": namespace, "labels": lbls}
-    if owner:
-        meta["ownerReferences"] = [owner]
-    return meta
-
-
-# ---- pod templates ------------------------------------------------------------------
-def merge(base: Any, override: Any) -> Any:
-    """Deep-merge `override` onto `base`: maps key by key, lists of named items (containers,
-    volumes, env, ports...) item by name, anything else replaced by `override`."""
-    if isinstance(base, dict) and isinstance(override, dict):
-        out = dict(base)
-        for k, v in override.items():
-            out[k] = merge(base[k], v) if k in base else copy.deepcopy(v)
-        return out
-    if isinstance(base, list) and isinstance(override, list) and all(
-            isinstance(x, dict) and "name" in x for x in base + override):
-        out = [copy.deepcopy(x) for x in base]
-        index = {x["name"]: i for i, x in enumerate(out)}
-        for item in override:
-            if item["name"] in index:
-                out[index[item["name"]]] = merge(out[index[item["name"]]], item)
-            else:
-                out.append(copy.deepcopy(item))
-        return out
-    return copy.deepcopy(override)
-
-
-def _resources(placement) -> dict:
-    res = copy.deepcopy(placement.resources) or {}
-    if placement.gpus:
-        for kind in ("requests", "limits"):
-            res.setdefault(kind, {})[placement.gpu_resource] = placement.gpus
-    return res
-
-
-def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[str, int], settings: Settings,
-                 pool: str | None = None, env: list[dict] | None = None, restart_policy: str | None = None,
-                 out_volume: dict | None = None) -> dict:
-    """The pod template of one role: the operator's part, with the user's template merged
-    under it (the operator's fields win, the user's extra ones are kept). `out_volume`: the
-    source of the run directory (default: the pod's own disk)."""
-    spec = job.spec
-    volumes = [
-        {"name": "job", "configMap": {"name": name(job.metadata.name, "spec")}},
-        {"name": "out", **(out_volume or {"emptyDir": {}})},
-        {"name": "cache", "emptyDir": {}},
-    ]
-    mounts = [
-        {"name": "job", "mountPath": SPEC_MOUNT, "readOnly": True},
-        {"name": "out", "mountPath": OUT_MOUNT},
-        {"name": "cache", "mountPath": CACHE_MOUNT},
-    ]
-    if spec.security.tls and spec.security.tls.secret_name:
-        volumes.append({"name": "tls", "secret": {"secretName": spec.security.tls.secret_name}})
-        mounts.append({"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True})
-    probe = {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 10, "failureThreshold": 6}
-    container = {
-        "name": MAIN,
-        "image": spec.image or settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "args": args,
-        "env": [
-            {"name": "STREAMRL_CACHE_DIR", "value": CACHE_MOUNT},
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            # MKL reads its default once, at start: only the compute thread (streamrl.compute) runs
-            # its products on the process's threads
-            {"name": "MKL_NUM_THREADS", "value": "1"},
-            *(env or []),
-        ],
-        "ports": [{"name": k, "containerPort": v, "protocol": "TCP"} for k, v in ports.items()],
-        "volumeMounts": mounts,
-        "startupProbe": {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 5,
-                         "failureThreshold": 120},
-        "livenessProbe": probe,
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 5},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
-    }
-    resources = _resources(placement)
-    if resources:
-        container["resources"] = resources
-    pod_spec: dict[str, Any] = {
-        "containers": [container],
-        "volumes": volumes,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
-        "enableServiceLinks": False,
-    }
-    if placement.node_selector:
-        pod_spec["nodeSelector"] = dict(placement.node_selector)
-    if placement.tolerations:
-        pod_spec["tolerations"] = copy.deepcopy(placement.tolerations)
-    if restart_policy:
-        pod_spec["restartPolicy"] = restart_policy
-    ours = {"metadata": {"labels": labels(job.metadata.name, role, pool)}, "spec": pod_spec}
-    user = copy.deepcopy(placement.template or {})
-    return merge(user, ours) if user else ours
-
-
-# ---- objects ------------------------------------------------------------------------
+# ---- the spec the pods load ---------------------------------------------------------
 def service_spec(job: RLJob) -> RLJob:
-    """The spec the pods load: fixed ports (Services point at them)."""
+    """The spec the pods load: fixed ports (Services point at them), the minted token's file."""
     spec = job.spec
     trainer = spec.trainer.model_copy(update={"port": TRAINER_GRPC_PORT, "admin_port": ADMIN_PORT})
     ranker = spec.ranker.model_copy(update={"port": RANKER_GRPC_PORT, "admin_port": ADMIN_PORT})
-    return job.model_copy(update={"spec": spec.model_copy(update={"trainer": trainer, "ranker": ranker}),
-                                  "status": None})
+    update: dict[str, Any] = {"trainer": trainer, "ranker": ranker}
+    if minted_token(job):
+        update["security"] = spec.security.model_copy(update={"token_file": TOKEN_FILE})
+    return job.model_copy(update={"spec": spec.model_copy(update=update), "status": None})
 
 
-def build_configmap(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
+def config_hash(job: RLJob, pool: str | None = None) -> str:
+    """A hash of what a role's pods read from the ConfigMap, less what does not change a
+    running pod's behaviour (replicas and their bounds, which the autoscaler and /scale write,
+    placement, suspension, autoscaling): a new value rolls the role. The pools are a
+    generator's own business (its pool's part is in its hash): adding or changing one rolls
+    neither the trainer (a trainer restart costs the steps since its checkpoint; a pool it
+    does not know yet fetches weights without relay) nor the other pools."""
+    spec = service_spec(job).spec.model_dump(mode="json", by_alias=True)
+    for key in ("suspend", "image", "autoscaling"):
+        spec.pop(key, None)
+    generators = spec["generators"]
+    generators.pop("replicas", None)
+    pools = {p["name"]: p for p in generators.pop("pools")}
+    for role in ("trainer", "ranker"):
+        spec[role].pop("placement", None)
+    spec["trainer"].pop("service", None)
+    if pool is not None:
+        own = pools[pool]
+        for key in ("replicas", "minReplicas", "maxReplicas", "cost", "placement"):
+            own.pop(key, None)
+        spec["pool"] = own
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_configmap(job: RLJob, namespace: str, owner: dict | None = None,
+                    origin: dict[str, str] | None = None) -> dict:
+    j = job.metadata.name
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": _meta(job, name(job.metadata.name, "spec"), namespace, labels(job.metadata.name, "spec"), owner),
+        "metadata": object_meta(name(j, "spec"), namespace, {**labels(j, "spec"), **(origin or {})}, owner),
         "data": {"job.yaml": dump_job(service_spec(job))},
     }
 
@@ -211,6 +111,17 @@ def uses_ranker(job: RLJob) -> bool:
     return job.spec.generators.dispatch.policy == "skewness-aware"
 
 
+def queue_name(job: RLJob) -> str | None:
+    """Kueue's LocalQueue the job's metadata names (label kueue.x-k8s.io/queue-name), if any."""
+    return job.metadata.labels.get(QUEUE_NAME)
+
+
+def _queued(job: RLJob) -> dict[str, str]:
+    queue = queue_name(job)
+    return {QUEUE_NAME: queue} if queue else {}
+
+
+# ---- the trainer --------------------------------------------------------------------
 def grace_s(job: RLJob) -> int:
     """Seconds a trainer pod has after SIGTERM: its template's terminationGracePeriodSeconds,
     else TRAINER_GRACE_S."""
@@ -274,8 +185,8 @@ def build_checkpoint_claim(job: RLJob, namespace: str, owner: dict | None = None
     if volume.storage_class:
         spec["storageClassName"] = volume.storage_class
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": _meta(job, name(j, "checkpoints"), namespace, labels(j, "checkpoints"),
-                              None if volume.retain else owner),
+            "metadata": object_meta(name(j, "checkpoints"), namespace, labels(j, "checkpoints"),
+                                    None if volume.retain else owner),
             "spec": spec}
 
 
@@ -286,7 +197,9 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     headless Service, the run directory on the checkpoint claim when there is one. Any pod
     failing fails the Job (the pod failure policy; the operator then restarts the whole group,
     never half of it: within its budget, or free when the failure was a preemption: exit code
-    PREEMPTED_EXIT_CODE first, a disruption next); rank 0 (index 0) finishing completes it."""
+    PREEMPTED_EXIT_CODE first, a disruption next); rank 0 (index 0) finishing completes it.
+    Queued through Kueue (queue_name), it is created suspended and Kueue admits the group
+    whole; else it is suspended while spec.suspend says so."""
     j, trainer = job.metadata.name, job.spec.trainer
     if len(f"{name(j, 'trainer')}-{trainer.nodes - 1}") > HOSTNAME_MAX:
         raise SpecError(f"metadata.name: {j!r} is too long for a trainer of {trainer.nodes} nodes: its pods' "
@@ -296,8 +209,10 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     if trainer.world_size > 1:
         ports["rendezvous"] = RENDEZVOUS_PORT
     claim = claim_name(job)
-    template = pod_template(job, "trainer", trainer.placement, args, ports, settings, restart_policy="Never",
+    template = pod_template(job, "trainer", trainer.placement, args, ports, settings, device=trainer.device,
+                            restart_policy="Never", config_hash=config_hash(job), shm=True,
                             out_volume={"persistentVolumeClaim": {"claimName": claim}} if claim else None)
+    template["metadata"].setdefault("annotations", {}).update(TRAINER_POD_ANNOTATIONS)
     if command:
         template["spec"]["containers"][0]["command"] = command
     template["spec"]["subdomain"] = name(j, "trainer-ranks")
@@ -312,25 +227,43 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
             {"action": "FailJob", "onExitCodes": {"containerName": MAIN, "operator": "NotIn", "values": [0]}},
         ]},
         "successPolicy": {"rules": [{"succeededIndexes": "0"}]},
-        "suspend": job.spec.suspend,
+        "suspend": True if queue_name(job) else job.spec.suspend,
         "template": template,
     }
-    meta = _meta(job, name(j, "trainer"), namespace, labels(j, "trainer"), owner)
+    meta = object_meta(name(j, "trainer"), namespace, {**labels(j, "trainer"), **_queued(job)}, owner)
     meta["annotations"] = {TEMPLATE_HASH: template_hash(spec), RESTARTS: str(restarts)}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 
+def _rank0(job: str) -> dict[str, str]:
+    return {**selector(job, "trainer"), COMPLETION_INDEX: "0"}
+
+
 def build_trainer_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
-    """The endpoint generators and the operator dial: rank 0 alone (the index-0 pod)."""
+    """The endpoint generators dial: rank 0's gRPC port alone (the index-0 pod), of the type the
+    spec asks (exposed beyond the cluster only with TLS: the spec refuses it otherwise)."""
+    j, trainer = job.metadata.name, job.spec.trainer
+    meta = object_meta(name(j, "trainer"), namespace, labels(j, "trainer"), owner)
+    if trainer.service.annotations:
+        meta["annotations"] = dict(trainer.service.annotations)
+    spec: dict[str, Any] = {"type": trainer.service_type, "selector": _rank0(j),
+                            "ports": [{"name": "grpc", "port": TRAINER_GRPC_PORT, "targetPort": "grpc",
+                                       "protocol": "TCP"}]}
+    if trainer.service_type == "LoadBalancer":
+        if trainer.service.load_balancer_source_ranges:
+            spec["loadBalancerSourceRanges"] = list(trainer.service.load_balancer_source_ranges)
+        if trainer.service.load_balancer_class:
+            spec["loadBalancerClass"] = trainer.service.load_balancer_class
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+
+
+def build_trainer_admin_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
+    """Rank 0's admin port (/status the operator reads), inside the cluster only."""
     j = job.metadata.name
-    return {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(job, name(j, "trainer"), namespace, labels(j, "trainer"), owner),
-        "spec": {"type": job.spec.trainer.service_type,
-                 "selector": {**selector(j, "trainer"), COMPLETION_INDEX: "0"},
-                 "ports": [{"name": "grpc", "port": TRAINER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
-                           {"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}]},
-    }
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": object_meta(name(j, "trainer-admin"), namespace, labels(j, "trainer"), owner),
+            "spec": {"type": "ClusterIP", "selector": _rank0(j),
+                     "ports": [{"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}]}}
 
 
 def build_trainer_ranks_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
@@ -340,38 +273,45 @@ def build_trainer_ranks_service(job: RLJob, namespace: str, owner: dict | None =
     j = job.metadata.name
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(job, name(j, "trainer-ranks"), namespace, labels(j, "trainer"), owner),
+        "metadata": object_meta(name(j, "trainer-ranks"), namespace, labels(j, "trainer"), owner),
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector(j, "trainer"),
                  "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT,
                             "protocol": "TCP"}]},
     }
 
 
+# ---- the ranker and the generators --------------------------------------------------
 def _deployment(job: RLJob, namespace: str, role: str, replicas: int, template: dict, owner: dict | None,
-                pool: str | None = None) -> dict:
+                pool: str | None = None, finished: bool = False) -> dict:
     j = job.metadata.name
+    stopped = job.spec.suspend or finished
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": _meta(job, name(j, role if role != "generator" else "gen", pool), namespace,
-                          labels(j, role, pool), owner),
-        "spec": {"replicas": 0 if job.spec.suspend else replicas, "selector": {"matchLabels": selector(j, role, pool)},
-                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "metadata": object_meta(name(j, role if role != "generator" else "gen", pool), namespace,
+                                {**labels(j, role, pool), **_queued(job)}, owner),
+        "spec": {"replicas": 0 if stopped else replicas, "selector": {"matchLabels": selector(j, role, pool)},
+                 # one pod at a time, without a surge pod that a full GPU pool could never place
+                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                  "template": template},
     }
 
 
-def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None) -> list[dict]:
+def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,
+                 finished: bool = False) -> list[dict]:
     """The ranker's Deployment and Service (its state in the pod; a restart relearns from history)."""
-    j = job.metadata.name
+    j, ranker = job.metadata.name, job.spec.ranker
     args = ["ranker", JOB_FILE, "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT),
             "--state", f"{OUT_MOUNT}/ranker.npz"]
-    template = pod_template(job, "ranker", job.spec.ranker.placement, args,
-                            {"grpc": RANKER_GRPC_PORT, "admin": ADMIN_PORT}, settings)
-    deployment = _deployment(job, namespace, "ranker", 1, template, owner)
+    placement = ranker.placement if ranker.placement.resources else ranker.placement.model_copy(
+        update={"resources": RANKER_RESOURCES})
+    template = pod_template(job, "ranker", placement, args, {"grpc": RANKER_GRPC_PORT, "admin": ADMIN_PORT},
+                            settings, device=ranker.device if ranker.predictor == "causal-lm" else "cpu",
+                            config_hash=config_hash(job), extra_labels=_queued(job))
+    deployment = _deployment(job, namespace, "ranker", 1, template, owner, finished=finished)
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     service = {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(job, name(j, "ranker"), namespace, labels(j, "ranker"), owner),
+        "metadata": object_meta(name(j, "ranker"), namespace, labels(j, "ranker"), owner),
         "spec": {"selector": selector(j, "ranker"),
                  "ports": [{"name": "grpc", "port": RANKER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"}]},
     }
@@ -379,10 +319,11 @@ def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | N
 
 
 def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Settings, trainer_address: str,
-                     owner: dict | None = None, origin: dict[str, str] | None = None) -> dict:
+                     owner: dict | None = None, origin: dict[str, str] | None = None,
+                     finished: bool = False) -> dict:
     """One pool's Deployment. `trainer_address` is host:port of the trainer's Service (in
     another cluster: its external address); `origin` labels mark objects made for a job in
-    another cluster."""
+    another cluster; `finished`: the job is over, the pool is scaled to 0."""
     pools = {p.name: p for p in job.spec.generators.pools}
     pool = pools[pool_name]
     replicas = job.spec.generators.pool_replicas()[pool_name]
@@ -390,26 +331,38 @@ def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Setti
             "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT), "--relay-port", str(RELAY_PORT),
             "--advertise-host", "$(POD_IP)"]
     template = pod_template(job, "generator", pool.placement, args, {"relay": RELAY_PORT, "admin": ADMIN_PORT},
-                            settings, pool=pool_name)
-    deployment = _deployment(job, namespace, "generator", replicas, template, owner, pool_name)
+                            settings, device=pool.engine.device, pool=pool_name,
+                            config_hash=config_hash(job, pool_name),
+                            shm=True, extra_labels={**_queued(job), **(origin or {})})
+    deployment = _deployment(job, namespace, "generator", replicas, template, owner, pool_name, finished)
     if origin:
         deployment["metadata"]["labels"].update(origin)
-        template["metadata"]["labels"].update(origin)
     return deployment
 
 
-def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None) -> list[dict]:
-    """Every object in the RLJob's own cluster (pools with a clusterRef are built apart)."""
+def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,
+                   token: str | None = None, finished: bool = False) -> list[dict]:
+    """Every object in the RLJob's own cluster (pools with a clusterRef are built apart).
+    `token`: the job's token (perimeter.job_token) when the operator mints it; `finished`:
+    the job is Succeeded or Failed, its Deployments at 0 replicas."""
     j = job.metadata.name
     trainer_address = f"{name(j, 'trainer')}.{namespace}.svc:{TRAINER_GRPC_PORT}"
     claim = build_checkpoint_claim(job, namespace, owner)
-    out = [build_configmap(job, namespace, owner), *([claim] if claim else []),
-           build_trainer(job, namespace, settings, owner),
-           build_trainer_service(job, namespace, owner), build_trainer_ranks_service(job, namespace, owner)]
+    out = [build_configmap(job, namespace, owner)]
+    if minted_token(job):
+        if token is None:
+            raise ValueError("the job's token is minted by the operator: pass it (perimeter.job_token)")
+        out.append(build_token_secret(job, namespace, token, owner))
+    if settings.network_policy:
+        out += build_network_policies(job, namespace, settings, owner, operator_namespace=settings.namespace)
+    out += [*([claim] if claim else []), build_trainer(job, namespace, settings, owner),
+            build_trainer_service(job, namespace, owner), build_trainer_admin_service(job, namespace, owner),
+            build_trainer_ranks_service(job, namespace, owner)]
     if uses_ranker(job):
-        out += build_ranker(job, namespace, settings, owner)
+        out += build_ranker(job, namespace, settings, owner, finished)
     for pool in job.spec.generators.pools:
         if not pool.cluster_ref:
-            out.append(build_generators(job, pool.name, namespace, settings, trainer_address, owner))
+            out.append(build_generators(job, pool.name, namespace, settings, trainer_address, owner,
+                                        finished=finished))
     return out
 

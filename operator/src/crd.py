@@ -18,9 +18,20 @@ from pydantic import BaseModel
 from streamrl.operator.clusters import ClusterPhase, RLClusterSpec
 from streamrl.operator.phases import JobPhase
 from streamrl.spec import GROUP, KIND, VERSION, RLJobSpec
+from streamrl.spec.job import NAME_MAX, NAME_PATTERN, NAME_RULE
 
 PLURAL, SHORT = "rljobs", "rlj"
-CONDITIONS = ("Ready", "Progressing", "Suspended", "Complete", "Failed", "ScalingLimited", "ClustersReady")
+CONDITIONS = ("Ready", "Progressing", "Suspended", "Complete", "Failed", "PodsReady", "ScalingLimited",
+              "ClustersReady")
+NAME_CEL = {"rule": f"!has(self.metadata) || !has(self.metadata.name) || "
+                    f"(self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {NAME_MAX})",
+            "message": f"metadata.name {NAME_RULE}", "fieldPath": ".metadata.name"}
+"""On the RLJob itself: a name every child's name can be made from (the spec model says the same)."""
+IMMUTABLE = ("algorithm.groupSize", "algorithm.promptsPerStep", "algorithm.seed", "task.name", "task.seed",
+             "task.numPrompts", "task.curriculum")
+"""What a checkpoint must match to be resumed (the trainer's JobIdentity, model shape aside):
+changing it on a running job would make the rolled trainer refuse its own checkpoint and
+spend the restart budget, so the API server refuses the change (CEL transition rules)."""
 
 # Cross-field rules, by the spec path of the object they sit on (mirroring the spec models' validators).
 CEL_RULES: dict[str, list[dict[str, str]]] = {
@@ -30,6 +41,10 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
                  "(has(self.trainer) && self.trainer.serviceType != 'ClusterIP')",
          "message": "pools in another cluster (clusterRef) need trainer.serviceType NodePort or LoadBalancer",
          "fieldPath": ".trainer.serviceType"},
+        {"rule": "!has(self.trainer) || !has(self.trainer.serviceType) || self.trainer.serviceType == 'ClusterIP' || "
+                 "(has(self.security) && has(self.security.tls))",
+         "message": "trainer.serviceType NodePort or LoadBalancer puts the trainer's gRPC port outside the cluster: "
+                    "security.tls is required", "fieldPath": ".security.tls", "reason": "FieldValueRequired"},
         {"rule": "!has(self.pipeline) || !has(self.pipeline.mode) || self.pipeline.mode != 'colocated' || "
                  "!has(self.trainer) || ((has(self.trainer.nodes) ? self.trainer.nodes : 1) == 1 && "
                  "(has(self.trainer.processesPerNode) ? self.trainer.processesPerNode : 1) == 1)",
@@ -158,6 +173,10 @@ def spec_schema() -> dict:
     schema = model_schema(RLJobSpec)
     for path, rules in CEL_RULES.items():
         _at(schema, path)["x-kubernetes-validations"] = rules
+    for path in IMMUTABLE:
+        _at(schema, path)["x-kubernetes-validations"] = [{
+            "rule": "self == oldSelf",
+            "message": f"{path} is immutable: the job's checkpoints hold its value (create a new RLJob to change it)"}]
     return schema
 
 
@@ -272,7 +291,7 @@ PRINTER_COLUMNS = [
 
 
 def _crd(kind: str, plural: str, short: str, scope: str, description: str, spec: dict, status: dict,
-         subresources: dict, columns: list[dict]) -> dict:
+         subresources: dict, columns: list[dict], rules: list[dict] | None = None) -> dict:
     """A one-version CustomResourceDefinition of StreamRL's API group."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -291,6 +310,7 @@ def _crd(kind: str, plural: str, short: str, scope: str, description: str, spec:
                     "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
                                    "metadata": {"type": "object"}, "spec": spec, "status": status},
                     "required": ["spec"],
+                    **({"x-kubernetes-validations": rules} if rules else {}),
                 }},
                 "subresources": subresources,
                 "additionalPrinterColumns": columns,
@@ -309,6 +329,7 @@ def rljob_crd() -> dict:
                                  "statusReplicasPath": ".status.generators.replicas",
                                  "labelSelectorPath": ".status.generators.labelSelector"}},
         PRINTER_COLUMNS,
+        [NAME_CEL],
     )
 
 

@@ -3,12 +3,16 @@ kopf's memo, so tests run the real handlers against an emulated API server. `reg
 puts them on a registry with the settings' intervals; importing this module registers
 nothing and reads no environment.
 
-RLJob: create/resume/spec change -> apply every child (reconcile.py), write the status
-(observe.py, phases.py) and post a Resumed Event when the trainer reports a start resumed
-from a checkpoint. A timer refreshes the status and supervises the trainer group. A daemon per RLJob runs the
-autoscaler (autoscaler.py) every spec.autoscaling.intervalSeconds. Deletion: children in
-other clusters are removed through a finalizer (owner references cannot cross clusters).
-RLCluster: checked and probed (clusters.py); the result is its status.
+RLJob: one reconcile (`reconcile_rljob`), run on create, resume and spec change and again by
+a timer every status interval, under a per-job lock so the two never interleave: apply every
+child here and in other clusters (drift repaired, removed keys gone, nothing written when
+nothing changed), supervise the trainer group, prune, keep `spec.generators.replicas` (the
+/scale field) set, observe, write the status (only what changed) and post a Resumed Event
+when the trainer reports a start resumed from a checkpoint. A job that ended (Succeeded,
+Failed) keeps no GPU and never trains again; the API server's refusals become phase Invalid
+with its message. A daemon per RLJob runs the autoscaler (autoscaler.py). Deletion: children
+in other clusters are removed through a finalizer (owner references cannot cross clusters).
+RLCluster: checked and probed (clusters.py) on change and on a timer; the result is its status.
 """
 
 from __future__ import annotations
@@ -18,50 +22,131 @@ import datetime
 import httpx
 import kopf
 
-from streamrl.operator import clusters, reconcile
+from streamrl.operator import clusters, reconcile, remote
 from streamrl.operator.autoscaler import autoscale
-from streamrl.operator.builders import build_checkpoint_claim, build_children, build_trainer, owner_reference
-from streamrl.operator.kube import KubeError
+from streamrl.operator.builders import build_children
+from streamrl.operator.kube import KubeError, path_of
+from streamrl.operator.names import owner_reference
 from streamrl.operator.observe import observe
-from streamrl.operator.phases import JobPhase, Observed, derive, resumed_event
+from streamrl.operator.perimeter import job_token, token_key
+from streamrl.operator.phases import JobPhase, Observed, derive, resumed_event, status_changes
+from streamrl.operator.pods import minted_token
 from streamrl.operator.runtime import Runtime
+from streamrl.operator.scaling import REPLICAS_FROM_POOLS
 from streamrl.operator.settings import Settings
-from streamrl.spec import GROUP, VERSION, SpecError
+from streamrl.spec import API_VERSION, GROUP, KIND, VERSION, RLJob, SpecError
 
 RLJOBS, RLCLUSTERS = (GROUP, VERSION, "rljobs"), (GROUP, VERSION, "rlclusters")
+CLUSTER_PROBE_INTERVAL_S = 60.0
+"""How often a registered RLCluster is probed again (reachable, and allowed what the operator does there)."""
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def reconcile_rljob(body, meta, namespace, status, patch, memo, logger, **_):
+async def reconcile_rljob(meta, namespace, memo, logger, **_):
+    """One round, on the RLJob as the API server holds it now (not kopf's snapshot, which a
+    round waiting for the lock may have outlived); its status is written before the lock is
+    released, so the next round reads what this one decided."""
     runtime: Runtime = memo.runtime
-    generation = int(meta.get("generation") or 1)
-    previous = (status or {}).get("conditions")
+    path = path_of(API_VERSION, KIND, namespace, meta["name"])
+    async with runtime.lock(f"{namespace}/{meta['name']}"):
+        body = await runtime.kube.get(path)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        status = body.get("status") or {}
+
+        async def record(counts: dict) -> None:  # what must outlive a crash before the round's end
+            await runtime.kube.patch(f"{path}/status", {"status": {"trainer": counts}})
+
+        new = await _reconcile(runtime, body, namespace, status, logger, record)
+        diff = status_changes(status, new)
+        if diff:
+            await runtime.kube.patch(f"{path}/status", {"status": diff})
+
+
+def _final(status: dict) -> tuple[JobPhase, str] | None:
+    """The phase the job ended in, when it did (Succeeded, Failed: for good)."""
+    phase = JobPhase.of(status.get("phase"))
+    return (phase, status.get("message") or "") if phase is not None and phase.is_final else None
+
+
+async def _token(runtime: Runtime, body, namespace: str, job: RLJob) -> str | None:
+    if not minted_token(job):
+        return None
+    if runtime.token_key is None:
+        runtime.token_key = await token_key(runtime.kube, runtime.settings)
+    return job_token(runtime.token_key, runtime.cluster_id, namespace, job.metadata.name, body["metadata"]["uid"])
+
+
+async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logger, record) -> dict:
+    """One round for one RLJob; returns the status it should have."""
+    generation = int(body["metadata"].get("generation") or 1)
+    previous, final = status.get("conditions"), _final(status)
     owner = owner_reference(body)
+    key = f"{namespace}/{body['metadata']['name']}"
     try:
         job = reconcile.job_of(body)
-        children = build_children(job, namespace, runtime.settings, owner)
+        token = await _token(runtime, body, namespace, job)
+        children = build_children(job, namespace, runtime.settings, owner, token, finished=final is not None)
         reconcile.validate(children)
     except SpecError as err:
-        logger.warning("invalid RLJob: %s", err)
-        patch.status.update(derive(Observed(generation=generation, invalid=str(err)), previous, _now()))
-        return  # not retried: a new spec brings a new attempt
+        if JobPhase.of(status.get("phase")) != JobPhase.INVALID or status.get("message") != str(err):
+            logger.warning("invalid RLJob: %s", err)
+        return derive(Observed(generation=generation, invalid=str(err)), previous, _now())
     trainer = next(c for c in children if c["kind"] == "Job")
     claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
-    await reconcile.apply(runtime, [c for c in children if c is not trainer and c is not claim], logger)
-    claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger)
-    group = await reconcile.ensure_trainer(runtime, trainer, _count(status, "restarts"),
-                                           reconcile.restart_budget(job, runtime.settings), logger,
-                                           _count(status, "preemptions"))
-    await reconcile.prune(runtime, job, namespace)
-    problem = await reconcile.apply_remote(runtime, job, namespace)
-    observed = await observe(runtime, job, namespace, generation, problem, status, group, claim_problem)
+    problem, refused, group, claim_problem, seen = None, None, None, None, {}
+    try:
+        if final is None:
+            await _keep_scale_total(runtime, body, job, namespace, logger)
+        seen = await reconcile.apply_all(runtime, runtime.kube, key,
+                                         [c for c in children if c is not trainer and c is not claim], logger)
+        claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger)
+        group = await reconcile.ensure_trainer(runtime, job, trainer, _count(status, "restarts"),
+                                               reconcile.restart_budget(job, runtime.settings), logger,
+                                               _count(status, "preemptions"), finished=final is not None,
+                                               record=record)
+        await reconcile.prune(runtime, job, namespace, children, logger)
+        problem = await remote.apply_remote(runtime, job, namespace, token, logger, finished=final is not None)
+    except KubeError as err:
+        if not err.refused:
+            raise  # a conflict, throttling or the server's own trouble: kopf retries
+        refused = (err.reason or f"HTTP {err.status}", err.message)
+        if status.get("message", "").find(err.message) < 0:
+            logger.error("the API server refused an object of the job: %s", err)
+    observed = await observe(runtime, job, namespace, generation, problem, status, group, claim_problem,
+                             seen=seen, final=final, refused=refused)
     _announce_resume(runtime, body, namespace, status, observed)
-    patch.status.update(derive(observed, previous, _now()))
-    if problem:
-        raise kopf.TemporaryError(problem, delay=runtime.retry_delay_s)
+    new = derive(observed, previous, _now())
+    if new["phase"] != status.get("phase") and JobPhase(new["phase"]).is_final:
+        kopf.event(body, type="Normal" if new["phase"] == "Succeeded" else "Warning", reason=new["phase"],
+                   message=new["message"])
+    return new
+
+
+async def _keep_scale_total(runtime: Runtime, body, job: RLJob, namespace: str, logger) -> None:
+    """Keep spec.generators.replicas, the field the /scale subresource reads (HPA, KEDA and
+    `kubectl get --subresource=scale` fail while it does not exist), set: the sum of the pools'
+    replicas, followed when the pools change, until something else (/scale) writes another
+    total, which then spreads over the pools in proportion. The annotation REPLICAS_FROM_POOLS
+    remembers the total the pools gave."""
+    pools = sum(p.replicas for p in job.spec.generators.pools)
+    total = job.spec.generators.replicas
+    derived = (body["metadata"].get("annotations") or {}).get(REPLICAS_FROM_POOLS)
+    if total is not None and (derived is None or str(total) != derived or str(pools) == derived):
+        return  # written by /scale (or the autoscaler) or already the pools' sum
+    path = path_of(API_VERSION, KIND, namespace, body["metadata"]["name"])
+    try:
+        await runtime.kube.patch(path, {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"],
+                                                     "annotations": {REPLICAS_FROM_POOLS: str(pools)}},
+                                        "spec": {"generators": {"replicas": pools}}})
+    except KubeError as err:
+        if err.status != 409:
+            raise
+        return  # the spec changed meanwhile: the next round decides again
+    logger.info("spec.generators.replicas set to %d, the pools' sum (the field /scale reads and writes)", pools)
 
 
 def _count(status, key: str) -> int:
@@ -82,34 +167,6 @@ def _announce_resume(runtime: Runtime, body, namespace: str, status, observed: O
     kopf.event(body, type="Normal", reason="Resumed", message=message)
 
 
-async def refresh_rljob_status(body, meta, namespace, status, patch, memo, logger, **_):
-    """The status from the children and the trainer; and the trainer group's supervision: a
-    failed group is restarted whole (within the budget), a replaced one created again."""
-    runtime: Runtime = memo.runtime
-    generation = int(meta.get("generation") or 1)
-    status = status or {}
-    if JobPhase.of(status.get("phase")) == JobPhase.INVALID or status.get("observedGeneration") != generation:
-        return  # the spec handler has not applied this generation yet (it writes the status then)
-    try:
-        job = reconcile.job_of(body)
-    except SpecError:
-        return
-    conditions = status.get("conditions") or []
-    # The cluster problem is the spec handler's finding (it retries until it clears); keep it.
-    problem = next((c.get("message") or None for c in conditions
-                    if c["type"] == "ClustersReady" and c["status"] == "False"), None)
-    owner = owner_reference(body)
-    claim = build_checkpoint_claim(job, namespace, owner)
-    claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger)
-    trainer = build_trainer(job, namespace, runtime.settings, owner)
-    group = await reconcile.ensure_trainer(runtime, trainer, _count(status, "restarts"),
-                                           reconcile.restart_budget(job, runtime.settings), logger,
-                                           _count(status, "preemptions"))
-    observed = await observe(runtime, job, namespace, generation, problem, status, group, claim_problem)
-    _announce_resume(runtime, body, namespace, status, observed)
-    patch.status.update(derive(observed, conditions, _now()))
-
-
 async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
     """Every spec.autoscaling.intervalSeconds, one autoscaler round (it does nothing unless
     mode is Internal, and says so in status.autoscaling when External)."""
@@ -124,49 +181,52 @@ async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
                 delay = retry_s
             await stopped.wait(delay)
     finally:  # the job is gone (or the operator stops): forget what was kept for it
-        runtime.scaling.pop(f"{namespace}/{name}", None)
-        runtime.unreadable.pop(f"{namespace}/{name}", None)
-        runtime.resumed.pop(f"{namespace}/{name}", None)
+        runtime.forget(f"{namespace}/{name}")
 
 
 def _has_remote_pools(spec, **_) -> bool:
-    return reconcile.has_remote_pools(spec)
+    return remote.has_remote_pools(spec)
 
 
 async def delete_remote_children(body, namespace, memo, logger, **_):
     """Owner references cannot cross clusters: remove what this job made elsewhere."""
     runtime: Runtime = memo.runtime
-    problem = await reconcile.remove_remote(runtime, body["metadata"]["name"], namespace, body["spec"], logger)
+    problem = await remote.remove_remote(runtime, body, namespace, logger)
     if problem:
         raise kopf.TemporaryError(problem, delay=runtime.retry_delay_s)
 
 
-async def register_cluster(body, spec, patch, memo, logger, **_):
+async def register_cluster(body, spec, status, patch, memo, logger, **_):
     runtime: Runtime = memo.runtime
     cluster = body["metadata"]["name"]
     result = await clusters.register(runtime, cluster, spec)
-    patch.status.update(result.status(_now()))
-    if result.problems:
+    new = result.status(_now(), status or {})
+    diff = status_changes(status or {}, new)
+    if diff:
+        patch.status.update(diff)
+    if result.problems and (status or {}).get("message") != new["message"]:
         logger.warning("RLCluster %s inactive: %s", cluster, "; ".join(result.problems))
 
 
 async def forget_cluster(body, memo, **_):
-    client = memo.runtime.clusters.pop(body["metadata"]["name"], None)
-    if client is not None:
-        await client.close()
+    await clusters.forget(memo.runtime, body["metadata"]["name"])
 
 
-def register(registry: kopf.OperatorRegistry, settings: Settings) -> kopf.OperatorRegistry:
-    """Put every handler on `registry`, the status timer at the settings' interval."""
+def register(registry: kopf.OperatorRegistry, settings: Settings,
+             cluster_probe_s: float = CLUSTER_PROBE_INTERVAL_S) -> kopf.OperatorRegistry:
+    """Put every handler on `registry`, the reconcile timer at the settings' interval."""
     kopf.on.update(*RLJOBS, field="spec", registry=registry)(reconcile_rljob)
     for on in (kopf.on.create, kopf.on.resume):
         on(*RLJOBS, registry=registry)(reconcile_rljob)
     interval = settings.status_interval_s
-    kopf.timer(*RLJOBS, interval=interval, initial_delay=interval / 2, registry=registry)(refresh_rljob_status)
+    kopf.timer(*RLJOBS, id="refresh", interval=interval, initial_delay=interval / 2, registry=registry)(
+        reconcile_rljob)
     kopf.daemon(*RLJOBS, cancellation_backoff=2.0, cancellation_timeout=5.0, registry=registry)(autoscale_rljob)
     kopf.on.delete(*RLJOBS, when=_has_remote_pools, registry=registry)(delete_remote_children)
     kopf.on.update(*RLCLUSTERS, field="spec", registry=registry)(register_cluster)
     for on in (kopf.on.create, kopf.on.resume):
         on(*RLCLUSTERS, registry=registry)(register_cluster)
+    kopf.timer(*RLCLUSTERS, id="probe", interval=cluster_probe_s, initial_delay=cluster_probe_s,
+               registry=registry)(register_cluster)
     kopf.on.delete(*RLCLUSTERS, optional=True, registry=registry)(forget_cluster)
     return registry

@@ -1,10 +1,13 @@
 """A small asynchronous Kubernetes client (httpx) for the operator's own writes, in its
 cluster and in registered remote clusters, plus kubeconfig checks.
 
-The operator creates or merge-patches whole objects it owns, reads a few, and deletes by
-name; no watches (kopf does those). Kubeconfigs of remote clusters are accepted the way
-Kueue's MultiKueue accepts them: self-contained, no exec plugins, auth providers, file
-paths or disabled TLS verification.
+Objects the operator owns are written with server-side apply under one field manager
+(`FIELD_MANAGER`, conflicts forced): the server merges, drops the keys the operator stopped
+applying and writes nothing when nothing changed. It also creates a few objects once
+(`create`), reads some and deletes by name; no watches (kopf does those). The in-cluster
+token is re-read when the kubelet rotates it. Kubeconfigs of remote clusters are accepted
+the way Kueue's MultiKueue accepts them: self-contained, no exec plugins, auth providers,
+file paths or disabled TLS verification; their client keys stay in memory.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import base64
 import os
 import ssl
 import tempfile
+import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +25,31 @@ import httpx
 
 PLURALS = {"Namespace": "namespaces", "ConfigMap": "configmaps", "Service": "services", "Secret": "secrets",
            "Deployment": "deployments", "Job": "jobs", "RLJob": "rljobs", "RLCluster": "rlclusters",
-           "Event": "events", "PersistentVolumeClaim": "persistentvolumeclaims"}
+           "Event": "events", "PersistentVolumeClaim": "persistentvolumeclaims", "Pod": "pods",
+           "NetworkPolicy": "networkpolicies", "SelfSubjectAccessReview": "selfsubjectaccessreviews"}
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+FIELD_MANAGER = "streamrl-operator"
+"""The field manager of every write (managedFields shows it; server-side apply owns by it)."""
+TOKEN_REREAD_S = 60.0
+"""How often a token file is read again at the latest (client-go's period): the kubelet
+rotates projected service-account tokens well before they expire."""
 
 
 class KubeError(RuntimeError):
-    def __init__(self, status: int, message: str):
-        super().__init__(f"{status}: {message}")
+    """The API server refused a request: its HTTP status, its reason (Invalid, Forbidden,
+    AlreadyExists...) and its message."""
+
+    def __init__(self, status: int, message: str, reason: str = ""):
+        super().__init__(f"{status}{' ' + reason if reason else ''}: {message}")
         self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def refused(self) -> bool:
+        """A 4xx that asking again will not change (not 409 Conflict, not 429 Too Many Requests):
+        the object as built, or the operator's rights, must change first."""
+        return 400 <= self.status < 500 and self.status not in (409, 429)
 
 
 def path_of(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -41,20 +63,65 @@ def path_for(obj: dict) -> str:
     return path_of(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
 
 
+class _TokenFile(httpx.Auth):
+    """`Authorization: Bearer <the file's token>`, read again when the file changed, at least
+    every TOKEN_REREAD_S, and at once after a 401 (then the request is sent once more)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._token, self._read_at, self._mtime = "", 0.0, 0.0
+
+    def _current(self, force: bool = False) -> str:
+        mtime = self.path.stat().st_mtime
+        if force or mtime != self._mtime or time.monotonic() - self._read_at > TOKEN_REREAD_S:
+            self._token, self._mtime, self._read_at = self.path.read_text().strip(), mtime, time.monotonic()
+        return self._token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._current()}"
+        response = yield request
+        if response.status_code == 401:
+            request.headers["Authorization"] = f"Bearer {self._current(force=True)}"
+            yield request
+
+
+def _load_cert_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """ssl loads a client certificate from files only: anonymous in-memory files where Linux
+    has them (memfd), so a remote cluster's key never reaches a filesystem; elsewhere a
+    private temporary directory, removed at once."""
+    if hasattr(os, "memfd_create"):
+        fds = [os.memfd_create(n, os.MFD_CLOEXEC) for n in ("tls.crt", "tls.key")]
+        try:
+            for fd, data in zip(fds, (cert, key)):
+                os.write(fd, data)
+            context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    with tempfile.TemporaryDirectory() as tmp:  # pragma: no cover (not Linux)
+        paths = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        for path, data in zip(paths, (cert, key)):
+            path.write_bytes(data)
+        context.load_cert_chain(*paths)
+
+
 class KubeClient:
     def __init__(self, server: str, token: str | None = None, verify: ssl.SSLContext | bool = True,
-                 name: str = "local"):
+                 name: str = "local", token_file: Path | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.name = name
         self.server = server.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.server, headers=headers, verify=verify, timeout=15.0)
+        self._http = httpx.AsyncClient(base_url=self.server, headers=headers, verify=verify, timeout=15.0,
+                                       auth=_TokenFile(token_file) if token_file else None)
 
     # ---- construction ---------------------------------------------------------------
     @classmethod
     def in_cluster(cls) -> KubeClient:
+        """The pod's service account; its projected token is re-read as the kubelet rotates it."""
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
         context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-        return cls(f"https://{host}:{port}", (SERVICE_ACCOUNT / "token").read_text().strip(), context)
+        return cls(f"https://{host}:{port}", verify=context, token_file=SERVICE_ACCOUNT / "token")
 
     @classmethod
     def from_kubeconfig(cls, config: dict, name: str) -> KubeClient:
@@ -68,11 +135,8 @@ class KubeClient:
             ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
             context = ssl.create_default_context(cadata=ca)
         if user.get("client-certificate-data"):
-            with tempfile.TemporaryDirectory() as tmp:  # ssl loads chains from files only
-                cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-                cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-                key.write_bytes(base64.b64decode(user["client-key-data"]))
-                context.load_cert_chain(cert, key)
+            _load_cert_chain(context, base64.b64decode(user["client-certificate-data"]),
+                             base64.b64decode(user["client-key-data"]))
         return cls(cluster["server"], user.get("token"), context, name=name)
 
     # ---- requests -------------------------------------------------------------------
@@ -81,43 +145,47 @@ class KubeClient:
         if resp.status_code == 404 and method in ("GET", "DELETE"):
             return None
         if resp.status_code >= 400:
+            reason = ""
             try:
-                message = resp.json().get("message", resp.text)
-            except ValueError:
+                body = resp.json()
+                message, reason = body.get("message", resp.text), body.get("reason", "")
+            except (ValueError, AttributeError):
                 message = resp.text
-            raise KubeError(resp.status_code, f"{method} {path}: {message}")
+            raise KubeError(resp.status_code, f"{method} {path}: {message}", reason)
         return resp.json() if resp.content else {}
 
     async def get(self, path: str) -> dict | None:
         return await self._request("GET", path)
 
     async def create(self, obj: dict) -> dict:
+        """POST the object (KubeError 409 when it exists)."""
         meta = obj["metadata"]
-        return await self._request("POST", path_of(obj["apiVersion"], obj["kind"], meta.get("namespace")), json=obj)
+        return await self._request("POST", path_of(obj["apiVersion"], obj["kind"], meta.get("namespace")),
+                                   json=obj, params={"fieldManager": FIELD_MANAGER})
 
     async def patch(self, path: str, body: dict) -> dict:
-        return await self._request("PATCH", path, json=body,
+        """A JSON merge patch (status writes, replicas guarded by a resourceVersion)."""
+        return await self._request("PATCH", path, json=body, params={"fieldManager": FIELD_MANAGER},
                                    headers={"Content-Type": "application/merge-patch+json"})
+
+    async def apply(self, obj: dict) -> dict:
+        """Server-side apply: the object becomes what `obj` says for every field the operator
+        applies (created when missing; fields it applied before and leaves out now are
+        removed; fields others own are kept; nothing is written when nothing changes).
+        Conflicts with other managers are forced: these fields are the operator's."""
+        return await self._request("PATCH", path_for(obj), json=obj,
+                                   params={"fieldManager": FIELD_MANAGER, "force": "true"},
+                                   headers={"Content-Type": "application/apply-patch+yaml"})
 
     async def delete(self, path: str, propagation: str = "Background") -> bool:
         """True when something was deleted. Background: the object goes now, its dependents
         after; Foreground: it stays (with a deletionTimestamp) until its dependents are gone."""
         return await self._request("DELETE", path, json={"propagationPolicy": propagation}) is not None
 
-    async def apply(self, obj: dict) -> tuple[str, dict]:
-        """Create the object, or merge-patch it to the desired state when it differs;
-        ("created"|"updated"|"unchanged", object). Fields the server or others filled in
-        (a Service's node port, a Deployment's status) are left alone."""
-        current = await self.get(path_for(obj))
-        if current is None:
-            return "created", await self.create(obj)
-        if contains(current, obj):
-            return "unchanged", current
-        return "updated", await self.patch(path_for(obj), obj)
-
-    async def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str) -> list[dict]:
-        reply = await self._request("GET", path_of(api_version, kind, namespace),
-                                    params={"labelSelector": label_selector})
+    async def list(self, api_version: str, kind: str, namespace: str | None, label_selector: str = "",
+                   field_selector: str = "") -> list[dict]:
+        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        reply = await self._request("GET", path_of(api_version, kind, namespace), params=params)
         return (reply or {}).get("items", [])
 
     async def version(self) -> dict:
@@ -125,17 +193,6 @@ class KubeClient:
 
     async def close(self) -> None:
         await self._http.aclose()
-
-
-def contains(current: Any, desired: Any) -> bool:
-    """Whether `current` already has every field of `desired` (maps: a superset; lists:
-    the same length, item by item)."""
-    if isinstance(desired, dict):
-        return isinstance(current, dict) and all(k in current and contains(current[k], v) for k, v in desired.items())
-    if isinstance(desired, list):
-        return isinstance(current, list) and len(current) == len(desired) and all(
-            contains(c, d) for c, d in zip(current, desired))
-    return current == desired
 
 
 def _current(config: dict) -> tuple[dict, dict]:

@@ -35,6 +35,19 @@ def login(**kwargs) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
+def kopf_settings() -> kopf.OperatorSettings:
+    """kopf's settings for StreamRL: its finalizer and progress records under streamrl.io (not
+    kopf.zalando.org), no scanning of CRDs and namespaces (the chart grants no cluster-wide
+    list on them), Events posted (restarts, preemptions, terminal phases)."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = "streamrl.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="streamrl.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="streamrl.io",
+                                                                          key="last-handled-configuration")
+    settings.scanning.disabled = True
+    return settings
+
+
 def operator_registry(settings: Settings) -> kopf.OperatorRegistry:
     """Every handler, and the login, on a registry of their own."""
     registry = kopf.OperatorRegistry()
@@ -52,7 +65,8 @@ async def serve(settings: Settings) -> None:
              settings.prometheus_url or "only what RLJobs name", settings.metrics_port or "(off)",
              settings.status_interval_s)
     try:
-        await kopf.operator(registry=operator_registry(settings), standalone=True, clusterwide=not namespaces,
+        await kopf.operator(registry=operator_registry(settings), settings=kopf_settings(), standalone=True,
+                            clusterwide=not namespaces,
                             namespaces=namespaces, memo=kopf.Memo(runtime=runtime),
                             liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz")
     finally:

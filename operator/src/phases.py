@@ -27,6 +27,13 @@ class JobPhase(StrEnum):
         """Nothing more happens to this generation of the job (nothing to scale or refresh)."""
         return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.INVALID)
 
+    @property
+    def is_final(self) -> bool:
+        """The job is over for good: its pools and ranker are at 0 and its trainer is never
+        created again (to train again, create the RLJob anew). Invalid is not final: a new spec
+        brings a new attempt."""
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+
     @classmethod
     def of(cls, value: str | None) -> JobPhase | None:
         """The phase a status records; None before the first status (or an unknown string)."""
@@ -44,7 +51,8 @@ class TrainerGroup:
     action: str
     """created | unchanged | updated | rolling (replaced for a new spec) | restarting (a failed
     group deleted, to be created again) | waiting (the old Job is still being deleted) | failed
-    (failed with no restart left) | finished"""
+    (failed with no restart left) | suspended (no Job while suspended: Kueue owns its suspend) |
+    finished"""
     restarts: int
     """Restarts after failures, counted against the budget."""
     message: str = ""
@@ -93,6 +101,33 @@ class Observed:
     scaling_limited: tuple[str, str] | None = None
     """(reason, message) when the autoscaler cannot help (trainer-bound, every pool at its
     maximum while generation-bound); None = not limited or not autoscaled."""
+    final: tuple[JobPhase, str] | None = None
+    """(phase, message) the job already ended in (Succeeded or Failed): it stays there."""
+    refused: tuple[str, str] | None = None
+    """(reason, message) of the API server refusing a child the spec made (a 4xx but 409 and
+    429): phase Invalid until the spec changes."""
+    pod_problems: tuple[tuple[str, str], ...] = ()
+    """(reason, message) of what keeps the job's pods from running (unschedulable, an image
+    that cannot be pulled, pods refused at admission, a crash loop), worst first."""
+
+
+def _indexes(ranges: str) -> set[int]:
+    """A Job's completedIndexes ("0-2,5") as a set."""
+    out: set[int] = set()
+    for part in filter(None, (ranges or "").split(",")):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def rank0_succeeded(job_status: dict | None) -> bool:
+    """The trainer finished: rank 0's pod (index 0) succeeded. A multi-node Job's other indexes
+    may exit 0 while rank 0 still gathers and saves the final model, so `status.succeeded` is
+    no proof; the Job's Complete or SuccessCriteriaMet condition (its successPolicy names index
+    0) or index 0 among completedIndexes are."""
+    status = job_status or {}
+    return any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
+               for c in status.get("conditions") or []) or 0 in _indexes(status.get("completedIndexes", ""))
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, generation: int, previous: dict, now: str) -> dict:
@@ -107,17 +142,25 @@ def _job_finished(job_status: dict | None, kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True" for c in (job_status or {}).get("conditions") or [])
 
 
+FINISHED = "the trainer finished every iteration; generators and ranker scaled to 0"
+AGAIN = "to train again, create the RLJob anew"
+
+
 def _phase(obs: Observed) -> tuple[JobPhase, str]:
     trainer = obs.trainer
     if obs.invalid:
         return JobPhase.INVALID, obs.invalid
-    if _job_finished(obs.trainer_job, "Complete") or (obs.trainer_job or {}).get("succeeded"):
-        return JobPhase.SUCCEEDED, "the trainer finished every iteration"
+    if obs.refused:
+        return JobPhase.INVALID, f"the API server refused an object of the job ({obs.refused[0]}): {obs.refused[1]}"
+    if obs.final:
+        return obs.final
+    if rank0_succeeded(obs.trainer_job):
+        return JobPhase.SUCCEEDED, FINISHED
     group = obs.trainer_group
     replacing = group is not None and group.replacing
     if _job_finished(obs.trainer_job, "Failed") and not replacing:
-        return JobPhase.FAILED, (group.message if group and group.message else
-                                 "the trainer failed; see its pods' logs")
+        why = group.message if group and group.message else "the trainer failed; see its pods' logs"
+        return JobPhase.FAILED, f"{why}; generators and ranker scaled to 0 ({AGAIN})"
     if obs.suspended:  # its group stopped on SIGTERM (saving a checkpoint) and is created again, suspended
         return JobPhase.SUSPENDED, "spec.suspend is true: every role is scaled to zero"
     if replacing:
@@ -128,6 +171,10 @@ def _phase(obs: Observed) -> tuple[JobPhase, str]:
         return JobPhase.PENDING, obs.claim_problem
     if obs.trainer_unreadable:
         return JobPhase.PENDING, f"the trainer's /status is unreadable: {obs.trainer_unreadable}"
+    if obs.pod_problems:
+        reason, message = obs.pod_problems[0]
+        more = len(obs.pod_problems) - 1
+        return JobPhase.PENDING, f"{reason}: {message}" + (f" (and {more} more problem(s))" if more else "")
     return JobPhase.PENDING, trainer.phase.value if trainer else "waiting for the trainer and generators to start"
 
 
@@ -165,14 +212,16 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
         ready_reason = "AllRolesReady" if all_ready else "RolesStarting"
         ready_message = f"trainer {'running' if trainer_ready else 'not running'}, {ranks}, {generators}"
     terminal_failure = phase in (JobPhase.FAILED, JobPhase.INVALID)
+    failed_reason = "InvalidSpec" if obs.invalid else obs.refused[0] if obs.refused else phase.value
+    pods_reason, pods_message = obs.pod_problems[0] if obs.pod_problems else ("PodsRunning", "")
     conditions = [
         _condition("Ready", all_ready, ready_reason, ready_message, g, previous, now),
         _condition("Progressing", phase == JobPhase.RUNNING, phase.value, message, g, previous, now),
         _condition("Suspended", phase == JobPhase.SUSPENDED, "SpecSuspend" if obs.suspended else "NotSuspended", "",
                    g, previous, now),
         _condition("Complete", phase == JobPhase.SUCCEEDED, phase.value, "", g, previous, now),
-        _condition("Failed", terminal_failure, "InvalidSpec" if obs.invalid else phase.value,
-                   message if terminal_failure else "", g, previous, now),
+        _condition("Failed", terminal_failure, failed_reason, message if terminal_failure else "", g, previous, now),
+        _condition("PodsReady", not obs.pod_problems, pods_reason, pods_message, g, previous, now),
         _condition("ScalingLimited", obs.scaling_limited is not None,
                    obs.scaling_limited[0] if obs.scaling_limited else "NotLimited",
                    obs.scaling_limited[1] if obs.scaling_limited else "", g, previous, now),
@@ -183,6 +232,7 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
     status = {
         "phase": phase.value,
         "message": message,
+        **({"completionTime": now} if phase.is_final and obs.final is None else {}),
         "observedGeneration": g,
         "conditions": conditions,
         "generators": {"replicas": replicas, "readyReplicas": ready_generators, "labelSelector": obs.label_selector,
@@ -204,3 +254,22 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
     if obs.ranker is not None:
         status["ranker"] = obs.ranker
     return status
+
+
+def status_changes(old: dict, new: dict) -> dict:
+    """The merge patch that writes `new` over `old`: only what differs (None removes a key
+    `old` has); keys `new` does not name are left as they are (other writers' parts, progress
+    an unreachable trainer reported before). Empty when nothing changes: nothing is sent."""
+    out: dict = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            inner = status_changes(before, value)
+            if inner:
+                out[key] = inner
+        elif value is None:
+            if before is not None:
+                out[key] = None
+        elif value != before:
+            out[key] = value
+    return out

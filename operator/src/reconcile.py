@@ -1,45 +1,46 @@
-"""Making the clusters match an RLJob: parse its body, check the built children against
-Kubernetes's own schemas, apply them, supervise the trainer group (restarts within the
-budget, preemptions free), keep the checkpoint claim, prune what the spec no longer asks
-for, and create or update the pools that live in registered clusters (by origin labels,
-since owner references cannot cross clusters). Knows no phase: it returns what went wrong."""
+"""Making this cluster match an RLJob: parse its body, check the built children against
+Kubernetes's own schemas, apply them (server-side apply, skipped for an object unchanged
+since the operator last applied it), supervise the trainer group (restarts within the
+budget, preemptions free, never re-created once the job is over, `suspend` left to Kueue
+when Kueue queues it), keep the checkpoint claim and prune what the spec no longer asks
+for. Pools in other clusters: remote.py. Knows no phase: it returns what it did and what
+went wrong."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
+from collections.abc import Awaitable, Callable
 
-import httpx
 import kubernetes_validate
 
-from streamrl.operator.builders import (
-    PREEMPTED_EXIT_CODE,
-    RESTARTS,
-    TEMPLATE_HASH,
-    TRAINER_GRPC_PORT,
-    build_configmap,
-    build_generators,
-    claim_name,
-    generator_selector,
-    name,
-    uses_ranker,
-)
-from streamrl.operator.kube import KubeError, path_for, path_of
-from streamrl.operator.phases import TrainerGroup
+from streamrl.operator.builders import PREEMPTED_EXIT_CODE, claim_name, queue_name
+from streamrl.operator.kube import KubeClient, KubeError, path_for, path_of
+from streamrl.operator.names import RESTARTS, TEMPLATE_HASH, selector, serialized
+from streamrl.operator.phases import TrainerGroup, rank0_succeeded
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
-from streamrl.spec import API_VERSION, GROUP, KIND, RLJob, SpecError, parse_job
+from streamrl.spec import API_VERSION, KIND, RLJob, SpecError, parse_job
 
 KUBERNETES_VERSION = "1.33"
 """Schemas free-form parts are checked against."""
+PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
+                ("networking.k8s.io/v1", "NetworkPolicy"))
+"""Kinds of children a spec change can make unwanted (listed by the job's label; the claim and
+the trainer Job have their own lifecycles, the token Secret is deleted by name)."""
+
+Logger = logging.Logger | logging.LoggerAdapter
 
 
 def job_of(body) -> RLJob:
     """The RLJob a kopf body holds; SpecError naming each bad field."""
-    meta_name = body["metadata"]["name"]
+    meta = body["metadata"]
+    metadata = {"name": meta["name"], **({"labels": dict(meta["labels"])} if meta.get("labels") else {})}
     return parse_job({"apiVersion": body.get("apiVersion", API_VERSION), "kind": KIND,
-                      "metadata": {"name": meta_name}, "spec": dict(body.get("spec") or {})},
-                     source=f"rljob/{meta_name}")
+                      "metadata": metadata, "spec": dict(body.get("spec") or {})},
+                     source=f"rljob/{meta['name']}")
 
 
 def validate(objects: list[dict]) -> None:
@@ -53,11 +54,61 @@ def validate(objects: list[dict]) -> None:
                             f"{err.json_path}: {err.message} (check that role's placement)") from None
 
 
-async def apply(runtime: Runtime, objects: list[dict], logger: logging.Logger | logging.LoggerAdapter) -> None:
-    """Create or update each object in this cluster."""
+def _digest(obj: dict) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: list[dict],
+                    logger: Logger) -> dict[str, dict]:
+    """Server-side apply each object, unless the operator applied exactly this before and
+    the object has not changed since (same resourceVersion): an unchanged child costs one
+    GET and no write; a deleted or edited one is repaired. Returns each object as the
+    server holds it now, by API path."""
+    memory = runtime.applied.setdefault(key, {})
+    out: dict[str, dict] = {}
     for obj in objects:
-        action, _ = await runtime.kube.apply(obj)
-        logger.debug("%s %s/%s", action, obj["kind"], obj["metadata"]["name"])
+        path = path_for(obj)
+        current = await client.get(path)
+        digest = _digest(obj)
+        if current is not None:
+            meta = current["metadata"]
+            unchanged = memory.get((client.name, path)) == (digest, meta.get("resourceVersion"))
+            if meta.get("deletionTimestamp") or unchanged:
+                out[path] = current
+                continue
+        result = await client.apply(obj)
+        memory[(client.name, path)] = (digest, result["metadata"].get("resourceVersion"))
+        out[path] = result
+        if current is None:
+            logger.info("created %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
+        elif result["metadata"].get("resourceVersion") != current["metadata"].get("resourceVersion"):
+            logger.info("updated %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
+    return out
+
+
+def _where(client: KubeClient) -> str:
+    return "" if client.name == "local" else f" in cluster {client.name}"
+
+
+async def prune(runtime: Runtime, job: RLJob, namespace: str, desired: list[dict], logger: Logger) -> None:
+    """Delete this job's children of PRUNED_KINDS the spec no longer asks for (a removed
+    pool, the ranker of a job that stopped ranking, the exposure policy of a trainer no longer
+    exposed), and the minted token once the spec names its own. Runs when the desired set
+    changes (and once after the operator starts)."""
+    key = f"{namespace}/{job.metadata.name}"
+    wanted = frozenset(path_for(o) for o in desired)
+    if runtime.pruned.get(key) == wanted:
+        return
+    by_label = serialized({**selector(job.metadata.name), "app.kubernetes.io/managed-by": "streamrl-operator"})
+    for api_version, kind in PRUNED_KINDS:
+        for obj in await runtime.kube.list(api_version, kind, namespace, by_label):
+            path = path_of(api_version, kind, namespace, obj["metadata"]["name"])
+            if path not in wanted and await runtime.kube.delete(path):
+                logger.info("deleted %s %s: the spec no longer asks for it", kind, obj["metadata"]["name"])
+    token = path_of("v1", "Secret", namespace, f"{job.metadata.name}-token")
+    if token not in wanted and await runtime.kube.delete(token):
+        logger.info("deleted the minted token Secret: the spec names its own security.tokenFile")
+    runtime.pruned[key] = wanted
 
 
 def job_condition(job: dict | None, kind: str) -> dict | None:
@@ -92,38 +143,61 @@ def preemption(failed: dict, suspended: bool) -> str | None:
     return None
 
 
-async def ensure_trainer(runtime: Runtime, desired: dict, restarts: int, budget: int,
-                         logger: logging.Logger | logging.LoggerAdapter, preemptions: int = 0) -> TrainerGroup:
+async def _no_record(counts: dict) -> None:
+    return None
+
+
+async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: int, budget: int, logger: Logger,
+                         preemptions: int = 0, finished: bool = False,
+                         record: Callable[[dict], Awaitable[None]] = _no_record) -> TrainerGroup:
     """Make the trainer Job match `desired`, a whole group at a time. A Job cannot change its
-    pods once created: a new template (the spec changed) replaces the Job and its pods (a new
-    spec is a new attempt: the counts start again from 0); a failed Job (any one pod failing
-    fails it) is deleted and created again, every pod at once: free when it was stopped from
-    outside (a preemption, see `preemption`), else while `restarts` < `budget`.
-    Deletion is in the foreground: the new Job is created once the old one and its pods are
-    gone, so no new rank meets an old one at the rendezvous."""
+    pods once created: a new template (the spec or the config it loads changed) replaces the
+    Job and its pods (a new spec is a new attempt: the counts start again from 0); a failed
+    Job (any one pod failing fails it) is deleted and created again, every pod at once: free
+    when it was stopped from outside (a preemption, see `preemption`), else while `restarts`
+    < `budget`. Deletion is in the foreground: the new Job is created once the old one and its
+    pods are gone, so no new rank meets an old one at the rendezvous.
+    `finished` (the job is Succeeded or Failed): the Job is only read, never created again.
+    Queued by Kueue: its `suspend` is Kueue's (the Job is created suspended and Kueue admits
+    it); spec.suspend then means no Job at all.
+    The restarts so far are the failed Job's own (its RESTARTS annotation, set at creation);
+    `restarts` (the status's) counts only while there is no Job. Before a failed group is
+    deleted, the new counts are `record`ed (the status): an operator that dies in between
+    finds the same failed Job and counts the same restart again, not one more."""
     path = path_for(desired)
     current = await runtime.kube.get(path)
+    seen = (current or {}).get("status") or {}
+    if finished:
+        return TrainerGroup("finished", restarts, job_status=seen if current else None, preemptions=preemptions)
+    kueue = queue_name(job) is not None
     if current is None:
+        if kueue and job.spec.suspend:
+            return TrainerGroup("suspended", restarts, preemptions=preemptions)
         desired["metadata"]["annotations"][RESTARTS] = str(restarts)
-        await runtime.kube.create(desired)
+        try:
+            await runtime.kube.create(desired)
+        except KubeError as err:
+            if err.status != 409:  # 409: a concurrent round created it; the next one reads it
+                raise
         logger.info("created the trainer Job %s (group restarts so far: %d)", desired["metadata"]["name"], restarts)
         return TrainerGroup("created", restarts, preemptions=preemptions)
-    seen = current.get("status") or {}
     if current["metadata"].get("deletionTimestamp"):
         return TrainerGroup("waiting", restarts, "waiting for the previous trainer Job and its pods to be deleted",
                             seen, preemptions)
-    if job_condition(current, "Complete"):
+    if rank0_succeeded(current.get("status")):
         return TrainerGroup("finished", restarts, job_status=seen, preemptions=preemptions)
     wanted = desired["metadata"]["annotations"][TEMPLATE_HASH]
     if (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH) != wanted:
         await runtime.kube.delete(path, propagation="Foreground")
-        logger.info("the trainer's pod template changed: replacing the whole trainer group")
+        logger.info("the trainer's pod template or the config it loads changed: replacing the whole trainer group")
         return TrainerGroup("rolling", 0, "replacing the trainer group for the new spec", seen)
     failed = job_condition(current, "Failed")
     if failed:
+        restarts = int((current["metadata"].get("annotations") or {}).get(RESTARTS) or restarts)
         why = failed.get("message") or failed.get("reason") or "a trainer pod failed"
-        free = preemption(failed, bool((current.get("spec") or {}).get("suspend")))
+        free = preemption(failed, bool((current.get("spec") or {}).get("suspend")) or job.spec.suspend)
         if free:
+            await record({"restarts": restarts, "preemptions": preemptions + 1})
             await runtime.kube.delete(path, propagation="Foreground")
             logger.info("the trainer group was %s (%s): restarting every rank, not counted against the restart "
                         "budget", free, why)
@@ -132,19 +206,30 @@ async def ensure_trainer(runtime: Runtime, desired: dict, restarts: int, budget:
         if restarts >= budget:
             return TrainerGroup("failed", restarts, f"the trainer group failed after {restarts} restart(s) "
                                                     f"(budget {budget}): {why}", seen, preemptions)
+        await record({"restarts": restarts + 1, "preemptions": preemptions})
         await runtime.kube.delete(path, propagation="Foreground")
         logger.warning("the trainer group failed (%s): restarting every rank (restart %d of %d)", why,
                        restarts + 1, budget)
         return TrainerGroup("restarting", restarts + 1,
                             f"restarting the trainer group (restart {restarts + 1} of {budget}): {why}", seen,
                             preemptions)
-    desired["metadata"]["annotations"][RESTARTS] = current["metadata"]["annotations"].get(RESTARTS, str(restarts))
-    action, _ = await runtime.kube.apply(desired)  # what a Job may change: suspend
-    return TrainerGroup(action, restarts, job_status=seen, preemptions=preemptions)
+    if kueue:
+        if job.spec.suspend:  # Kueue owns `suspend`: a suspended job has no Job at all
+            await runtime.kube.delete(path, propagation="Foreground")
+            logger.info("spec.suspend: deleting the trainer Job (Kueue owns its suspend); it is created again, "
+                        "for Kueue to admit, when the job resumes")
+            return TrainerGroup("suspended", restarts, job_status=seen, preemptions=preemptions)
+        return TrainerGroup("unchanged", restarts, job_status=seen, preemptions=preemptions)
+    if bool((current.get("spec") or {}).get("suspend")) != job.spec.suspend:  # what a Job may change
+        await runtime.kube.patch(path, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                                        "spec": {"suspend": job.spec.suspend}})
+        logger.info("trainer Job %s", "suspended" if job.spec.suspend else "resumed")
+        return TrainerGroup("updated", restarts, job_status=seen, preemptions=preemptions)
+    return TrainerGroup("unchanged", restarts, job_status=seen, preemptions=preemptions)
 
 
 async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: dict | None, owner: dict | None,
-                       logger: logging.Logger | logging.LoggerAdapter) -> str | None:
+                       logger: Logger) -> str | None:
     """The checkpoint claim: created once when the operator makes it (`desired`; its spec is
     the cluster's afterwards: a bound claim's size and mode are not the operator's to change),
     its owner reference following `retain`; an existing claim (claimName) only looked for.
@@ -161,7 +246,11 @@ async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: di
             f"checkpoint.volume.claimName: PersistentVolumeClaim {claim!r} not found in namespace {namespace}; "
             "the trainer's pods wait for it")
     if current is None:
-        await runtime.kube.create(desired)
+        try:
+            await runtime.kube.create(desired)
+        except KubeError as err:
+            if err.status != 409:
+                raise
         logger.info("created the checkpoint claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
                     ["storage"], desired["spec"]["accessModes"][0])
         return None
@@ -170,88 +259,4 @@ async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: di
     if bool(owners) != bool(ours):  # retain changed: the garbage collector keeps it, or takes it with the job
         await runtime.kube.patch(path, {"metadata": {"ownerReferences": owners}})
         logger.info("checkpoint claim %s: %s", claim, "deleted with the job" if owners else "kept after the job")
-    return None
-
-
-def origin_labels(cluster_id: str, namespace: str, job: str) -> dict[str, str]:
-    """Labels that mark an object made in another cluster for this cluster's job."""
-    return {f"{GROUP}/origin-cluster": cluster_id, f"{GROUP}/origin-namespace": namespace,
-            f"{GROUP}/origin-job": job}
-
-
-async def trainer_address(runtime: Runtime, job: RLJob, namespace: str) -> tuple[str | None, str | None]:
-    """(host:port other clusters dial, or None with the reason)."""
-    service = await runtime.kube.get(path_of("v1", "Service", namespace, name(job.metadata.name, "trainer")))
-    if job.spec.trainer.service_type == "NodePort":
-        host = job.spec.trainer.external_host
-        ports = [p for p in (service or {}).get("spec", {}).get("ports", []) if p.get("name") == "grpc"]
-        if not host:
-            return None, ("trainer.serviceType NodePort needs trainer.externalHost (where other clusters reach "
-                          "the nodes)")
-        if not ports or not ports[0].get("nodePort"):
-            return None, "waiting for the trainer Service's node port"
-        return f"{host}:{ports[0]['nodePort']}", None
-    ingress = ((service or {}).get("status", {}).get("loadBalancer", {}).get("ingress") or [{}])[0]
-    host = ingress.get("ip") or ingress.get("hostname")
-    if not host:
-        return None, "waiting for the trainer Service's external address"
-    return f"{host}:{TRAINER_GRPC_PORT}", None
-
-
-async def apply_remote(runtime: Runtime, job: RLJob, namespace: str) -> str | None:
-    """Create or update every pool that lives in another cluster; the first problem, if any."""
-    remote = [p for p in job.spec.generators.pools if p.cluster_ref]
-    if not remote:
-        return None
-    address, problem = await trainer_address(runtime, job, namespace)
-    if problem:
-        return problem
-    origin = origin_labels(runtime.cluster_id, namespace, job.metadata.name)
-    for pool in remote:
-        client = runtime.clusters.get(pool.cluster_ref)
-        if client is None:
-            return f"RLCluster {pool.cluster_ref!r} (pool {pool.name}) is not registered or not Active"
-        configmap = build_configmap(job, namespace)
-        configmap["metadata"]["labels"].update(origin)
-        deployment = build_generators(job, pool.name, namespace, runtime.settings, address, origin=origin)
-        try:
-            await client.apply(configmap)
-            await client.apply(deployment)
-        except (KubeError, httpx.HTTPError) as err:
-            return f"RLCluster {pool.cluster_ref!r}: {err}"
-    return None
-
-
-async def prune(runtime: Runtime, job: RLJob, namespace: str) -> None:
-    """Delete local generator pools and the ranker the spec no longer asks for."""
-    j = job.metadata.name
-    wanted = {name(j, "gen", p.name) for p in job.spec.generators.pools if not p.cluster_ref}
-    for d in await runtime.kube.list("apps/v1", "Deployment", namespace, generator_selector(j)):
-        if d["metadata"]["name"] not in wanted:
-            await runtime.kube.delete(path_of("apps/v1", "Deployment", namespace, d["metadata"]["name"]))
-    if not uses_ranker(job):
-        await runtime.kube.delete(path_of("apps/v1", "Deployment", namespace, name(j, "ranker")))
-        await runtime.kube.delete(path_of("v1", "Service", namespace, name(j, "ranker")))
-
-
-def has_remote_pools(spec: dict | None) -> bool:
-    """Whether a raw spec names pools in other clusters (read before it is parsed: a job
-    being deleted may no longer parse)."""
-    return any((p or {}).get("clusterRef") for p in ((spec or {}).get("generators") or {}).get("pools") or [])
-
-
-async def remove_remote(runtime: Runtime, job: str, namespace: str, spec: dict,
-                        logger: logging.Logger | logging.LoggerAdapter) -> str | None:
-    """Delete what this job made in other clusters; the first cluster that cannot be
-    reached (its pool is kept until it can), or None once all is removed."""
-    for pool in spec["generators"]["pools"]:
-        ref = pool.get("clusterRef")
-        if not ref:
-            continue
-        client = runtime.clusters.get(ref)
-        if client is None:
-            return f"RLCluster {ref!r} is not reachable; its pool {pool['name']} is kept until it is"
-        await client.delete(path_of("apps/v1", "Deployment", namespace, name(job, "gen", pool["name"])))
-        await client.delete(path_of("v1", "ConfigMap", namespace, name(job, "spec")))
-        logger.info("removed pool %s from cluster %s", pool["name"], ref)
-    return None
+    return None  # a claim not bound yet shows in its pods' scheduling (observe.pod_problems)

@@ -3,6 +3,7 @@ settings, what it remembers per RLJob and RLCluster. Knows no handler and no pha
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ class Runtime:
     settings: Settings = field(default_factory=Settings)
     clusters: dict[str, KubeClient] = field(default_factory=dict)
     """Registered remote clusters by RLCluster name, once their kubeconfig checked out."""
+    allowed_namespaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per registered cluster: the namespaces whose RLJobs may place pools there ("*": any)."""
     cluster_id: str = "home"
     """This cluster's name in origin labels of remote objects."""
     trainer_status: Callable[[str, str], Awaitable[dict | None]] = fetch_trainer_status
@@ -38,3 +41,26 @@ class Runtime:
     resumed: dict[str, int] = field(default_factory=dict)
     """Per RLJob ("namespace/name"): the trainer start (incarnation) a Resumed Event was last
     posted for (with status.trainer.incarnation, so each start is announced once)."""
+    applied: dict[str, dict[tuple[str, str], tuple[str, str]]] = field(default_factory=dict)
+    """Per RLJob ("namespace/name"), per (cluster, API path): (digest of the object last applied,
+    the resourceVersion it came back with). Equal to what is built and found: nothing to write."""
+    pruned: dict = field(default_factory=dict)
+    """Per RLJob (and per RLJob and cluster): the desired set the last prune was done for."""
+    token_key: bytes | None = None
+    """The key job tokens derive from (perimeter.token_key), once read."""
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """Per RLJob: held by each reconcile, so the spec handler and the timer never interleave."""
+
+    def lock(self, key: str) -> asyncio.Lock:
+        return self.locks.setdefault(key, asyncio.Lock())
+
+    def forget(self, key: str) -> None:
+        """Drop what is kept for an RLJob ("namespace/name") that is gone."""
+        for memory in (self.scaling, self.unreadable, self.resumed, self.applied, self.locks):
+            memory.pop(key, None)
+        for k in [k for k in self.pruned if k == key or (isinstance(k, tuple) and k[0] == key)]:
+            del self.pruned[k]
+
+    def cluster_allows(self, cluster: str, namespace: str) -> bool:
+        allowed = self.allowed_namespaces.get(cluster, ())
+        return "*" in allowed or namespace in allowed

@@ -15,6 +15,10 @@ from streamrl.scaling.policy import Decision, Pool, State
 from streamrl.scaling.round import scaling_round
 from streamrl.spec import RLJob
 
+REPLICAS_FROM_POOLS = "streamrl.io/replicas-from-pools"
+"""Annotation on an RLJob: the total of its pools' replicas the operator last wrote into
+spec.generators.replicas (the /scale field). While the total is still that, it follows the
+pools; a different total was written by /scale and is left alone."""
 NO_PROMETHEUS = ("no Prometheus to read the scaling inputs from: set spec.autoscaling.prometheusUrl or the "
                  "operator's --prometheus-url (Helm value operator.prometheusUrl)")
 EXTERNAL = ("External: generator replicas are left to whoever writes the RLJob's /scale subresource "
@@ -170,8 +174,10 @@ def scale_patch(body: dict, replicas: dict[str, int]) -> dict:
     on), guarded by the resourceVersion read: a concurrent edit makes it fail (409), not lost."""
     pools = [dict(p, replicas=replicas.get(p.get("name", "default"), p.get("replicas", 1)))
              for p in body["spec"]["generators"]["pools"]]
-    return {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
-            "spec": {"generators": {"pools": pools, "replicas": sum(replicas.values())}}}
+    total = sum(p["replicas"] for p in pools)
+    return {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"],
+                         "annotations": {REPLICAS_FROM_POOLS: str(total)}},
+            "spec": {"generators": {"pools": pools, "replicas": total}}}
 
 
 def status_patch(old: dict | None, new: dict | None) -> dict | None:

@@ -4,14 +4,19 @@ importing any operator module reads none."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
 
-IMAGE, IMAGE_PULL_POLICY = "STREAMRL_JOB_IMAGE", "STREAMRL_JOB_IMAGE_PULL_POLICY"
+IMAGE, CUDA_IMAGE, IMAGE_PULL_POLICY = "STREAMRL_JOB_IMAGE", "STREAMRL_JOB_CUDA_IMAGE", "STREAMRL_JOB_IMAGE_PULL_POLICY"
+IMAGE_PULL_SECRETS = "STREAMRL_JOB_IMAGE_PULL_SECRETS"
+NETWORK_POLICY, PROMETHEUS_PEER = "STREAMRL_NETWORK_POLICY", "STREAMRL_NETWORK_POLICY_PROMETHEUS"
+TOKEN_KEY_SECRET = "STREAMRL_TOKEN_KEY_SECRET"
 TRAINER_BACKOFF_LIMIT = "STREAMRL_TRAINER_BACKOFF_LIMIT"
 NAMESPACE = "STREAMRL_OPERATOR_NAMESPACE"
 STATUS_INTERVAL_S = "STREAMRL_OPERATOR_STATUS_INTERVAL_S"
@@ -26,7 +31,13 @@ class Settings:
     environment); the defaults are a local run's."""
 
     image: str = "ghcr.io/streamrl/streamrl:0.1.0"
-    """Default image of every role (spec.image overrides it). Env STREAMRL_JOB_IMAGE."""
+    """Image of every role on CPU (spec.image overrides it). Env STREAMRL_JOB_IMAGE (chart: jobs.image)."""
+    cuda_image: str = "ghcr.io/streamrl/streamrl:0.1.0-cuda"
+    """Image of a role whose device is CUDA (the trainer's, a pool's engine's, the ranker's;
+    spec.image overrides it). Env STREAMRL_JOB_CUDA_IMAGE (chart: jobs.cudaImage)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (in the job's namespace, and in a remote pool's cluster) every job pod pulls its
+    image with. Env STREAMRL_JOB_IMAGE_PULL_SECRETS, comma-separated (chart: jobs.imagePullSecrets)."""
     image_pull_policy: str = "IfNotPresent"
     """Of every role's container. Env STREAMRL_JOB_IMAGE_PULL_POLICY."""
     trainer_backoff_limit: int = 2
@@ -48,6 +59,16 @@ class Settings:
     STREAMRL_OPERATOR_METRICS_PORT."""
     watch_namespaces: tuple[str, ...] = ()
     """Namespaces whose RLJobs the operator manages (empty = all). Flag --namespace."""
+    network_policy: bool = True
+    """A NetworkPolicy around every job: only its own pods, the operator's namespace and
+    Prometheus reach its ports. Env STREAMRL_NETWORK_POLICY (true|false; chart: networkPolicy.enabled)."""
+    prometheus_peer: dict | None = None
+    """The NetworkPolicy peer (namespaceSelector and/or podSelector) Prometheus scrapes job pods
+    from; None = no scraping allowed. Env STREAMRL_NETWORK_POLICY_PROMETHEUS, JSON (chart:
+    networkPolicy.prometheus)."""
+    token_key_secret: str = "streamrl-job-token-key"
+    """The Secret, in the operator's namespace, holding the key every job's token is derived
+    from (the operator creates it when missing). Env STREAMRL_TOKEN_KEY_SECRET."""
 
 
 def _checked(what: str, raw: str, kind: Callable[[str], T], ok: Callable[[T], bool], expected: str) -> T:
@@ -72,6 +93,25 @@ def _port(what: str, raw: str) -> int:
     return _checked(what, raw, int, _is_port, _PORT_RANGE)
 
 
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _secret_names(raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    if not all(_SECRET_NAME.match(n) and len(n) <= 253 for n in names):
+        raise ValueError
+    return names
+
+
+def _peer(raw: str) -> dict | None:
+    """A NetworkPolicyPeer with a namespaceSelector and/or a podSelector, from JSON ("" or {} = none)."""
+    peer = json.loads(raw)
+    if not isinstance(peer, dict) or not set(peer) <= {"namespaceSelector", "podSelector"} or not all(
+            isinstance(v, dict) for v in peer.values()):
+        raise ValueError
+    return peer or None
+
+
 def load_settings(environ: Mapping[str, str], *, namespaces: list[str] | tuple[str, ...] = (),
                   health_port: int | None = None, metrics_port: int | None = None,
                   prometheus_url: str | None = None) -> Settings:
@@ -90,6 +130,15 @@ def load_settings(environ: Mapping[str, str], *, namespaces: list[str] | tuple[s
                  lambda v: v.startswith(("http://", "https://")), "an http:// or https:// URL")
     return Settings(
         image=environ.get(IMAGE) or d.image,
+        cuda_image=environ.get(CUDA_IMAGE) or d.cuda_image,
+        image_pull_secrets=env(IMAGE_PULL_SECRETS, _secret_names, lambda v: True,
+                               "Secret names separated by commas", d.image_pull_secrets),
+        network_policy=env(NETWORK_POLICY, str.lower, lambda v: v in ("true", "false"), "true or false",
+                           "true") == "true",
+        prometheus_peer=env(PROMETHEUS_PEER, _peer, lambda v: True,
+                            'JSON of a NetworkPolicy peer ({"namespaceSelector": {...}, "podSelector": {...}})',
+                            d.prometheus_peer),
+        token_key_secret=environ.get(TOKEN_KEY_SECRET) or d.token_key_secret,
         image_pull_policy=env(IMAGE_PULL_POLICY, str, lambda v: v in PULL_POLICIES,
                               "one of " + ", ".join(PULL_POLICIES), d.image_pull_policy),
         trainer_backoff_limit=env(TRAINER_BACKOFF_LIMIT, int, lambda v: v >= 0, "an integer >= 0",

@@ -48,7 +48,9 @@ def planned_job(job: RLJob, plan: Plan, cluster_refs: dict[str, str] | None = No
     """`job` with the plan filled in: one generator pool (the job's first pool's settings kept,
     its GPU type, GPUs per replica = tensor-parallel size, replicas and engine batch replaced),
     the trainer's nodes, ranks per node and GPUs; with two datacenters the generators' one is
-    the pool's clusterRef (`cluster_refs` maps a datacenter to its RLCluster; default its name)."""
+    the pool's clusterRef (`cluster_refs` maps a datacenter to its RLCluster; default its name),
+    the trainer behind a LoadBalancer and, unless the job names its own, mutual TLS from the
+    Secret `<name>-tls`."""
     data = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
     spec = data["spec"]
     gen, train = plan.generation, plan.training
@@ -73,6 +75,9 @@ def planned_job(job: RLJob, plan: Plan, cluster_refs: dict[str, str] | None = No
                               "gpus": per_node})
     if pool.get("clusterRef") and trainer.get("serviceType", "ClusterIP") == "ClusterIP":
         trainer["serviceType"] = "LoadBalancer"  # the remote pool dials in from another cluster
+    if trainer.get("serviceType", "ClusterIP") != "ClusterIP" and not (spec.get("security") or {}).get("tls"):
+        # beyond the cluster only over TLS: a Secret (ca.crt, tls.crt, tls.key) to create in both clusters
+        spec.setdefault("security", {})["tls"] = {"secretName": f"{job.metadata.name}-tls"}
     trainer["minGenerators"] = min(trainer.get("minGenerators", 1), gen.replicas)
     return parse_job(data, "planned job")
 

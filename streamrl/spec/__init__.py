@@ -38,8 +38,8 @@ from streamrl.spec.job import (
     load_job,
     parse_job,
 )
-from streamrl.spec.security import TLS_MOUNT, SecuritySpec, TLSSpec
-from streamrl.spec.services import RankerSpec, TrainerSpec
+from streamrl.spec.security import TLS_MOUNT, TOKEN_MOUNT, SecuritySpec, TLSSpec
+from streamrl.spec.services import RankerSpec, TrainerServiceSpec, TrainerSpec
 from streamrl.spec.training import (
     AlgorithmSpec,
     CheckpointSpec,
@@ -53,10 +53,12 @@ from streamrl.spec.training import (
 )
 
 __all__ = [
-    "API_VERSION", "GROUP", "KIND", "TLS_MOUNT", "VERSION", "AlgorithmSpec", "AutoscalingSpec", "CheckpointSpec",
+    "API_VERSION", "GROUP", "KIND", "TLS_MOUNT", "TOKEN_MOUNT", "VERSION", "AlgorithmSpec", "AutoscalingSpec",
+    "CheckpointSpec",
     "CheckpointVolumeSpec", "DispatchSpec", "EngineSpec", "GeneratorPoolSpec", "GeneratorsSpec", "ModelSpec",
     "ObjectMeta", "PipelineMode", "PipelineSpec", "PlacementSpec", "RLJob", "ReconnectSpec", "RLJobSpec",
     "RankerSpec", "RewardSpec", "ScalingBehaviorSpec", "ScalingPolicySpec", "ScalingRulesSpec", "SecuritySpec",
-    "SpecError", "SpecModel", "TLSSpec", "TaskName", "TaskSpec", "TorchEngineSpec", "TrainerSpec", "dump_job",
+    "SpecError", "SpecModel", "TLSSpec", "TaskName", "TaskSpec", "TorchEngineSpec", "TrainerServiceSpec", "TrainerSpec",
+    "dump_job",
     "field_path", "load_job", "parse_job",
 ]

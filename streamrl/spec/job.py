@@ -3,11 +3,12 @@ errors that name every bad field as Kubernetes writes it (`spec.generators.pools
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from streamrl.spec.autoscaling import AutoscalingSpec
 from streamrl.spec.base import SpecModel
@@ -69,6 +70,13 @@ class RLJobSpec(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _exposed_trainer_needs_tls(self) -> RLJobSpec:
+        if self.trainer.service_type != "ClusterIP" and self.security.tls is None:
+            raise ValueError(f"trainer.serviceType {self.trainer.service_type} puts the trainer's gRPC port outside "
+                             "the cluster: security.tls is required (weights and prompts would travel in clear)")
+        return self
+
+    @model_validator(mode="after")
     def _colocated_is_one_process(self) -> RLJobSpec:
         if self.pipeline.mode == "colocated" and self.trainer.world_size > 1:
             raise ValueError("pipeline.mode colocated runs generation and training in one process: "
@@ -76,12 +84,34 @@ class RLJobSpec(SpecModel):
         return self
 
 
+NAME_MAX = 49
+"""The longest job name every child's name fits: `<name>-trainer-ranks`, a Service, must be a
+DNS-1035 label of at most 63 characters."""
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_RULE = (f"must be a DNS-1035 label of at most {NAME_MAX} characters (lower-case letters, digits and '-', "
+             "starting with a letter, ending with a letter or digit): the operator names the job's Services "
+             f"<name>-trainer-ranks, which Kubernetes allows up to 63 characters")
+
+
 class ObjectMeta(BaseModel):
     """The subset of Kubernetes metadata a local run uses; other keys are kept."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
-    name: str = Field("rljob", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=63)
-    """Job name (DNS subdomain)."""
+    name: str = "rljob"
+    """Job name: a DNS-1035 label of at most 49 characters, so every object named after it
+    (`<name>-trainer-ranks` the longest) is a valid Kubernetes name."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_makes_every_child(cls, value: str) -> str:
+        if len(value) > NAME_MAX or not re.match(NAME_PATTERN, value):
+            raise ValueError(f"{value!r} {NAME_RULE}")
+        return value
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The resource's labels (Kubernetes; e.g. Kueue's queue name), {} when it has none."""
+        return dict((self.model_extra or {}).get("labels") or {})
 
 
 class RLJob(SpecModel):

@@ -8,6 +8,8 @@ from streamrl.spec.base import SpecModel
 
 TLS_MOUNT = "/etc/streamrl/tls"
 """Where pods find the job's TLS Secret."""
+TOKEN_MOUNT = "/etc/streamrl/token"
+"""Where pods find the token Secret the operator mints for a job that names no tokenFile."""
 
 
 class TLSSpec(SpecModel):
@@ -34,4 +36,6 @@ class SecuritySpec(SpecModel):
     tls: TLSSpec | None = None
     """Mutual TLS; plaintext and unauthenticated peers are refused."""
     token_file: str | None = None
-    """File holding a shared bearer token, required on every call (used with or without TLS)."""
+    """File holding a shared bearer token, required on every call (used with or without TLS).
+    Kubernetes: unset, the operator mints a token per job (a Secret mounted at
+    /etc/streamrl/token in every pod) and every role presents and checks it."""

@@ -10,6 +10,20 @@ from streamrl.spec.base import SpecModel
 from streamrl.spec.generators import PlacementSpec
 
 
+class TrainerServiceSpec(SpecModel):
+    """Kubernetes: the trainer's gRPC Service as other clusters reach it (serviceType NodePort or
+    LoadBalancer). Its admin port is never on it (a ClusterIP Service of its own)."""
+
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=32)
+    """Annotations of the Service, e.g. an internal load balancer
+    (`networking.gke.io/load-balancer-type: Internal`, `service.beta.kubernetes.io/aws-load-balancer-scheme:
+    internal`)."""
+    load_balancer_source_ranges: list[str] = Field(default_factory=list, max_length=64)
+    """CIDRs allowed to reach a LoadBalancer (e.g. the other datacenter's egress addresses); empty = any."""
+    load_balancer_class: str | None = Field(None, max_length=253)
+    """The load balancer implementation (spec.loadBalancerClass), unset = the cluster's default."""
+
+
 class TrainerSpec(SpecModel):
     """Training side."""
 
@@ -47,6 +61,8 @@ class TrainerSpec(SpecModel):
     external_host: str | None = Field(None, max_length=253)
     """With `NodePort`: the host other clusters reach this cluster's nodes at (a node's
     address, or a gateway in front of them); they dial it on the Service's node port."""
+    service: TrainerServiceSpec = Field(default_factory=TrainerServiceSpec)
+    """Kubernetes: annotations, source ranges and class of the trainer's Service."""
 
     @property
     def world_size(self) -> int:

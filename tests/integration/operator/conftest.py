@@ -10,6 +10,7 @@ import pytest
 
 from streamrl.operator.handlers import register
 from streamrl.operator.kube import KubeClient
+from streamrl.operator.main import kopf_settings as operator_kopf_settings
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
 from tests.integration.operator.emulator import Emulator, register_kinds
@@ -37,7 +38,7 @@ async def remote_cluster():
 
 
 def _settings() -> kopf.OperatorSettings:
-    s = kopf.OperatorSettings()
+    s = operator_kopf_settings()  # the operator's own (its finalizer and annotations under streamrl.io)
     s.peering.standalone = True
     s.scanning.disabled = True
     s.posting.enabled = False

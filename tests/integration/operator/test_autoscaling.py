@@ -232,7 +232,7 @@ async def test_external_and_disabled_jobs_keep_the_replicas_written(k8s, operato
         assert pool_replicas(k8s, name) == [1]
         assert not [e for e in events(k8s, name) if e[1] in ("ScaledUp", "ScaledDown")]
     assert get(k8s, RLJOB, "ext")["spec"]["generators"]["replicas"] == 3
-    assert "replicas" not in get(k8s, RLJOB, "off")["spec"]["generators"]
+    assert get(k8s, RLJOB, "off")["spec"]["generators"]["replicas"] == 1  # the /scale field, the pools' sum
     assert "autoscaling" not in get(k8s, RLJOB, "off")["status"]
 
 

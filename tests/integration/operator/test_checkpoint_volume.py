@@ -129,7 +129,8 @@ async def test_the_restart_budget_comes_from_the_spec(k8s, operator):
     await wait_for(lambda: status(k8s, "budget")["phase"] == "Failed", what="Failed on the second failure")
     assert status(k8s, "budget")["message"] == (
         "the trainer group failed after 1 restart(s) (budget 1): Container main for pod rl/budget-trainer-0-q9z8m "
-        "failed with exit code 137 matching FailJob rule at index 2")
+        "failed with exit code 137 matching FailJob rule at index 2; generators and ranker scaled to 0 (to train "
+        "again, create the RLJob anew)")
 
 
 async def test_preemptions_and_disruptions_restart_the_group_without_spending_the_budget(k8s, operator):

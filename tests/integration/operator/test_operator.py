@@ -65,7 +65,7 @@ async def test_create_builds_children_and_reports_status(k8s, operator):
     assert status["generators"]["labelSelector"] == "streamrl.io/job=tiny,streamrl.io/role=generator"
     assert status["generators"]["replicas"] == 1
     assert [c["type"] for c in status["conditions"]] == \
-        ["Ready", "Progressing", "Suspended", "Complete", "Failed", "ScalingLimited", "ClustersReady"]
+        ["Ready", "Progressing", "Suspended", "Complete", "Failed", "PodsReady", "ScalingLimited", "ClustersReady"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
 
 
@@ -152,9 +152,10 @@ async def test_a_trainer_status_with_a_renamed_field_is_reported_unreadable(k8s,
         admin.stop()
 
 
-async def test_pool_in_another_cluster_is_created_there_and_removed_by_the_finalizer(k8s, operator, remote_cluster):
+async def test_pool_in_another_cluster_is_created_there_and_removed_by_the_finalizer(k8s, remote_cluster, operator):
     remote, client = remote_cluster
     operator.clusters["dc-west"] = client
+    operator.allowed_namespaces["dc-west"] = (NS,)
     await create(k8s, example("cross", "rljob-cross-dc.yaml"))
     await wait_for(lambda: get(k8s, SERVICES, "cross-trainer"), what="trainer Service")
     # Without an external address yet, the pool waits and says why.
@@ -175,7 +176,7 @@ async def test_pool_in_another_cluster_is_created_there_and_removed_by_the_final
     await wait_for(lambda: {c["type"]: c["status"] for c in get(k8s, RLJOB, "cross")["status"]["conditions"]}[
         "ClustersReady"] == "True", what="ClustersReady True")
     job = get(k8s, RLJOB, "cross")
-    assert "kopf.zalando.org/KopfFinalizerMarker" in job["metadata"]["finalizers"]
+    assert "streamrl.io/finalizer" in job["metadata"]["finalizers"]  # the operator's own, not kopf.zalando.org
 
     await k8s.delete(f"{JOBS}/cross")
     await wait_for(lambda: remote.objects[DEPLOYMENTS, NS, "cross-gen-west"].deleted, what="remote pool removed")
@@ -195,9 +196,10 @@ async def test_rlcluster_with_an_unsafe_or_missing_kubeconfig_is_inactive_with_t
               "data": {"kubeconfig": base64.b64encode(yaml.safe_dump(unsafe).encode()).decode()}}
     resp = await k8s.post(f"/api/v1/namespaces/{operator.settings.namespace}/secrets", json=secret)
     assert resp.status in (200, 201), await resp.text()
-    specs = {"west": {"kubeconfigSecretRef": {"name": "west-kubeconfig"}},
-             "east": {"kubeconfigSecretRef": {"name": "east-kubeconfig"}},
-             "north": {"kubeconfigSecret": {"name": "north-kubeconfig"}}}  # a typo the API server would prune
+    specs = {"west": {"kubeconfigSecretRef": {"name": "west-kubeconfig"}, "allowedNamespaces": [NS]},
+             "east": {"kubeconfigSecretRef": {"name": "east-kubeconfig"}, "allowedNamespaces": ["*"]},
+             "north": {"kubeconfigSecret": {"name": "north-kubeconfig"},  # a typo the API server would prune
+                       "allowedNamespaces": [NS]}}
     for name, spec in specs.items():
         resp = await k8s.post(f"/apis/{RLCLUSTER}", json={
             "apiVersion": API_VERSION, "kind": "RLCluster", "metadata": {"name": name}, "spec": spec})
@@ -215,9 +217,10 @@ async def test_rlcluster_with_an_unsafe_or_missing_kubeconfig_is_inactive_with_t
     assert operator.clusters == {}
 
 
-async def test_nodeport_trainer_is_dialled_at_the_external_host_and_node_port(k8s, operator, remote_cluster):
+async def test_nodeport_trainer_is_dialled_at_the_external_host_and_node_port(k8s, remote_cluster, operator):
     remote, client = remote_cluster
     operator.clusters["dc-west"] = client
+    operator.allowed_namespaces["dc-west"] = (NS,)
     body = example("np", "rljob-cross-dc.yaml")
     body["spec"]["trainer"] = {"serviceType": "NodePort", "externalHost": "gw.dc-east.example", "minGenerators": 2}
     await create(k8s, body)

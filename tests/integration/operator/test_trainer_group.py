@@ -27,7 +27,7 @@ def status(k8s, job: str) -> dict:
 
 async def fail(k8s, job: str, message: str) -> None:
     """What the Job controller writes when the pod failure policy fails the Job."""
-    resp = await k8s.patch(f"{TRAINER}/{job}-trainer", json={"status": {"conditions": [
+    resp = await k8s.patch(f"{TRAINER}/{job}-trainer/status", json={"status": {"conditions": [
         {"type": "Failed", "status": "True", "reason": "PodFailurePolicy", "message": message}]}})
     assert resp.status == 200, await resp.text()
 
@@ -39,7 +39,7 @@ async def test_a_three_node_trainer_is_an_indexed_job_and_its_ready_pods_are_cou
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
     assert get(k8s, SERVICES, "big-trainer-ranks")["spec"]["clusterIP"] == "None"
     assert get(k8s, SERVICES, "big-trainer")["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
-    resp = await k8s.patch(f"{TRAINER}/big-trainer", json={"status": {"ready": 2, "active": 3}})
+    resp = await k8s.patch(f"{TRAINER}/big-trainer/status", json={"status": {"ready": 2, "active": 3}})
     assert resp.status == 200
     await wait_for(lambda: status(k8s, "big")["trainer"]["readyPods"] == 2, what="ready pods counted")
     ready = {c["type"]: c for c in status(k8s, "big")["conditions"]}["Ready"]
@@ -63,8 +63,9 @@ async def test_a_failed_group_is_restarted_whole_within_the_budget_then_the_job_
     uid = trainer_job(k8s, "flaky")["metadata"]["uid"]
     await fail(k8s, "flaky", "pod flaky-trainer-0 exited with code 1")
     await wait_for(lambda: status(k8s, "flaky")["phase"] == "Failed", what="phase Failed with no restart left")
-    assert status(k8s, "flaky")["message"] == \
-        "the trainer group failed after 2 restart(s) (budget 2): pod flaky-trainer-0 exited with code 1"
+    assert status(k8s, "flaky")["message"] == (
+        "the trainer group failed after 2 restart(s) (budget 2): pod flaky-trainer-0 exited with code 1; "
+        "generators and ranker scaled to 0 (to train again, create the RLJob anew)")
     assert trainer_job(k8s, "flaky")["metadata"]["uid"] == uid  # kept, for its pods' logs
 
 

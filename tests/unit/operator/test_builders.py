@@ -7,18 +7,14 @@ import kubernetes_validate
 import pytest
 
 from streamrl.operator.builders import (
-    MAIN,
-    OUT_MOUNT,
     PREEMPTED_EXIT_CODE,
-    TEMPLATE_HASH,
     TRAINER_GRACE_S,
     build_children,
     build_generators,
-    generator_selector,
-    merge,
-    owner_reference,
     template_hash,
 )
+from streamrl.operator.names import MAIN, TEMPLATE_HASH, generator_selector, owner_reference
+from streamrl.operator.pods import OUT_MOUNT, merge
 from streamrl.operator.settings import Settings
 from streamrl.spec import API_VERSION, SpecError, load_job, parse_job
 
@@ -27,10 +23,11 @@ EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("rljob-*.yaml"))
 BODY = {"apiVersion": API_VERSION, "kind": "RLJob",
         "metadata": {"name": "hetero-counting", "uid": "0b7c-uid"}}
 OWNER = owner_reference(BODY)
+TOKEN = "0" * 64
 
 
 def _children(path: Path, **kw) -> list[dict]:
-    return build_children(load_job(path), "rl", Settings(), OWNER, **kw)
+    return build_children(load_job(path), "rl", Settings(), OWNER, TOKEN, **kw)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -57,15 +54,15 @@ def test_heterogeneous_pools_land_on_their_node_pools_with_their_gpus():
     objects = {(o["kind"], o["metadata"]["name"]): o for o in children}
     expected = {
         ("Deployment", "hetero-counting-gen-l4"): ({"cloud.google.com/gke-accelerator": "nvidia-l4"}, 4),
-        ("Deployment", "hetero-counting-gen-a10g"): ({"node.kubernetes.io/instance-type": "g5.2xlarge"}, 2),
+        ("Deployment", "hetero-counting-gen-a100"): ({"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"}, 2),
         ("Job", "hetero-counting-trainer"): ({"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}, None),
     }
     for key, (node_selector, replicas) in expected.items():
         pod = objects[key]["spec"]["template"]["spec"]
         main = pod["containers"][0]
         assert pod["nodeSelector"] == node_selector
-        assert main["resources"]["limits"]["nvidia.com/gpu"] == 1
-        assert main["resources"]["requests"]["nvidia.com/gpu"] == 1
+        assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"  # a quantity, as the API server stores it
+        assert main["resources"]["requests"]["nvidia.com/gpu"] == "1"
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         # MKL starts with one thread; only the compute thread gets more (streamrl.compute)
         assert {"name": "MKL_NUM_THREADS", "value": "1"} in main["env"]
@@ -96,7 +93,7 @@ def test_remote_pools_are_not_built_locally_and_tls_is_mounted():
     assert "ownerReferences" not in remote["metadata"]  # cannot cross clusters: a finalizer removes it
     assert remote["metadata"]["labels"]["streamrl.io/origin-cluster"] == "home"
     pod = remote["spec"]["template"]["spec"]
-    assert {"name": "tls", "secret": {"secretName": "cross-dc-tls"}} in pod["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "cross-dc-tls", "defaultMode": 0o440}} in pod["volumes"]
     assert {"name": "tls", "mountPath": "/etc/streamrl/tls", "readOnly": True} in pod["containers"][0]["volumeMounts"]
     assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--trainer") + 1] == "203.0.113.7:50051"
 
@@ -118,18 +115,18 @@ def test_user_template_merges_under_the_operator_part():
                                               "args": ["ignored"]},
                                              {"name": "sidecar", "image": "busybox"}],
                               "volumes": [{"name": "hf", "emptyDir": {}}]}}}}]}}})
-    deployment = build_generators(job, "p", "rl", Settings(), "t-trainer:50051")
+    deployment = build_generators(job, "p", "rl", Settings(), "t-trainer:50051")  # minted token: a Secret volume
     assert kubernetes_validate.validate(deployment, "1.33", strict=True)
     template = deployment["spec"]["template"]
     pod = template["spec"]
-    assert template["metadata"]["annotations"] == {"team": "rl"}
+    assert template["metadata"]["annotations"]["team"] == "rl"
     assert template["metadata"]["labels"]["streamrl.io/pool"] == "p"
     assert (pod["serviceAccountName"], pod["priorityClassName"]) == ("rl-sa", "high")
     main, sidecar = pod["containers"]
     assert main["args"][0] == "generator"  # the operator's command wins
     assert {"name": "HF_HOME", "value": "/hf"} in main["env"] and any(e["name"] == "POD_NAME" for e in main["env"])
     assert sidecar == {"name": "sidecar", "image": "busybox"}
-    assert [v["name"] for v in pod["volumes"]] == ["hf", "job", "out", "cache"]
+    assert [v["name"] for v in pod["volumes"]] == ["hf", "job", "out", "cache", "tmp", "dshm", "token"]
 
 
 def test_merge_rules():
@@ -141,7 +138,7 @@ def test_merge_rules():
 
 def test_suspend_scales_to_zero_and_suspends_the_trainer():
     job = parse_job({"metadata": {"name": "s"}, "spec": {"model": {"source": "builtin-tiny"}, "suspend": True}})
-    objects = build_children(job, "rl", Settings(), OWNER)
+    objects = build_children(job, "rl", Settings(), OWNER, TOKEN)
     assert [o["spec"]["replicas"] for o in objects if o["kind"] == "Deployment"] == [0]
     assert [o["spec"]["suspend"] for o in objects if o["kind"] == "Job"] == [True]
 
@@ -149,7 +146,7 @@ def test_suspend_scales_to_zero_and_suspends_the_trainer():
 def test_total_replicas_are_spread_over_pools():
     job = parse_job({"metadata": {"name": "r"}, "spec": {"model": {"source": "builtin-tiny"}, "generators": {
         "replicas": 9, "pools": [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 1}]}}})
-    objects = build_children(job, "rl", Settings(), OWNER)
+    objects = build_children(job, "rl", Settings(), OWNER, TOKEN)
     assert {o["metadata"]["name"]: o["spec"]["replicas"] for o in objects if o["kind"] == "Deployment"} == \
         {"r-gen-a": 6, "r-gen-b": 3}
     assert generator_selector("r") == "streamrl.io/job=r,streamrl.io/role=generator"
@@ -158,7 +155,7 @@ def test_total_replicas_are_spread_over_pools():
 def _sharded(nodes: int, per_node: int, name: str = "big", **trainer) -> list[dict]:
     job = parse_job({"metadata": {"name": name}, "spec": {"model": {"source": "builtin-tiny"}, "trainer": {
         "nodes": nodes, "processesPerNode": per_node, **trainer}}})
-    return build_children(job, "rl", Settings(), OWNER)
+    return build_children(job, "rl", Settings(), OWNER, TOKEN)
 
 
 @pytest.mark.parametrize("nodes, per_node", [(1, 1), (3, 2)])
@@ -177,9 +174,11 @@ def test_the_trainer_is_an_indexed_job_with_a_headless_service_and_rank_0_behind
     assert (headless["clusterIP"], headless["publishNotReadyAddresses"]) == ("None", True)
     assert headless["selector"] == {"streamrl.io/job": "big", "streamrl.io/role": "trainer"}
     assert headless["selector"].items() <= job["template"]["metadata"]["labels"].items()
-    front = objects["Service", "big-trainer"]["spec"]
-    assert front["selector"] == {"streamrl.io/job": "big", "streamrl.io/role": "trainer",
-                                 "batch.kubernetes.io/job-completion-index": "0"}
+    front, admin = objects["Service", "big-trainer"]["spec"], objects["Service", "big-trainer-admin"]["spec"]
+    assert front["selector"] == admin["selector"] == {"streamrl.io/job": "big", "streamrl.io/role": "trainer",
+                                                      "batch.kubernetes.io/job-completion-index": "0"}
+    assert [p["name"] for p in front["ports"]] == ["grpc"] and [p["name"] for p in admin["ports"]] == ["admin"]
+    assert admin["type"] == "ClusterIP"
     main = pod["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
     if nodes * per_node == 1:  # world size 1: the trainer as it always ran, no launcher
@@ -198,15 +197,15 @@ def test_the_trainer_is_an_indexed_job_with_a_headless_service_and_rank_0_behind
     assert ports == {"grpc": 50051, "admin": 8080, "admin-r1": 8081, "rendezvous": 29500}
 
 
-def test_a_trainer_whose_pod_names_cannot_fit_a_hostname_is_refused_with_the_field_named():
-    with pytest.raises(SpecError, match="metadata.name: .* too long for a trainer of 12 nodes"):
+def test_a_name_too_long_for_every_child_is_refused_with_the_field_named():
+    with pytest.raises(SpecError, match="metadata.name: .* at most 49 characters"):
         _sharded(12, 1, name="a-job-name-long-enough-that-its-trainer-pods-overflow-x")
 
 
 def test_the_template_hash_changes_with_what_a_job_cannot_change_and_not_with_suspend():
     def trainer_job(**spec) -> dict:
         job = parse_job({"metadata": {"name": "h"}, "spec": {"model": {"source": "builtin-tiny"}, **spec}})
-        return next(o for o in build_children(job, "rl", Settings(), OWNER) if o["kind"] == "Job")
+        return next(o for o in build_children(job, "rl", Settings(), OWNER, TOKEN) if o["kind"] == "Job")
 
     def digest(obj: dict) -> str:
         return obj["metadata"]["annotations"][TEMPLATE_HASH]
@@ -222,7 +221,7 @@ def _objects(nodes: int = 1, per_node: int = 1, **spec) -> dict[tuple[str, str],
     job = parse_job({"metadata": {"name": "ck"}, "spec": {"model": {"source": "builtin-tiny"},
                                                           "trainer": {"nodes": nodes, "processesPerNode": per_node},
                                                           **spec}})
-    objects = build_children(job, "rl", Settings(), OWNER)
+    objects = build_children(job, "rl", Settings(), OWNER, TOKEN)
     for obj in objects:
         assert kubernetes_validate.validate(obj, "1.33", strict=True) == "1.33", obj["metadata"]["name"]
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
@@ -293,7 +292,7 @@ def test_a_trainer_pod_has_time_to_save_after_sigterm_and_its_launcher_waits_for
     placement = {"placement": {"template": template}} if template else {}
     job = parse_job({"metadata": {"name": "ck"}, "spec": {"model": {"source": "builtin-tiny"}, "trainer": {
         "nodes": 2, "processesPerNode": 2, **placement}}})
-    [trainer] = [o for o in build_children(job, "rl", Settings(), OWNER) if o["kind"] == "Job"]
+    [trainer] = [o for o in build_children(job, "rl", Settings(), OWNER, TOKEN) if o["kind"] == "Job"]
     assert kubernetes_validate.validate(trainer, "1.33", strict=True) == "1.33"
     pod = trainer["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == grace

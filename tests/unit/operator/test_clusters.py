@@ -8,24 +8,39 @@ from streamrl.operator.runtime import Runtime
 
 
 def test_a_good_spec_parses_with_the_default_key():
-    spec = parse_cluster_spec({"kubeconfigSecretRef": {"name": "west-kubeconfig"}})
-    assert spec == RLClusterSpec(kubeconfig_secret_ref={"name": "west-kubeconfig", "key": "kubeconfig"})
+    spec = parse_cluster_spec({"kubeconfigSecretRef": {"name": "west-kubeconfig"}, "allowedNamespaces": ["rl"]})
+    assert spec == RLClusterSpec(kubeconfig_secret_ref={"name": "west-kubeconfig", "key": "kubeconfig"},
+                                 allowed_namespaces=["rl"])
     assert spec.kubeconfig_secret_ref.key == "kubeconfig"
 
 
+ANY = {"allowedNamespaces": ["*"]}
+
+
 @pytest.mark.parametrize("spec, message", [
-    ({}, "spec.kubeconfigSecretRef: Field required"),
-    (None, "spec.kubeconfigSecretRef: Field required"),
-    ({"kubeconfigSecretRef": {}}, "spec.kubeconfigSecretRef.name: Field required"),
-    ({"kubeconfigSecretRef": {"name": "w", "keys": "k"}}, "spec.kubeconfigSecretRef.keys: unknown field"),
-    ({"kubeconfigSecretRef": {"name": 7}}, "spec.kubeconfigSecretRef.name: Input should be a valid string"),
-    ({"kubeconfigSecretRef": {"name": "w" * 254}},
+    ({}, "spec.kubeconfigSecretRef: Field required; spec.allowedNamespaces: Field required"),
+    (None, "spec.kubeconfigSecretRef: Field required; spec.allowedNamespaces: Field required"),
+    ({"kubeconfigSecretRef": {}, **ANY}, "spec.kubeconfigSecretRef.name: Field required"),
+    ({"kubeconfigSecretRef": {"name": "w", "keys": "k"}, **ANY}, "spec.kubeconfigSecretRef.keys: unknown field"),
+    ({"kubeconfigSecretRef": {"name": 7}, **ANY}, "spec.kubeconfigSecretRef.name: Input should be a valid string"),
+    ({"kubeconfigSecretRef": {"name": "w" * 254}, **ANY},
      "spec.kubeconfigSecretRef.name: String should have at most 253 characters"),
+    ({"kubeconfigSecretRef": {"name": "w"}, "allowedNamespaces": []},
+     "spec.allowedNamespaces: List should have at least 1 item after validation, not 0"),
+    ({"kubeconfigSecretRef": {"name": "w"}, "allowedNamespaces": ["rl", "Team_A"]},
+     "spec.allowedNamespaces: 'Team_A': a namespace name (DNS-1123 label) or \"*\""),
 ])
 def test_a_bad_spec_is_refused_with_the_field_named(spec, message):
     with pytest.raises(ValueError) as err:
         parse_cluster_spec(spec)
     assert str(err.value) == message
+
+
+class _FakeClient:
+    closed = False
+
+    async def close(self):
+        self.closed = True
 
 
 class _FakeKube:
@@ -37,8 +52,8 @@ class _FakeKube:
 
 async def test_an_invalid_spec_makes_the_cluster_inactive_with_the_field_named():
     runtime = Runtime(_FakeKube())
-    runtime.clusters["west"] = object()  # registered before its spec broke: forgotten
-    result = await register(runtime, "west", {"kubeconfigSecret": {"name": "west-kubeconfig"}})
+    runtime.clusters["west"] = _FakeClient()  # registered before its spec broke: forgotten, closed
+    result = await register(runtime, "west", {"kubeconfigSecret": {"name": "west-kubeconfig"}, **ANY})
     assert result == Registration(("spec.kubeconfigSecretRef: Field required; spec.kubeconfigSecret: unknown field",),
                                   "InvalidSpec")
     status = result.status("2026-12-02T10:00:00Z")

@@ -38,15 +38,18 @@ def test_rlcluster_crd_is_valid_and_cluster_scoped():
     crd = rlcluster_crd()
     assert kubernetes_validate.validate(crd, "1.33", strict=True) == "1.33"
     assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["names"]["shortNames"] == ["rlc"]
-    ok = {"spec": {"kubeconfigSecretRef": {"name": "dc-west-kubeconfig"}}}
+    ok = {"spec": {"kubeconfigSecretRef": {"name": "dc-west-kubeconfig"}, "allowedNamespaces": ["rl"]}}
     assert check(crd, ok) == []
-    assert check(crd, {"spec": {"kubeconfigSecretRef": {}}}) == ["spec.kubeconfigSecretRef.name: Required value"]
+    assert check(crd, {"spec": {"kubeconfigSecretRef": {}, "allowedNamespaces": ["*"]}}) == \
+        ["spec.kubeconfigSecretRef.name: Required value"]
+    # Which namespaces may place pools there is said, never assumed (S2-3).
+    assert check(crd, {"spec": {"kubeconfigSecretRef": {"name": "k"}}}) == ["spec.allowedNamespaces: Required value"]
 
 
 def test_rlcluster_crd_is_generated_from_the_typed_spec():
     """kubectl explain shows the docstrings of operator/src/clusters.py's model."""
     spec = rlcluster_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["required"] == ["kubeconfigSecretRef"]
+    assert spec["required"] == ["kubeconfigSecretRef", "allowedNamespaces"]
     assert spec["properties"]["kubeconfigSecretRef"]["properties"]["key"] == {
         "default": "kubeconfig", "description": "The key of its data holding the kubeconfig.", "maxLength": 253,
         "type": "string"}
@@ -105,7 +108,7 @@ def test_crd_surface():
     trainer = status["trainer"]["properties"]
     assert {"restarts", "preemptions", "incarnation", "resumedFrom"} <= trainer.keys()
     assert trainer["lastCheckpoint"]["properties"].keys() == {"iteration", "time"}
-    assert len(CONDITIONS) == 7
+    assert len(CONDITIONS) == 8 and "PodsReady" in CONDITIONS
     # Pod templates stay free-form in the schema (the operator validates them).
     pool = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["generators"]["properties"][
         "pools"]["items"]
@@ -168,6 +171,10 @@ INVALID = [
      "trainer.processesPerNode: pipeline.mode colocated runs generation and training in one process"),
     (_with("generators.pools.0.clusterRef", "dc-west"),
      "trainer.serviceType: pools in another cluster (clusterRef) need trainer.serviceType NodePort or"),
+    (_with("trainer.serviceType", "LoadBalancer"),
+     "security.tls: trainer.serviceType NodePort or LoadBalancer puts the trainer's gRPC port outside the cluster"),
+    (_with_all({"trainer.serviceType": "NodePort", "trainer.externalHost": "gw.example"}),
+     "security.tls: trainer.serviceType NodePort or LoadBalancer puts the trainer's gRPC port outside the cluster"),
     (_with("algorithm.learningRate", 0), "algorithm.learningRate: 0 is less than or equal to the minimum of 0"),
     (_with("algorithm.topP", 1.5), "algorithm.topP: 1.5 is greater than the maximum of 1"),
     (_with("generators.pools.0.placement", {"gpus": -1}),
@@ -204,3 +211,35 @@ def test_invalid_jobs_are_refused_with_the_field_named(obj, message):
 def test_valid_base_is_accepted():
     assert check(CRD, BASE) == []
     assert len(INVALID) >= 20
+
+
+@pytest.mark.parametrize("name, ok", [
+    ("tiny", True), ("a" * 49, True), ("a" * 50, False), ("7b-grpo", False), ("llama.sft", False),
+    ("Upper", False), ("ends-", False), ("grpo-7b", True),
+])
+def test_the_name_must_make_every_child_a_valid_object(name, ok):
+    """The longest child, <name>-trainer-ranks, is a Service: a DNS-1035 label of at most 63 characters.
+    The CRD refuses (CEL on metadata.name) what the operator's model refuses."""
+    obj = {"metadata": {"name": name}, **BASE}
+    problems = check(CRD, obj)
+    assert (problems == []) == ok, problems
+    if not ok:
+        assert problems == ["metadata.name: metadata.name must be a DNS-1035 label of at most 49 characters (lower-"
+                            "case letters, digits and '-', starting with a letter, ending with a letter or digit): "
+                            "the operator names the job's Services <name>-trainer-ranks, which Kubernetes allows up "
+                            "to 63 characters"]
+        with pytest.raises(SpecError, match="metadata.name: .* must be a DNS-1035 label of at most 49"):
+            parse_job(obj)
+    else:
+        assert parse_job(obj).metadata.name == name
+
+
+def test_what_a_checkpoint_must_match_cannot_change_on_a_running_job():
+    """CEL transition rules: the API server refuses the change (a rolled trainer would refuse its own
+    checkpoint and spend the restart budget); offline validation, which has no stored object, skips them."""
+    spec = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for section, field in [("algorithm", "groupSize"), ("algorithm", "promptsPerStep"), ("algorithm", "seed"),
+                           ("task", "name"), ("task", "seed"), ("task", "numPrompts"), ("task", "curriculum")]:
+        [rule] = spec[section]["properties"][field]["x-kubernetes-validations"]
+        assert rule["rule"] == "self == oldSelf" and f"{section}.{field} is immutable" in rule["message"]
+    assert "x-kubernetes-validations" not in spec["algorithm"]["properties"]["learningRate"]

@@ -19,6 +19,9 @@ class _FakeKube:
     async def get(self, path: str) -> None:
         return None
 
+    async def list(self, *args, **kwargs) -> list:
+        return []
+
 
 def _runtime(status_body) -> Runtime:
     async def trainer_status(job, namespace):

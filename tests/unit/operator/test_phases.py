@@ -33,15 +33,20 @@ def test_job_phases_are_the_crds_enum_and_read_back_from_status():
     assert JobPhase.of(None) is None and JobPhase.of("Done") is None
 
 
+OK = {"ClustersReady", "PodsReady"}
+
+
 @pytest.mark.parametrize("obs, phase, true_conditions", [
-    (Observed(1, invalid="spec.algorithm.groupSize: too small"), "Invalid", {"Failed", "ClustersReady"}),
-    (Observed(1, pools=POOLS), "Pending", {"ClustersReady"}),
-    (Observed(1, pools=POOLS, trainer=RUNNING), "Running", {"Ready", "Progressing", "ClustersReady"}),
-    (Observed(1, pools=POOLS, trainer=RUNNING, suspended=True), "Suspended", {"Suspended", "Ready", "ClustersReady"}),
-    (Observed(1, trainer_job={"succeeded": 1}), "Succeeded", {"Complete", "ClustersReady"}),
-    (Observed(1, trainer_job={"conditions": [{"type": "Failed", "status": "True"}]}), "Failed",
-     {"Failed", "ClustersReady"}),
-    (Observed(1, pools=POOLS, cluster_problem="RLCluster 'west' is not registered"), "Pending", set()),
+    (Observed(1, invalid="spec.algorithm.groupSize: too small"), "Invalid", {"Failed"} | OK),
+    (Observed(1, pools=POOLS), "Pending", OK),
+    (Observed(1, pools=POOLS, trainer=RUNNING), "Running", {"Ready", "Progressing"} | OK),
+    (Observed(1, pools=POOLS, trainer=RUNNING, suspended=True), "Suspended", {"Suspended", "Ready"} | OK),
+    (Observed(1, trainer_job={"conditions": [{"type": "Complete", "status": "True"}]}), "Succeeded", {"Complete"} | OK),
+    (Observed(1, trainer_job={"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}), "Succeeded",
+     {"Complete"} | OK),
+    (Observed(1, trainer_job={"completedIndexes": "0,2"}), "Succeeded", {"Complete"} | OK),
+    (Observed(1, trainer_job={"conditions": [{"type": "Failed", "status": "True"}]}), "Failed", {"Failed"} | OK),
+    (Observed(1, pools=POOLS, cluster_problem="RLCluster 'west' is not registered"), "Pending", {"PodsReady"}),
 ])
 def test_phases(obs, phase, true_conditions):
     status = derive(obs, None, NOW)
@@ -60,7 +65,7 @@ def test_progress_and_transition_times():
     # An unchanged condition keeps its transition time; a changed one gets the new time.
     again = derive(Observed(4, pools=POOLS, trainer=RUNNING), first["conditions"], LATER)
     assert {c["type"]: c["lastTransitionTime"] for c in again["conditions"]}["Ready"] == NOW
-    done = derive(Observed(4, pools=POOLS, trainer_job={"succeeded": 1}), again["conditions"], LATER)
+    done = derive(Observed(4, pools=POOLS, trainer_job={"completedIndexes": "0"}), again["conditions"], LATER)
     times = {c["type"]: c["lastTransitionTime"] for c in done["conditions"]}
     assert times["Complete"] == LATER and times["ClustersReady"] == NOW
 
@@ -95,8 +100,10 @@ FAILED_JOB = {"conditions": [{"type": "Failed", "status": "True", "reason": "Pod
     (TrainerGroup("waiting", 1, "waiting for the previous trainer Job and its pods to be deleted"), "Pending",
      "waiting for the previous trainer Job and its pods to be deleted"),
     (TrainerGroup("failed", 2, "the trainer group failed after 2 restart(s) (budget 2): exit 1"), "Failed",
-     "the trainer group failed after 2 restart(s) (budget 2): exit 1"),
-    (None, "Failed", "the trainer failed; see its pods' logs"),
+     "the trainer group failed after 2 restart(s) (budget 2): exit 1; generators and ranker scaled to 0 (to train "
+     "again, create the RLJob anew)"),
+    (None, "Failed", "the trainer failed; see its pods' logs; generators and ranker scaled to 0 (to train again, "
+                     "create the RLJob anew)"),
     (TrainerGroup("restarting", 1, "restarting the trainer group, preempted: ... (not counted against the restart "
                                    "budget): exit code 75", preemptions=1), "Pending",
      "restarting the trainer group, preempted: ... (not counted against the restart budget): exit code 75"),

@@ -137,7 +137,9 @@ def test_scale_patch_writes_every_pool_and_the_total_guarded_by_the_resource_ver
     body = {"metadata": {"resourceVersion": "42"}, "spec": {"generators": {"pools": [
         {"name": "l4", "replicas": 2, "engine": {"type": "torch"}}, {"replicas": 1}]}}}
     patch = scale_patch(body, {"l4": 3, "default": 1})
-    assert patch == {"metadata": {"resourceVersion": "42"}, "spec": {"generators": {
+    # the total follows the pools (the annotation says the operator derived it from them)
+    assert patch == {"metadata": {"resourceVersion": "42", "annotations": {"streamrl.io/replicas-from-pools": "4"}},
+                     "spec": {"generators": {
         "pools": [{"name": "l4", "replicas": 3, "engine": {"type": "torch"}}, {"replicas": 1}], "replicas": 4}}}
     assert body["spec"]["generators"]["pools"][0]["replicas"] == 2  # the read object is not changed
 

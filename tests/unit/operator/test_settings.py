@@ -68,9 +68,11 @@ def test_operator_refuses_a_prometheus_url_that_is_not_http(capsys):
 
 
 def test_the_status_timer_runs_at_the_settings_interval():
-    registry = register(kopf.OperatorRegistry(), Settings(status_interval_s=3.0))
+    registry = register(kopf.OperatorRegistry(), Settings(status_interval_s=3.0), cluster_probe_s=45.0)
     timers = [h for h in registry._spawning.get_all_handlers() if type(h).__name__ == "TimerHandler"]
-    assert [(h.id, h.interval, h.initial_delay) for h in timers] == [("refresh_rljob_status", 3.0, 1.5)]
+    # RLJobs: the whole reconcile again; RLClusters: reachability and permissions probed again
+    assert sorted((h.id, h.interval, h.initial_delay) for h in timers) == [("probe", 45.0, 45.0),
+                                                                          ("refresh", 3.0, 1.5)]
 
 
 SPY = """

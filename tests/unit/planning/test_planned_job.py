@@ -61,6 +61,7 @@ def test_a_plan_over_two_datacenters_places_the_generators_in_the_other_cluster(
     assert verdict.problems == ()
     assert verdict.job.spec.generators.pools[0].cluster_ref == "dc-west"
     assert verdict.job.spec.trainer.service_type == "LoadBalancer"  # remote generators dial in
+    assert verdict.job.spec.security.tls.secret_name == f"{verdict.job.metadata.name}-tls"  # over TLS only
 
 
 def test_pool_names_are_dns_labels():
