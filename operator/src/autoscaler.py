@@ -25,7 +25,7 @@ async def _round(runtime: Runtime, job: RLJob, namespace: str, status: dict,
     PodMonitor they carry its namespace) and plan; what cannot be read is said, not raised."""
     previous = status.get("autoscaling")
     try:
-        url = scaling.prometheus_url(job, runtime.settings.prometheus_url)
+        url = scaling.prometheus_url(job, runtime.settings.prometheus_url, runtime.settings.prometheus_url_allow)
     except ValueError as err:
         return scaling.waiting(memory, None, str(err), previous, problem=True)
     skip = scaling.skip_reason(job, JobPhase.of(status.get("phase")))

@@ -39,7 +39,7 @@ from streamrl.operator.names import (
     selector,
 )
 from streamrl.operator.perimeter import build_network_policies, build_token_secret
-from streamrl.operator.pods import JOB_FILE, OUT_MOUNT, minted_token, pod_template
+from streamrl.operator.pods import JOB_FILE, OUT_MOUNT, check_devices, minted_token, pod_template
 from streamrl.operator.settings import Settings
 from streamrl.spec import TOKEN_MOUNT, RLJob, SpecError, dump_job
 
@@ -73,11 +73,11 @@ def service_spec(job: RLJob) -> RLJob:
     return job.model_copy(update={"spec": spec.model_copy(update=update), "status": None})
 
 
-def config_hash(job: RLJob, pool: str | None = None) -> str:
-    """A hash of what a role's pods read from the ConfigMap, less what does not change a
-    running pod's behaviour (replicas and their bounds, which the autoscaler and /scale write,
-    placement, suspension, autoscaling): a new value rolls the role. The pools are a
-    generator's own business (its pool's part is in its hash): adding or changing one rolls
+def config_hash(job: RLJob, role: str = "trainer", pool: str | None = None) -> str:
+    """A hash of what a role's pods read from the ConfigMap, less what no running pod acts on
+    (replicas and their bounds, which the autoscaler and /scale write, placement, suspension,
+    autoscaling, the trainer's Service, the checkpoint volume): a new value rolls the role.
+    The ranker's section is the ranker's, a pool's the pool's: adding or changing a pool rolls
     neither the trainer (a trainer restart costs the steps since its checkpoint; a pool it
     does not know yet fetches weights without relay) nor the other pools."""
     spec = service_spec(job).spec.model_dump(mode="json", by_alias=True)
@@ -86,10 +86,14 @@ def config_hash(job: RLJob, pool: str | None = None) -> str:
     generators = spec["generators"]
     generators.pop("replicas", None)
     pools = {p["name"]: p for p in generators.pop("pools")}
-    for role in ("trainer", "ranker"):
-        spec[role].pop("placement", None)
-    spec["trainer"].pop("service", None)
-    if pool is not None:
+    for key in ("placement", "service", "serviceType", "externalHost"):
+        spec["trainer"].pop(key, None)
+    spec["checkpoint"].pop("volume", None)
+    ranker = spec.pop("ranker")
+    if role == "ranker":
+        ranker.pop("placement", None)
+        spec["ranker"] = ranker
+    elif role == "generator":
         own = pools[pool]
         for key in ("replicas", "minReplicas", "maxReplicas", "cost", "placement"):
             own.pop(key, None)
@@ -250,6 +254,8 @@ def build_trainer_service(job: RLJob, namespace: str, owner: dict | None = None)
                             "ports": [{"name": "grpc", "port": TRAINER_GRPC_PORT, "targetPort": "grpc",
                                        "protocol": "TCP"}]}
     if trainer.service_type == "LoadBalancer":
+        # the client's own address reaches the pod (the NetworkPolicy's source ranges judge it), one hop only
+        spec["externalTrafficPolicy"] = "Local"
         if trainer.service.load_balancer_source_ranges:
             spec["loadBalancerSourceRanges"] = list(trainer.service.load_balancer_source_ranges)
         if trainer.service.load_balancer_class:
@@ -306,7 +312,7 @@ def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | N
         update={"resources": RANKER_RESOURCES})
     template = pod_template(job, "ranker", placement, args, {"grpc": RANKER_GRPC_PORT, "admin": ADMIN_PORT},
                             settings, device=ranker.device if ranker.predictor == "causal-lm" else "cpu",
-                            config_hash=config_hash(job), extra_labels=_queued(job))
+                            config_hash=config_hash(job, "ranker"), extra_labels=_queued(job))
     deployment = _deployment(job, namespace, "ranker", 1, template, owner, finished=finished)
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     service = {
@@ -332,7 +338,7 @@ def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Setti
             "--advertise-host", "$(POD_IP)"]
     template = pod_template(job, "generator", pool.placement, args, {"relay": RELAY_PORT, "admin": ADMIN_PORT},
                             settings, device=pool.engine.device, pool=pool_name,
-                            config_hash=config_hash(job, pool_name),
+                            config_hash=config_hash(job, "generator", pool_name),
                             shm=True, extra_labels={**_queued(job), **(origin or {})})
     deployment = _deployment(job, namespace, "generator", replicas, template, owner, pool_name, finished)
     if origin:
@@ -346,6 +352,7 @@ def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict |
     `token`: the job's token (perimeter.job_token) when the operator mints it; `finished`:
     the job is Succeeded or Failed, its Deployments at 0 replicas."""
     j = job.metadata.name
+    check_devices(job)
     trainer_address = f"{name(j, 'trainer')}.{namespace}.svc:{TRAINER_GRPC_PORT}"
     claim = build_checkpoint_claim(job, namespace, owner)
     out = [build_configmap(job, namespace, owner)]

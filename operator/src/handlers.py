@@ -37,6 +37,8 @@ from streamrl.operator.settings import Settings
 from streamrl.spec import API_VERSION, GROUP, KIND, VERSION, RLJob, SpecError
 
 RLJOBS, RLCLUSTERS = (GROUP, VERSION, "rljobs"), (GROUP, VERSION, "rlclusters")
+GROUP_EVENTS = {"restarting": ("Warning", "GroupRestarted"), "rolling": ("Normal", "GroupReplaced")}
+"""Events on the RLJob for what is done to its trainer group (a restart after a preemption: Preempted)."""
 CLUSTER_PROBE_INTERVAL_S = 60.0
 """How often a registered RLCluster is probed again (reachable, and allowed what the operator does there)."""
 
@@ -90,7 +92,7 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
         job = reconcile.job_of(body)
         token = await _token(runtime, body, namespace, job)
         children = build_children(job, namespace, runtime.settings, owner, token, finished=final is not None)
-        reconcile.validate(children)
+        reconcile.validate(children, runtime.kubernetes_version)
     except SpecError as err:
         if JobPhase.of(status.get("phase")) != JobPhase.INVALID or status.get("message") != str(err):
             logger.warning("invalid RLJob: %s", err)
@@ -116,6 +118,10 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
         refused = (err.reason or f"HTTP {err.status}", err.message)
         if status.get("message", "").find(err.message) < 0:
             logger.error("the API server refused an object of the job: %s", err)
+    if group is not None and group.action in GROUP_EVENTS:
+        kind, reason = GROUP_EVENTS[group.action] if group.preemptions == _count(status, "preemptions") else \
+            ("Normal", "Preempted")
+        kopf.event(body, type=kind, reason=reason, message=group.message)
     observed = await observe(runtime, job, namespace, generation, problem, status, group, claim_problem,
                              seen=seen, final=final, refused=refused)
     _announce_resume(runtime, body, namespace, status, observed)
@@ -215,12 +221,12 @@ async def forget_cluster(body, memo, **_):
 def register(registry: kopf.OperatorRegistry, settings: Settings,
              cluster_probe_s: float = CLUSTER_PROBE_INTERVAL_S) -> kopf.OperatorRegistry:
     """Put every handler on `registry`, the reconcile timer at the settings' interval."""
-    kopf.on.update(*RLJOBS, field="spec", registry=registry)(reconcile_rljob)
+    interval = settings.status_interval_s  # also the retry delay after a failure (kopf's default: 60 s)
+    kopf.on.update(*RLJOBS, field="spec", backoff=interval, registry=registry)(reconcile_rljob)
     for on in (kopf.on.create, kopf.on.resume):
-        on(*RLJOBS, registry=registry)(reconcile_rljob)
-    interval = settings.status_interval_s
-    kopf.timer(*RLJOBS, id="refresh", interval=interval, initial_delay=interval / 2, registry=registry)(
-        reconcile_rljob)
+        on(*RLJOBS, backoff=interval, registry=registry)(reconcile_rljob)
+    kopf.timer(*RLJOBS, id="refresh", interval=interval, initial_delay=interval / 2, backoff=interval,
+               registry=registry)(reconcile_rljob)
     kopf.daemon(*RLJOBS, cancellation_backoff=2.0, cancellation_timeout=5.0, registry=registry)(autoscale_rljob)
     kopf.on.delete(*RLJOBS, when=_has_remote_pools, registry=registry)(delete_remote_children)
     kopf.on.update(*RLCLUSTERS, field="spec", registry=registry)(register_cluster)

@@ -14,6 +14,7 @@ import yaml
 
 from streamrl.operator.handlers import register
 from streamrl.operator.kube import KubeClient
+from streamrl.operator.reconcile import schema_version
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings, load_settings
 
@@ -57,14 +58,18 @@ def operator_registry(settings: Settings) -> kopf.OperatorRegistry:
 
 async def serve(settings: Settings) -> None:
     runtime = Runtime(local_client(), settings)
-    if settings.metrics_port:
-        prometheus_client.start_http_server(settings.metrics_port, registry=runtime.metrics.registry)
-    namespaces = list(settings.watch_namespaces)
-    log.info("operator up: image %s, watching %s, autoscaler reads %s, metrics on :%s, status every %gs",
-             settings.image, ", ".join(namespaces) or "every namespace",
-             settings.prometheus_url or "only what RLJobs name", settings.metrics_port or "(off)",
-             settings.status_interval_s)
     try:
+        server = (await runtime.kube.version()).get("gitVersion", "")
+        runtime.kubernetes_version = schema_version(server)  # ValueError: too old, said before anything runs
+        if settings.metrics_port:
+            prometheus_client.start_http_server(settings.metrics_port, registry=runtime.metrics.registry)
+        namespaces = list(settings.watch_namespaces)
+        log.info("operator up on Kubernetes %s (children checked against its %s schemas): image %s, CUDA image %s, "
+                 "watching %s, autoscaler reads %s, metrics on :%s, status every %gs", server,
+                 runtime.kubernetes_version, settings.image, settings.cuda_image,
+                 ", ".join(namespaces) or "every namespace",
+                 settings.prometheus_url or "only allowed URLs RLJobs name", settings.metrics_port or "(off)",
+                 settings.status_interval_s)
         await kopf.operator(registry=operator_registry(settings), settings=kopf_settings(), standalone=True,
                             clusterwide=not namespaces,
                             namespaces=namespaces, memo=kopf.Memo(runtime=runtime),

@@ -12,6 +12,7 @@ operator's namespace, created on first use.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import secrets
@@ -109,9 +110,12 @@ async def token_key(kube: KubeClient, settings: Settings) -> bytes:
             if err.status != 409:
                 raise
             secret = await kube.get(path)
-    raw = base64.b64decode(((secret or {}).get("data") or {}).get("key", ""))
+    try:
+        raw = base64.b64decode(((secret or {}).get("data") or {}).get("key", ""), validate=True)
+    except binascii.Error:
+        raw = b""
     if len(raw) < 16:
         raise ValueError(f"Secret {settings.namespace}/{settings.token_key_secret}: data.key must hold at least 16 "
-                         "bytes (delete it and the operator creates a new one; running jobs then get new tokens "
-                         "only when their pods restart)")
+                         "bytes, base64-encoded (delete it and the operator creates a new one; running jobs then get "
+                         "new tokens only when their pods restart)")
     return raw

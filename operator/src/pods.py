@@ -11,7 +11,7 @@ from typing import Any
 
 from streamrl.operator.names import CONFIG_HASH, MAIN, labels, name
 from streamrl.operator.settings import Settings
-from streamrl.spec import TLS_MOUNT, TOKEN_MOUNT, RLJob
+from streamrl.spec import TLS_MOUNT, TOKEN_MOUNT, RLJob, SpecError
 
 SPEC_MOUNT, OUT_MOUNT, CACHE_MOUNT = "/etc/streamrl/job", "/var/lib/streamrl/out", "/var/cache/streamrl"
 TMP_MOUNT = "/tmp"
@@ -74,6 +74,21 @@ def image(job: RLJob, device: str, settings: Settings) -> str:
     return settings.cuda_image if device.startswith("cuda") else settings.image
 
 
+def check_devices(job: RLJob) -> None:
+    """On Kubernetes a role on a CUDA device must ask for GPUs: a pod gets only those its
+    placement requests (locally, placement is ignored and the machine's GPUs are used).
+    SpecError naming the field."""
+    roles = [("spec.trainer", job.spec.trainer.device, job.spec.trainer.placement)]
+    if job.spec.ranker.predictor == "causal-lm":
+        roles.append(("spec.ranker", job.spec.ranker.device, job.spec.ranker.placement))
+    roles += [(f"spec.generators.pools[{i}]", p.engine.device, p.placement) for i, p in
+              enumerate(job.spec.generators.pools)]
+    for where, device, placement in roles:
+        if device.startswith("cuda") and not placement.gpus:
+            raise SpecError(f"{where}.placement.gpus: 0, but the role runs on {device}: on Kubernetes a pod sees only "
+                            "the GPUs its placement asks for (set placement.gpus)")
+
+
 def minted_token(job: RLJob) -> bool:
     """Whether the operator mints the job's token (the spec names no token file of its own)."""
     return job.spec.security.token_file is None
@@ -124,6 +139,8 @@ def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[
             # MKL reads its default once, at start: only the compute thread (streamrl.compute) runs
             # its products on the process's threads
             {"name": "MKL_NUM_THREADS", "value": "1"},
+            # no GPU asked for, none seen, even where the node's default runtime is NVIDIA's
+            *([] if placement.gpus else [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]),
             *(env or []),
         ],
         "ports": [{"name": k, "containerPort": v, "protocol": "TCP"} for k, v in ports.items()],

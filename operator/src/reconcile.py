@@ -25,7 +25,10 @@ from streamrl.operator.settings import Settings
 from streamrl.spec import API_VERSION, KIND, RLJob, SpecError, parse_job
 
 KUBERNETES_VERSION = "1.33"
-"""Schemas free-form parts are checked against."""
+"""Schemas free-form parts are checked against until the API server said its own version."""
+MIN_KUBERNETES = (1, 31)
+"""The oldest Kubernetes the trainer's Job works on: its successPolicy (rank 0 alone completes
+it) is on by default from 1.31; an older server drops it and waits for every index."""
 PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
                 ("networking.k8s.io/v1", "NetworkPolicy"))
 """Kinds of children a spec change can make unwanted (listed by the job's label; the claim and
@@ -43,12 +46,29 @@ def job_of(body) -> RLJob:
                      source=f"rljob/{meta['name']}")
 
 
-def validate(objects: list[dict]) -> None:
+def schema_version(git_version: str) -> str:
+    """The Kubernetes version whose schemas the children are checked against: the server's
+    (`v1.31.4-gke.1`: 1.31), within the versions kubernetes-validate knows; ValueError when the
+    server is older than MIN_KUBERNETES."""
+    found = re.match(r"v?(\d+)\.(\d+)", git_version or "")
+    if not found:
+        return KUBERNETES_VERSION
+    version = (int(found[1]), int(found[2]))
+    if version < MIN_KUBERNETES:
+        raise ValueError(f"the API server is Kubernetes {git_version}: StreamRL needs {MIN_KUBERNETES[0]}."
+                         f"{MIN_KUBERNETES[1]} or newer (the trainer's Job successPolicy)")
+    known = sorted({tuple(int(x) for x in v.split(".")[:2]) for v in kubernetes_validate.utils.all_versions()})
+    chosen = max((v for v in known if v <= version), default=known[-1])
+    return f"{chosen[0]}.{chosen[1]}"
+
+
+def validate(objects: list[dict], version: str = KUBERNETES_VERSION) -> None:
     """Free-form parts (pod templates, tolerations, resources) end up in these objects:
-    check them against Kubernetes's own schemas before anything is applied."""
+    check them against Kubernetes's own schemas (of the API server's version) before anything
+    is applied."""
     for obj in objects:
         try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as err:
             raise SpecError(f"the {obj['kind']} for {obj['metadata']['name']} would be invalid at "
                             f"{err.json_path}: {err.message} (check that role's placement)") from None

@@ -25,6 +25,8 @@ class Runtime:
     """Registered remote clusters by RLCluster name, once their kubeconfig checked out."""
     allowed_namespaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Per registered cluster: the namespaces whose RLJobs may place pools there ("*": any)."""
+    kubernetes_version: str = "1.33"
+    """The API server's minor version (reconcile.schema_version): children are checked against its schemas."""
     cluster_id: str = "home"
     """This cluster's name in origin labels of remote objects."""
     trainer_status: Callable[[str, str], Awaitable[dict | None]] = fetch_trainer_status

@@ -66,11 +66,16 @@ def timestamp(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def prometheus_url(job: RLJob, default: str | None) -> str:
-    """The Prometheus HTTP API to read: the job's, else the operator's; ValueError naming
-    the field when neither is usable."""
+def prometheus_url(job: RLJob, default: str | None, allowed: tuple[str, ...] = ()) -> str:
+    """The Prometheus HTTP API to read: the job's, when the operator's allow-list has its
+    prefix (the operator makes the request from its own place in the network), else the
+    operator's; ValueError naming the field when neither is usable."""
     url = job.spec.autoscaling.prometheus_url  # http(s) by the spec's own pattern
     if url is not None:
+        if not any(url.startswith(prefix) for prefix in allowed):
+            raise ValueError(f"spec.autoscaling.prometheusUrl {url} is not among the URLs the operator may read "
+                             f"({', '.join(allowed) or 'none: it reads its own --prometheus-url only'}; Helm value "
+                             "operator.prometheusUrlAllow)")
         return url
     if not default:
         raise ValueError(NO_PROMETHEUS)

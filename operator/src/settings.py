@@ -17,6 +17,7 @@ IMAGE, CUDA_IMAGE, IMAGE_PULL_POLICY = "STREAMRL_JOB_IMAGE", "STREAMRL_JOB_CUDA_
 IMAGE_PULL_SECRETS = "STREAMRL_JOB_IMAGE_PULL_SECRETS"
 NETWORK_POLICY, PROMETHEUS_PEER = "STREAMRL_NETWORK_POLICY", "STREAMRL_NETWORK_POLICY_PROMETHEUS"
 TOKEN_KEY_SECRET = "STREAMRL_TOKEN_KEY_SECRET"
+PROMETHEUS_URL_ALLOW = "STREAMRL_PROMETHEUS_URL_ALLOW"
 TRAINER_BACKOFF_LIMIT = "STREAMRL_TRAINER_BACKOFF_LIMIT"
 NAMESPACE = "STREAMRL_OPERATOR_NAMESPACE"
 STATUS_INTERVAL_S = "STREAMRL_OPERATOR_STATUS_INTERVAL_S"
@@ -52,6 +53,11 @@ class Settings:
     prometheus_url: str = ""
     """The Prometheus HTTP API autoscaled jobs read unless they name their own ("" = none).
     Flag --prometheus-url, env STREAMRL_PROMETHEUS_URL."""
+    prometheus_url_allow: tuple[str, ...] = ()
+    """URL prefixes a job's own spec.autoscaling.prometheusUrl must start with (the operator
+    fetches it from its own place in the network); empty: a job may name none, only the
+    operator's URL is read. Env STREAMRL_PROMETHEUS_URL_ALLOW, comma-separated (chart:
+    operator.prometheusUrlAllow)."""
     health_port: int = 8080
     """Port of the /healthz liveness endpoint. Flag --health-port."""
     metrics_port: int = 8081
@@ -103,6 +109,13 @@ def _secret_names(raw: str) -> tuple[str, ...]:
     return names
 
 
+def _url_prefixes(raw: str) -> tuple[str, ...]:
+    prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
+    if not all(p.startswith(("http://", "https://")) for p in prefixes):
+        raise ValueError
+    return prefixes
+
+
 def _peer(raw: str) -> dict | None:
     """A NetworkPolicyPeer with a namespaceSelector and/or a podSelector, from JSON ("" or {} = none)."""
     peer = json.loads(raw)
@@ -139,6 +152,8 @@ def load_settings(environ: Mapping[str, str], *, namespaces: list[str] | tuple[s
                             'JSON of a NetworkPolicy peer ({"namespaceSelector": {...}, "podSelector": {...}})',
                             d.prometheus_peer),
         token_key_secret=environ.get(TOKEN_KEY_SECRET) or d.token_key_secret,
+        prometheus_url_allow=env(PROMETHEUS_URL_ALLOW, _url_prefixes, lambda v: True,
+                                 "http:// or https:// URL prefixes separated by commas", d.prometheus_url_allow),
         image_pull_policy=env(IMAGE_PULL_POLICY, str, lambda v: v in PULL_POLICIES,
                               "one of " + ", ".join(PULL_POLICIES), d.image_pull_policy),
         trainer_backoff_limit=env(TRAINER_BACKOFF_LIMIT, int, lambda v: v >= 0, "an integer >= 0",

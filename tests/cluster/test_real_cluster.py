@@ -6,7 +6,8 @@
 
 Skipped without KUBECONFIG. The operator runs in-process (real kopf, real API server); the
 pods it creates need the image to be pullable for the phase to go beyond Pending, which is
-not asserted here.
+not asserted here (test_chart_on_cluster.py runs the operator from its image, installed by
+the chart).
 """
 
 from __future__ import annotations
@@ -51,8 +52,17 @@ async def operator(cluster):
                                              namespaces=[namespace], clusterwide=False,
                                              stop_flag=stop, memo=kopf.Memo(runtime=runtime)))
     yield runtime
+    # kopf puts a finalizer on every RLJob (its timer and daemon): delete them while it runs, or
+    # the namespace would stay Terminating.
+    for job in await kube.list(API_VERSION, "RLJob", namespace):
+        await kube.delete(path_of(API_VERSION, "RLJob", namespace, job["metadata"]["name"]))
+    await _until(lambda: _none_left(kube, namespace), timeout=60)
     stop.set()
     await asyncio.wait_for(task, 30)
+
+
+async def _none_left(kube, namespace) -> bool:
+    return not await kube.list(API_VERSION, "RLJob", namespace)
 
 
 async def _until(check, timeout=60):

@@ -1,11 +1,13 @@
 """The trainer pod's command as the operator builds it, run here: torch.distributed.run starts
 the pod's two ranks (node rank from $(JOB_COMPLETION_INDEX), as the kubelet expands it), a
 generator started with its Deployment's arguments dials rank 0, and the run finishes with
-every sample accepted once. What cannot run here is swapped, and only that: the configmap's
-fixed ports for free ones, the index-0 pod's DNS name for loopback, the mounts for folders."""
+every sample accepted once, every call carrying the job's minted token. What cannot run here
+is swapped, and only that: the configmap's fixed ports for free ones, the index-0 pod's DNS
+name for loopback, the mounts for folders and files."""
 
 from __future__ import annotations
 
+import base64
 import re
 import socket
 import subprocess
@@ -16,7 +18,8 @@ import pytest
 import yaml
 
 from streamrl.local.ports import free_port
-from streamrl.operator.builders import JOB_FILE, OUT_MOUNT, build_children
+from streamrl.operator.builders import TOKEN_FILE, build_children
+from streamrl.operator.pods import JOB_FILE, OUT_MOUNT
 from streamrl.operator.settings import Settings
 from streamrl.records import RunSummary, TrainerPhase
 from streamrl.spec import load_job
@@ -55,9 +58,14 @@ def test_the_trainer_pods_command_runs_two_ranks_that_train_with_a_generator(wri
         "pipeline": {"mode": "stream-sync"},
         "trainer": {"processesPerNode": 2, "processGroupTimeoutSeconds": 60},
     }}))
-    objects = {(o["kind"], o["metadata"]["name"]): o for o in build_children(job, "rl", Settings())}
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in build_children(job, "rl", Settings(), token="t0k3n")}
     name = job.metadata.name
     configmap = yaml.safe_load(objects["ConfigMap", f"{name}-spec"]["data"]["job.yaml"])
+    # Every role presents and checks the job's minted token, read from the Secret's file.
+    assert configmap["spec"]["security"]["tokenFile"] == TOKEN_FILE
+    token_file = tmp_path / "token"
+    token_file.write_bytes(base64.b64decode(objects["Secret", f"{name}-token"]["data"]["token"]))
+    configmap["spec"]["security"]["tokenFile"] = str(token_file)
     grpc_port, admin_base, rendezvous = free_port(), _two_free_ports(), free_port()
     configmap["spec"]["trainer"].update({"port": grpc_port, "adminPort": admin_base})
     job_file, out = tmp_path / "configmap-job.yaml", tmp_path / "out"

@@ -1,8 +1,9 @@
 """The Helm chart, rendered by the real helm binary: lint, every object valid for
-Kubernetes (strict), values checked by the schema, CRDs kept, least-privilege RBAC, an
-operator pod that passes Pod Security "restricted", the settings the operator reads from its
-environment, and monitoring/dashboards behind values carrying exactly what the repository
-defines."""
+Kubernetes (strict), values checked by the schema, CRDs kept, least-privilege RBAC, users'
+rights aggregated into edit and view, an operator pod that passes Pod Security "restricted",
+the settings the operator reads from its environment, images pinned by digest, the admission
+policy on RLJobs' pod templates (its CEL evaluated by cel-python), and monitoring/dashboards
+behind values carrying exactly what the repository defines."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import re
 import subprocess
 from pathlib import Path
 
+import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from celpy import celtypes
+from celpy.adapter import json_to_cel
 
 from streamrl.operator.crd import rlcluster_crd, rljob_crd
 from streamrl.operator.settings import load_settings
+from streamrl.operator.validate import apply_defaults
 from streamrl.prometheus import RULES_FILE
 from tests.k8stools import tool
 
@@ -30,6 +35,8 @@ DEFAULT_PROMETHEUS_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/
 # Pod Security Standards, "restricted" (https://kubernetes.io/docs/concepts/security/pod-security-standards/)
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
                       "projected", "secret"}
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
 def helm_template(*sets: str, namespace: str = "streamrl-system", kube_version: str = "1.33.0",
@@ -115,8 +122,14 @@ def notes(*sets: str) -> str:
     return out.stdout.split("NOTES:", 1)[1]
 
 
+def operator_roles(objects: dict[str, list[dict]]) -> list[dict]:
+    """The operator's own Roles and ClusterRoles (not those aggregated into users' roles)."""
+    return [role for role in objects.get("ClusterRole", []) + objects.get("Role", [])
+            if not any(k.startswith(AGGREGATE) for k in role["metadata"]["labels"])]
+
+
 def rules_of(objects: dict[str, list[dict]]) -> list[dict]:
-    return [r for role in objects.get("ClusterRole", []) + objects.get("Role", []) for r in role["rules"]]
+    return [r for role in operator_roles(objects) for r in role["rules"]]
 
 
 def test_lint_strict():
@@ -127,7 +140,9 @@ def test_lint_strict():
 def test_every_rendered_object_is_valid_kubernetes():
     objects = render(*ALL_ON, "jobs.imagePullSecrets[0].name=regcred", "imagePullSecrets[0].name=regcred",
                      "operator.priorityClassName=system-cluster-critical", "operator.podLabels.team=rl",
-                     "operator.extraEnv[0].name=HTTPS_PROXY", "operator.extraEnv[0].value=http://proxy:3128")
+                     "operator.extraEnv[0].name=HTTPS_PROXY", "operator.extraEnv[0].value=http://proxy:3128",
+                     f"image.digest={DIGEST}", "operator.prometheusUrlAllow[0]=http://prometheus.monitoring:9090/",
+                     "admissionPolicy.allowServiceAccounts={trainer,generator}")
     checked = 0
     for obj in objects:
         try:
@@ -169,6 +184,20 @@ def test_crds_come_from_the_generated_files_and_are_kept():
     ("monitoring.podMonitor.interval=soon", "interval"),
     ("operator.prometheusUrl=prometheus:9090", "prometheusUrl"),
     ("operator.metricsPort=0", "metricsPort"),
+    ("image.digest=latest", "digest"),
+    ("image.digest=sha256:abc", "digest"),
+    ("image.tag=v1 beta", "tag"),
+    ("jobs.image=registry.example.com/rl@sha256:abc", "image"),
+    ("jobs.cudaImage=registry.example.com/rl:1 --privileged", "cudaImage"),
+    ("operator.prometheusUrlAllow[0]=prometheus.monitoring:9090/", "prometheusUrlAllow"),
+    # A prefix must end its host: http://prometheus:9090 would also admit http://prometheus:9090@attacker.example
+    ("operator.prometheusUrlAllow[0]=http://prometheus.monitoring:9090", "prometheusUrlAllow"),
+    ("operator.prometheusUrlAllow[0]=http://attacker.example@prometheus/", "prometheusUrlAllow"),
+    ("operator.prometheusUrlAllow[0]=http://a/\\,http://b/", "prometheusUrlAllow"),
+    ("admissionPolicy.allowServiceAccounts[0]=Not_An_Account", "allowServiceAccounts"),
+    ("admissionPolicy.enabled=maybe", "enabled"),
+    ("admissionPolicy.params.x=1", "additional properties 'params' not allowed"),
+    ("rbac.aggregate=yes", "aggregate"),
 ])
 def test_values_schema_rejects_bad_values(bad, message):
     out = helm_template(bad)
@@ -255,7 +284,8 @@ def test_network_policy_settings_reach_the_operator():
 
 def test_the_operator_reads_the_environment_the_chart_gives_it():
     env = operator_env("jobs.imagePullSecrets[0].name=regcred", "networkPolicy.enabled=false",
-                       "operator.prometheusUrl=http://prometheus.monitoring:9090")
+                       "operator.prometheusUrl=http://prometheus.monitoring:9090",
+                       "operator.prometheusUrlAllow={http://prometheus.monitoring:9090/,https://thanos.example.com/}")
     env["STREAMRL_OPERATOR_NAMESPACE"] = "streamrl-system"  # the downward API's, on a cluster
     settings = load_settings(env)
     assert (settings.image, settings.cuda_image) == ("ghcr.io/streamrl/streamrl:0.1.0",
@@ -264,6 +294,8 @@ def test_the_operator_reads_the_environment_the_chart_gives_it():
     assert settings.network_policy is False and settings.prometheus_peer == DEFAULT_PROMETHEUS_PEER
     assert settings.token_key_secret == "rel-streamrl-token-key"
     assert settings.prometheus_url == "http://prometheus.monitoring:9090"
+    assert settings.prometheus_url_allow == ("http://prometheus.monitoring:9090/", "https://thanos.example.com/")
+    assert load_settings(operator_env()).prometheus_url_allow == ()
     assert load_settings(operator_env("networkPolicy.prometheus=null")).prometheus_peer is None
 
 
@@ -273,7 +305,8 @@ def test_names_labels_priority_and_extra_env_are_values():
                              "operator.extraEnv[0].name=HTTPS_PROXY", "operator.extraEnv[0].value=http://proxy:3128"))
     [deployment] = objects["Deployment"]
     assert deployment["metadata"]["name"] == "rl-operator"
-    assert {r["metadata"]["name"] for r in objects["ClusterRole"]} == {"rl-operator-clusters", "rl-operator-jobs"}
+    assert {r["metadata"]["name"] for r in objects["ClusterRole"]} == {
+        "rl-operator-clusters", "rl-operator-jobs", "rl-operator-rljob-edit", "rl-operator-rljob-view"}
     pod = deployment["spec"]["template"]
     assert pod["metadata"]["labels"]["team"] == "rl"
     # The chart's own labels win: the Deployment's selector still matches its pods.
@@ -329,8 +362,10 @@ def test_rbac_is_least_privilege():
     scoped = by_kind(render("operator.watchNamespaces={team-a,team-b}"))
     job_roles = [r for r in scoped["Role"] if any("deployments" in x["resources"] for x in r["rules"])]
     assert sorted(r["metadata"]["namespace"] for r in job_roles) == ["team-a", "team-b"]
-    assert all(r["rules"] == objects["ClusterRole"][1]["rules"] for r in job_roles)
-    cluster_wide = {res for r in scoped["ClusterRole"] for x in r["rules"] for res in x["resources"]}
+    [cluster_jobs] = [r for r in objects["ClusterRole"] if r["metadata"]["name"] == "rel-streamrl-jobs"]
+    assert all(r["rules"] == cluster_jobs["rules"] for r in job_roles)
+    cluster_wide = {res for r in operator_roles(scoped) if r["kind"] == "ClusterRole"
+                    for x in r["rules"] for res in x["resources"]}
     assert cluster_wide == {"rlclusters", "rlclusters/status"}
     [deployment] = scoped["Deployment"]
     assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][2:] == \
@@ -384,3 +419,200 @@ def test_monitoring_and_dashboards_behind_values():
     for cm in dashboards:
         [(name, text)] = cm["data"].items()
         assert json.loads(text) == json.loads((CHART / "files" / "dashboards" / name).read_text())
+
+
+def test_an_image_digest_pins_the_operator_and_the_cpu_jobs():
+    pod = operator_pod(f"image.digest={DIGEST}", "image.tag=0.2.0")
+    [container] = pod["containers"]
+    assert container["image"] == f"ghcr.io/streamrl/streamrl@{DIGEST}"  # the tag is not used
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["STREAMRL_JOB_IMAGE"] == f"ghcr.io/streamrl/streamrl@{DIGEST}"
+    # The CUDA build is another image: image.digest is not its digest; pinned through jobs.cudaImage.
+    assert env["STREAMRL_JOB_CUDA_IMAGE"] == "ghcr.io/streamrl/streamrl:0.2.0-cuda"
+    cuda = f"registry.example.com/rl/streamrl-cuda@{DIGEST}"
+    env = operator_env(f"image.digest={DIGEST}", f"jobs.cudaImage={cuda}",
+                       "jobs.image=registry.example.com/rl/streamrl:1.0@" + DIGEST)
+    assert env["STREAMRL_JOB_CUDA_IMAGE"] == cuda
+    assert env["STREAMRL_JOB_IMAGE"] == "registry.example.com/rl/streamrl:1.0@" + DIGEST
+
+
+def test_prometheus_url_allow_list_reaches_the_operator():
+    assert operator_env()["STREAMRL_PROMETHEUS_URL_ALLOW"] == ""  # no job may name its own Prometheus
+    env = operator_env("operator.prometheusUrlAllow={http://prometheus-operated.monitoring.svc:9090/,https://t.example/}")
+    assert env["STREAMRL_PROMETHEUS_URL_ALLOW"] == "http://prometheus-operated.monitoring.svc:9090/,https://t.example/"
+
+
+def test_users_rights_on_rljobs_are_aggregated_into_edit_and_view():
+    roles = {r["metadata"]["name"]: r for r in by_kind(render())["ClusterRole"]}
+    edit, view = roles["rel-streamrl-rljob-edit"], roles["rel-streamrl-rljob-view"]
+    assert {k: v for k, v in edit["metadata"]["labels"].items() if k.startswith(AGGREGATE)} == {
+        AGGREGATE + "edit": "true", AGGREGATE + "admin": "true"}
+    assert edit["rules"] == [
+        {"apiGroups": ["streamrl.io"], "resources": ["rljobs"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": ["streamrl.io"], "resources": ["rljobs/scale"], "verbs": ["get", "update", "patch"]}]
+    assert {k: v for k, v in view["metadata"]["labels"].items() if k.startswith(AGGREGATE)} == {
+        AGGREGATE + "view": "true"}
+    assert view["rules"] == [{"apiGroups": ["streamrl.io"], "resources": ["rljobs", "rlclusters"],
+                              "verbs": ["get", "list", "watch"]}]
+    # Nobody is given RLClusters' writes, nor status writes, by aggregation.
+    assert not any("rlclusters" in r["resources"] or "rljobs/status" in r["resources"] for r in edit["rules"])
+    names = {r["metadata"]["name"] for r in by_kind(render("rbac.aggregate=false"))["ClusterRole"]}
+    assert names == {"rel-streamrl-clusters", "rel-streamrl-jobs"}
+
+
+# ---- the admission policy on RLJobs' pod templates (review S2-3), its CEL run by cel-python ----
+TEMPLATES = {"trainer": "spec.trainer.placement.template", "ranker": "spec.ranker.placement.template",
+             "pools": "spec.generators.pools[*].placement.template"}
+RULES = {"hostNetwork": "spec.hostNetwork: true is not allowed", "hostPID": "spec.hostPID: true is not allowed",
+         "hostIPC": "spec.hostIPC: true is not allowed", "hostPath": "hostPath volumes are not allowed",
+         "privileged": "privileged containers are not allowed", "capabilities": "added capabilities are not allowed",
+         "serviceAccount": "spec.serviceAccountName (and the deprecated spec.serviceAccount) must be one of"}
+BAD_TEMPLATES = [
+    ("hostNetwork", {"spec": {"hostNetwork": True}}),
+    ("hostPID", {"spec": {"hostPID": True}}),
+    ("hostIPC", {"spec": {"hostIPC": True}}),
+    ("hostPath", {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}},
+                                       {"name": "root", "hostPath": {"path": "/"}}]}}),
+    ("privileged", {"spec": {"containers": [{"name": "main", "securityContext": {"privileged": True}}]}}),
+    ("privileged", {"spec": {"initContainers": [{"name": "setup", "image": "busybox"},
+                                                {"name": "mount", "securityContext": {"privileged": True}}]}}),
+    ("capabilities", {"spec": {"containers": [{"name": "main", "securityContext": {
+        "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}}]}}),
+    ("capabilities", {"spec": {"initContainers": [{"name": "setup", "securityContext": {
+        "capabilities": {"add": ["SYS_ADMIN"]}}}]}}),
+    ("serviceAccount", {"spec": {"serviceAccountName": "cluster-admin"}}),
+    ("serviceAccount", {"spec": {"serviceAccount": "cluster-admin"}}),  # deprecated alias, same effect
+]
+HARMLESS_TEMPLATE = {
+    "metadata": {"labels": {"team": "rl"}, "annotations": {"a": "b"}},
+    "spec": {"hostNetwork": False, "hostPID": False, "serviceAccountName": "trainer",
+             "affinity": {"nodeAffinity": {}},
+             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
+             "initContainers": [{"name": "fetch", "image": "busybox", "securityContext": {"privileged": False}}],
+             "containers": [{"name": "main", "env": [{"name": "A", "value": "1"}], "securityContext": {
+                 "privileged": False, "capabilities": {"drop": ["ALL"], "add": []}}},
+                 {"name": "sidecar", "image": "busybox"}]},
+}
+
+
+def _rljobs_of_examples() -> list[tuple[str, dict]]:
+    return [(f"{path.name}#{i}", doc) for path in sorted((ROOT / "deploy" / "examples").glob("rljob-*.yaml"))
+            for i, doc in enumerate(yaml.safe_load_all(path.read_text())) if doc and doc.get("kind") == "RLJob"]
+
+
+def _with_template(job: dict, where: str, template: dict) -> dict:
+    """A copy of `job` with `template` at one of TEMPLATES (pools: in an extra pool, after good ones)."""
+    job = json.loads(json.dumps(job))
+    spec = job["spec"]
+    if where == "pools":
+        spec["generators"]["pools"].append({"name": "extra", "replicas": 1, "placement": {"template": template}})
+    else:
+        spec.setdefault(where, {}).setdefault("placement", {})["template"] = template
+    return job
+
+
+class AdmissionPolicy:
+    """The chart's ValidatingAdmissionPolicy, its expressions compiled by cel-python."""
+
+    def __init__(self, policy: dict):
+        env = celpy.Environment()
+        self.policy = policy
+        self.validations = [(env.program(env.compile(v["expression"])), v["message"])
+                            for v in policy["spec"]["validations"]]
+        [condition] = policy["spec"]["matchConditions"]
+        self.condition = env.program(env.compile(condition["expression"]))
+
+    @staticmethod
+    def _bool(program, **bindings) -> bool:
+        result = program.evaluate({k: json_to_cel(v) for k, v in bindings.items()})
+        # An error would refuse the request on a real server (failurePolicy Fail): here it is a bug.
+        assert isinstance(result, celtypes.BoolType), f"did not evaluate to a bool: {result!r}"
+        return bool(result)
+
+    def refusals(self, job: dict) -> list[str]:
+        """The message of every validation `job` fails ([] = admitted)."""
+        return [message for program, message in self.validations if not self._bool(program, object=job)]
+
+    def applies(self, operation: str, job: dict, old: dict | None = None) -> bool:
+        return self._bool(self.condition, request={"operation": operation}, object=job, oldObject=old)
+
+
+def admission_policy(*sets: str) -> AdmissionPolicy:
+    objects = by_kind(render(*sets))
+    [policy], [binding] = objects["ValidatingAdmissionPolicy"], objects["ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    return AdmissionPolicy(policy)
+
+
+def test_admission_policy_matches_rljob_writes_and_fails_closed():
+    objects = by_kind(render())
+    [policy] = objects["ValidatingAdmissionPolicy"]
+    assert policy["metadata"]["name"] == "rel-streamrl-rljob-templates"
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail" and "paramKind" not in spec
+    assert spec["matchConstraints"]["resourceRules"] == [{"apiGroups": ["streamrl.io"], "apiVersions": ["*"],
+                                                          "operations": ["CREATE", "UPDATE"], "resources": ["rljobs"]}]
+    # 3 templates x 6 rules, each message naming its template and its field.
+    assert len(spec["validations"]) == 18 and all(v["reason"] == "Invalid" for v in spec["validations"])
+    assert {(t, r) for t in TEMPLATES.values() for r in list(RULES.values())[:6]} == {
+        (v["message"].split(": ", 1)[0], next(r for r in RULES.values() if r in v["message"]))
+        for v in spec["validations"]}
+    assert "ValidatingAdmissionPolicy" not in by_kind(render("admissionPolicy.enabled=false"))
+    assert "ValidatingAdmissionPolicyBinding" not in by_kind(render("admissionPolicy.enabled=false"))
+
+
+def test_admission_policy_covers_every_pod_template_of_the_crd():
+    def templates(node: dict, path: str) -> list[str]:
+        found = [path] if path.endswith(".template") and node.get("x-kubernetes-preserve-unknown-fields") else []
+        for key, sub in node.get("properties", {}).items():
+            found += templates(sub, f"{path}.{key}" if path else key)
+        if "items" in node:
+            found += templates(node["items"], path + "[*]")
+        return found
+
+    schema = rljob_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert sorted(templates(schema, "")) == sorted(TEMPLATES.values())
+
+
+def test_admission_policy_admits_the_examples_and_harmless_templates():
+    policy = admission_policy("admissionPolicy.allowServiceAccounts={trainer,generator}")
+    schema = rljob_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    examples = _rljobs_of_examples()
+    assert len(examples) >= 4
+    for source, job in examples:
+        assert policy.refusals(job) == [], source
+        assert policy.refusals(apply_defaults(schema, json.loads(json.dumps(job)))) == [], source  # as stored
+        for where in TEMPLATES:
+            assert policy.refusals(_with_template(job, where, HARMLESS_TEMPLATE)) == [], (source, where)
+            assert policy.refusals(_with_template(job, where, {})) == [], (source, where)
+            assert policy.refusals(_with_template(job, where, {"spec": {}})) == [], (source, where)
+
+
+@pytest.mark.parametrize("where", TEMPLATES)
+@pytest.mark.parametrize("rule, template", BAD_TEMPLATES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(BAD_TEMPLATES)])
+def test_admission_policy_refuses_a_template_that_reaches_the_node(where, rule, template):
+    tiny = yaml.safe_load((ROOT / "deploy" / "examples" / "rljob-tiny-cpu.yaml").read_text())
+    job = _with_template(tiny, where, template)
+    expected = f"{TEMPLATES[where]}: {RULES[rule]}"
+    refusals = admission_policy("admissionPolicy.allowServiceAccounts={trainer,generator}").refusals(job)
+    assert len(refusals) == 1 and refusals[0].startswith(expected), refusals
+    if rule == "serviceAccount":
+        assert refusals[0].endswith("must be one of trainer, generator (admissionPolicy.allowServiceAccounts)")
+        # Without a list, any of the namespace's accounts may be named.
+        assert admission_policy().refusals(job) == []
+    else:
+        assert admission_policy().refusals(job) == [refusals[0]]
+
+
+def test_admission_policy_checks_creates_and_spec_changes_only():
+    policy = admission_policy()
+    job = yaml.safe_load((ROOT / "deploy" / "examples" / "rljob-tiny-cpu.yaml").read_text())
+    assert policy.applies("CREATE", job)
+    # kopf's and the operator's metadata writes (finalizers, annotations) to a job made before
+    # the policy still go through; a spec change is checked.
+    annotated = {**job, "metadata": {**job["metadata"], "finalizers": ["streamrl.io/finalizer"]}}
+    assert not policy.applies("UPDATE", annotated, job)
+    scaled = json.loads(json.dumps(job))
+    scaled["spec"]["generators"]["replicas"] = 3
+    assert policy.applies("UPDATE", scaled, job)

@@ -55,3 +55,20 @@ def test_every_role_answers_help(role):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "usage: streamrl" in out.stdout
+
+
+def _instructions(dockerfile: str, *names: str) -> list[str]:
+    """The Dockerfile's instructions of those kinds (ENV, ARG...), continuation lines joined, comments dropped."""
+    lines = [ln for ln in (ROOT / dockerfile).read_text().splitlines() if not ln.lstrip().startswith("#")]
+    text = "\n".join(lines).replace("\\\n", " ")
+    return [ln for ln in text.splitlines() if ln.split(maxsplit=1)[:1] and ln.split()[0].upper() in names]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_no_image_makes_every_gpu_of_its_node_visible(dockerfile):
+    # The device plugin sets NVIDIA_VISIBLE_DEVICES for a container that requests GPUs. Baked into
+    # the image, a CPU-only role (the ranker, a pool with gpus: 0) would see every GPU of its node
+    # wherever NVIDIA's runtime is the default (review S2-6).
+    settings = _instructions(dockerfile, "ENV", "ARG")
+    assert settings, f"{dockerfile} sets no ENV at all: the parser missed them"
+    assert not [s for s in settings if "NVIDIA_VISIBLE_DEVICES" in s]

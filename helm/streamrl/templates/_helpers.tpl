@@ -40,20 +40,29 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{- /* The operator's image (the CPU build). */}}
+{{- /* The operator's image (the CPU build): by digest when image.digest is set, else by tag. */}}
 {{- define "streamrl.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- include "streamrl.taggedImage" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* <image.repository>:<image.tag, else appVersion>. */}}
+{{- define "streamrl.taggedImage" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{- /* Image of job roles on CPU: jobs.image, else the operator's. */}}
+{{- /* Image of job roles on CPU: jobs.image, else the operator's (its digest too). */}}
 {{- define "streamrl.jobImage" -}}
 {{- default (include "streamrl.image" .) .Values.jobs.image -}}
 {{- end -}}
 
 {{- /* Image of job roles on CUDA: jobs.cudaImage, else the operator's repository and tag with -cuda
-(docker/Dockerfile.cuda, README "Container images"). */}}
+(docker/Dockerfile.cuda, README "Container images"); image.digest is the CPU image's, not this one's. */}}
 {{- define "streamrl.jobCudaImage" -}}
-{{- default (printf "%s-cuda" (include "streamrl.image" .)) .Values.jobs.cudaImage -}}
+{{- default (printf "%s-cuda" (include "streamrl.taggedImage" .)) .Values.jobs.cudaImage -}}
 {{- end -}}
 
 {{- /* Whether the cluster serves the Prometheus Operator's kinds (PodMonitor, PrometheusRule). */}}

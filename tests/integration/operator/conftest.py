@@ -60,8 +60,9 @@ async def operator(k8s, kopf_settings):
     """Start the operator's handlers (a fresh registry, the status refreshed every 0.5 s) with
     a Runtime talking to kmock; yields the Runtime so tests can register remote clusters or a
     trainer status source."""
-    settings = Settings(image="streamrl:test", namespace="streamrl-system", status_interval_s=0.5)
-    registry = register(kopf.OperatorRegistry(), settings)
+    settings = Settings(image="streamrl:test", namespace="streamrl-system", status_interval_s=0.5,
+                        prometheus_url_allow=("http://127.0.0.1:",))
+    registry = register(kopf.OperatorRegistry(), settings, cluster_probe_s=1.0)
 
     @kopf.on.login(registry=registry)
     def login_to_kmock(**_):

@@ -42,6 +42,8 @@ import kmock
 
 from streamrl.spec import API_VERSION
 
+VERSION = "v1.33.2"
+"""The Kubernetes version the emulator answers /version with (the rules above are 1.33's)."""
 FIELD_MANAGER_REQUIRED = "fieldManager is required for apply requests"
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -142,6 +144,11 @@ class Emulator(kmock.KubernetesEmulator):
         """Per object, per field manager: the configuration it last applied (server-side apply)."""
         self.writes: list[tuple[str, str]] = []
         """(method, path) of every request that changed a stored object."""
+        self.denied: set[tuple[str, str, str | None]] = set()
+        """(verb, resource, namespace or None for every namespace) SelfSubjectAccessReviews deny."""
+        self.fail_once: dict[tuple[str, str], int] = {}
+        """(method, path) -> an HTTP status the next such request gets instead of being served
+        (a server that fails between two of the operator's writes)."""
 
     def _next_rv(self) -> str:
         type(self)._rv += 1
@@ -149,7 +156,13 @@ class Emulator(kmock.KubernetesEmulator):
 
     # ---- dispatch --------------------------------------------------------------------
     async def _handle(self, request):
+        failure = self.fail_once.pop((getattr(request.method, "value", request.method), request.url.path), None)
+        if failure is not None:
+            return await self._render_error(kmock.KubernetesError(status=failure, reason="InternalError",
+                                                                  message="injected failure"))
         try:
+            if request.resource is not None and request.resource.plural == "selfsubjectaccessreviews":
+                return self._access_review(request)
             if request.resource is not None:
                 if request.subresource == "scale" and (request.resource.group, request.resource.plural) == \
                         ("streamrl.io", "rljobs"):
@@ -238,8 +251,8 @@ class Emulator(kmock.KubernetesEmulator):
             new = _normalise(new)
             if current is not None and new == current:
                 return aiohttp.web.json_response(current)  # nothing changed: nothing written
+            self._validate(request.resource, new)
             if current is None:
-                self._validate(request.resource, new)
                 meta = new.setdefault("metadata", {})
                 meta.update(namespace=request.namespace, uid=str(uuid.uuid4()), generation=1,
                             creationTimestamp=datetime.datetime.now(datetime.UTC).isoformat())
@@ -412,6 +425,21 @@ class Emulator(kmock.KubernetesEmulator):
             await self._buses[request.resource].put({"type": "MODIFIED", "object": self._objects[key].raw})
         return aiohttp.web.json_response({"apiVersion": "autoscaling/v1", "kind": "Scale",
                                           "spec": {"replicas": patched}})
+
+    # ---- authorization ------------------------------------------------------------------
+    def _access_review(self, request):
+        """A SelfSubjectAccessReview: allowed unless the test denied that verb on that resource
+        (in that namespace, or everywhere)."""
+        attributes = (request.data.get("spec") or {}).get("resourceAttributes") or {}
+        key = (attributes.get("verb"), attributes.get("resource"), attributes.get("namespace"))
+        denied = key in self.denied or (key[0], key[1], None) in self.denied
+        return aiohttp.web.json_response({**request.data, "status": {"allowed": not denied}}, status=201)
+
+    # ---- the server's version ---------------------------------------------------------
+    async def _serve_server_version(self, request):
+        """A 1.33 server (kmock answers as 1.26, which the operator refuses: no Job successPolicy)."""
+        return {**await super()._serve_server_version(request), "major": "1", "minor": "33",
+                "gitVersion": VERSION}
 
     # ---- lists and watches by label ---------------------------------------------------
     async def _selected(self, request):
