@@ -58,9 +58,10 @@ def render_job(job: RLJob, namespace: str, settings: Settings) -> list[tuple[str
     return out
 
 
-def run(paths: list[str], namespace: str, out: TextIO, err: TextIO = sys.stderr) -> int:
-    """Print every object of every valid RLJob in `paths`; problems go to `err` as
+def run(paths: list[str], namespace: str, out: TextIO, err: TextIO | None = None) -> int:
+    """Print every object of every valid RLJob in `paths`; problems go to `err` (stderr) as
     `FILE: field: message` (as `streamrl validate` prints them). 1 when any job has a problem."""
+    err = err or sys.stderr
     settings = load_settings(os.environ)
     failed, first = False, True
     for name in paths:

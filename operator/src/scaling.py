@@ -7,6 +7,7 @@ Prometheus's answers and the clock come in; autoscaler.py does the I/O and knows
 from __future__ import annotations
 
 import datetime
+import urllib.parse
 from dataclasses import dataclass, field, replace
 
 from streamrl.operator.phases import JobPhase
@@ -66,13 +67,26 @@ def timestamp(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def url_allowed(url: str, prefix: str) -> bool:
+    """`url` is under `prefix`: the same scheme and host, the same port (any, when the prefix
+    names none), its path under the prefix's, and no user part (`http://prom:9090@elsewhere`
+    names another host than its text begins with)."""
+    u, p = urllib.parse.urlsplit(url), urllib.parse.urlsplit(prefix)
+    try:
+        same_port = p.port is None or u.port == p.port
+    except ValueError:
+        return False
+    return (u.scheme, u.hostname) == (p.scheme, p.hostname) and same_port and u.username is None and \
+        u.path.startswith(p.path.rstrip("/")) and (u.path + "/").startswith(p.path.rstrip("/") + "/")
+
+
 def prometheus_url(job: RLJob, default: str | None, allowed: tuple[str, ...] = ()) -> str:
     """The Prometheus HTTP API to read: the job's, when the operator's allow-list has its
     prefix (the operator makes the request from its own place in the network), else the
     operator's; ValueError naming the field when neither is usable."""
     url = job.spec.autoscaling.prometheus_url  # http(s) by the spec's own pattern
     if url is not None:
-        if not any(url.startswith(prefix) for prefix in allowed):
+        if not any(url_allowed(url, prefix) for prefix in allowed):
             raise ValueError(f"spec.autoscaling.prometheusUrl {url} is not among the URLs the operator may read "
                              f"({', '.join(allowed) or 'none: it reads its own --prometheus-url only'}; Helm value "
                              "operator.prometheusUrlAllow)")

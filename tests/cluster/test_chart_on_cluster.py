@@ -153,7 +153,8 @@ def _create_namespace(name: str, labels: dict[str, str]) -> None:
 def _delete_jobs(namespace: str) -> None:
     """RLJobs carry the operator's finalizer: deleted while it runs, else their finalizers dropped."""
     if kubectl("delete", RLJOBS, "--all", "-n", namespace, "--wait=true", "--timeout=180s", check=False).returncode:
-        for job in (get(RLJOBS, "-n", namespace) or {}).get("items", []):
+        left = kubectl("get", RLJOBS, "-n", namespace, "-o", "json", check=False)
+        for job in json.loads(left.stdout)["items"] if left.returncode == 0 else []:
             kubectl("patch", RLJOBS, job["metadata"]["name"], "-n", namespace, "--type=merge",
                     "-p", '{"metadata":{"finalizers":null}}', check=False)
 
@@ -166,16 +167,16 @@ def install():
                     "set STREAMRL_CLUSTER_ANY_CONTEXT=1 to run it there anyway")
     suffix = uuid.uuid4().hex[:6]
     it = Install(f"srl-{suffix}", f"streamrl-op-{suffix}", f"streamrl-jobs-{suffix}", f"streamrl-tenant-{suffix}")
-    for ns in (it.operator_ns, it.jobs_ns, it.tenant_ns):
-        _create_namespace(ns, RESTRICTED)
-    # The CRDs are cluster-wide and kept by the release that made them: the chart installs them
-    # the first time; after that they are brought up to this checkout's and the release skips them.
-    crds_there = get("crd", RLJOBS) is not None
-    if crds_there:
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
-    sets = [*image_values(IMAGE), "networkPolicy.prometheus=null", f"operator.watchNamespaces={{{it.jobs_ns}}}",
-            f"crds.install={str(not crds_there).lower()}"]
     try:
+        for ns in (it.operator_ns, it.jobs_ns, it.tenant_ns):
+            _create_namespace(ns, RESTRICTED)
+        # The CRDs are cluster-wide and kept by the release that made them: the chart installs them
+        # the first time; after that they are brought up to this checkout's and the release skips them.
+        crds_there = get("crd", RLJOBS) is not None
+        if crds_there:
+            kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
+        sets = [*image_values(IMAGE), "networkPolicy.prometheus=null",
+                f"operator.watchNamespaces={{{it.jobs_ns}}}", f"crds.install={str(not crds_there).lower()}"]
         helm = run(tool("helm"), "upgrade", "--install", it.release, str(CHART), "--namespace", it.operator_ns,
                    "--wait", "--timeout", "5m", *[a for s in sets for a in ("--set", s)], timeout_s=360, check=False)
         assert helm.returncode == 0, f"helm install failed:\n{helm.stderr}\n{it.snapshot()}"
@@ -272,11 +273,10 @@ def test_scale_subresource_reads_and_writes_the_generators(install, running_job)
     assert install.job(name)["spec"]["generators"]["replicas"] == 2
 
 
-def _probe(install: Install, namespace: str, labels: dict[str, str], host: str) -> tuple[int, str]:
-    """(exit code of PROBE, its output) from a fresh pod in `namespace` carrying `labels`; Pod
-    Security "restricted" compliant, from the suite's image (already on the nodes)."""
-    pod = f"probe-{uuid.uuid4().hex[:6]}"
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": namespace, "labels": labels},
+def probe_pod(pod: str, namespace: str, labels: dict[str, str], host: str) -> dict:
+    """A pod that runs PROBE against host:TRAINER_GRPC_PORT once; Pod Security "restricted"
+    compliant, from the suite's image (already on the nodes)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": namespace, "labels": labels},
             "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
                      "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                                          "seccompProfile": {"type": "RuntimeDefault"}},
@@ -287,7 +287,12 @@ def _probe(install: Install, namespace: str, labels: dict[str, str], host: str) 
                                      "securityContext": {"allowPrivilegeEscalation": False,
                                                          "readOnlyRootFilesystem": True,
                                                          "capabilities": {"drop": ["ALL"]}}}]}}
-    kubectl("create", "-f", "-", input=json.dumps(body))
+
+
+def _probe(install: Install, namespace: str, labels: dict[str, str], host: str) -> tuple[int, str]:
+    """(exit code of PROBE, its output) from a fresh probe_pod in `namespace` carrying `labels`."""
+    pod = f"probe-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "-f", "-", input=json.dumps(probe_pod(pod, namespace, labels, host)))
     try:
         done = until(lambda: (p := get("pod", pod, "-n", namespace)) and p["status"].get("phase") in (
             "Succeeded", "Failed") and p, 180, f"the probe pod {namespace}/{pod}", install.snapshot)

@@ -148,6 +148,8 @@ async def test_preemptions_and_disruptions_restart_the_group_without_spending_th
         await wait_for(lambda n=n: status(k8s, "spot")["trainer"]["preemptions"] == n, what="a preemption counted")
         assert status(k8s, "spot")["trainer"]["restarts"] == 0
         assert status(k8s, "spot")["phase"] == "Pending"
+        await wait_for(lambda n=n: [t for t, _ in events(k8s, "spot", "Preempted")] == ["Normal"] * n,
+                       what="a Preempted Event per preemption")
     await fail(k8s, "spot", "Container main for pod rl/spot-trainer-0-gh56i failed with exit code 1 matching FailJob "
                             "rule at index 2")
     await wait_for(lambda: status(k8s, "spot")["phase"] == "Failed", what="a real failure still fails it")

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.integration.operator.conftest import wait_for
+from tests.integration.operator.test_autoscaling import events
 from tests.integration.operator.test_operator import (
     CONFIGMAPS,
     DEPLOYMENTS,
@@ -27,6 +30,12 @@ from tests.integration.operator.test_operator import (
 TRAINERS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 TICKS = 4
 """Status intervals (0.5 s in these tests) to wait for something that must not happen."""
+
+
+@pytest.fixture
+def kopf_settings(kopf_settings):
+    kopf_settings.posting.enabled = True  # Events on restarts and terminal phases are part of what is checked
+    return kopf_settings
 
 
 def status(k8s, job: str) -> dict:
@@ -71,6 +80,7 @@ async def test_a_finished_job_releases_every_gpu_and_is_never_trained_again(k8s,
         "done-gen-default", "done-gen-extra", "done-ranker")] == [0, 0, 0], what="pools and ranker at 0")
     await wait_for(lambda: status(k8s, "done")["generators"]["replicas"] == 0, what="status says 0 replicas")
     assert status(k8s, "done")["completionTime"]
+    await wait_for(lambda: [e for e in events(k8s, "done") if e[1] == "Succeeded"], what="Succeeded Event")
     # A TTL controller or a user deletes the finished Job: it is not created again.
     assert (await k8s.delete(f"{TRAINERS}/done-trainer")).status == 200
     await settle(operator)
@@ -294,3 +304,6 @@ async def test_a_restart_is_counted_once_even_when_the_operator_fails_between_co
     await settle(operator)
     assert status(k8s, "once")["trainer"]["restarts"] == 1
     assert get(k8s, JOBS_RES, "once-trainer")["metadata"]["annotations"]["streamrl.io/group-restarts"] == "1"
+    # `kubectl describe rljob` shows the restart (the timer saw it: timers' loggers post no Event of their own)
+    restarted = [e for e in events(k8s, "once") if e[1] == "GroupRestarted"]
+    assert restarted and restarted[0][0] == "Warning" and "pod once-trainer-1 exited with code 1" in restarted[0][2]

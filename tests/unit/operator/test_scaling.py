@@ -44,11 +44,16 @@ def test_query_window_is_since_the_replicas_settled_within_two_to_four_rounds(se
 
 
 def test_prometheus_url_from_the_job_then_the_operator_else_a_clear_error():
-    assert scaling.prometheus_url(job(prometheusUrl="http://mine:9090"), URL, ("http://mine:",)) == "http://mine:9090"
+    assert scaling.prometheus_url(job(prometheusUrl="http://mine:9090"), URL, ("http://mine",)) == "http://mine:9090"
     # A URL the operator was not allowed to read (it would make the request from its own network place).
     with pytest.raises(ValueError, match="spec.autoscaling.prometheusUrl http://10.0.0.1:8080 is not among the URLs "
-                                         "the operator may read \\(http://mine:; Helm value"):
-        scaling.prometheus_url(job(prometheusUrl="http://10.0.0.1:8080"), URL, ("http://mine:",))
+                                         "the operator may read \\(http://mine; Helm value"):
+        scaling.prometheus_url(job(prometheusUrl="http://10.0.0.1:8080"), URL, ("http://mine",))
+    for sneaky in ("http://mine:9090@10.0.0.1:8080", "http://mine.attacker.example:9090", "https://mine:9090",
+                   "http://mine:9091"):
+        assert not scaling.url_allowed(sneaky, "http://mine:9090/"), sneaky
+    assert scaling.url_allowed("http://mine:9090/prometheus/api", "http://mine:9090/prometheus")
+    assert not scaling.url_allowed("http://mine:9090/prometheus-other", "http://mine:9090/prometheus")
     with pytest.raises(ValueError, match="none: it reads its own --prometheus-url only"):
         scaling.prometheus_url(job(prometheusUrl="http://mine:9090"), URL)
     assert scaling.prometheus_url(job(), URL) == URL
