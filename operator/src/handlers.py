@@ -115,9 +115,13 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
     except KubeError as err:
         if not err.refused:
             raise  # a conflict, throttling or the server's own trouble: kopf retries
-        refused = (err.reason or f"HTTP {err.status}", err.message)
+        refused = (err.reason or f"HTTP{err.status}", f"the API server refused an object of the job: {err.message}")
         if status.get("message", "").find(err.message) < 0:
             logger.error("the API server refused an object of the job: %s", err)
+    except reconcile.ForeignObject as err:
+        refused = ("AlreadyExists", str(err))
+        if status.get("message", "").find(str(err)) < 0:
+            logger.error("%s", err)
     if group is not None and group.action in GROUP_EVENTS:
         kind, reason = GROUP_EVENTS[group.action] if group.preemptions == _count(status, "preemptions") else \
             ("Normal", "Preempted")

@@ -104,8 +104,9 @@ class Observed:
     final: tuple[JobPhase, str] | None = None
     """(phase, message) the job already ended in (Succeeded or Failed): it stays there."""
     refused: tuple[str, str] | None = None
-    """(reason, message) of the API server refusing a child the spec made (a 4xx but 409 and
-    429): phase Invalid until the spec changes."""
+    """(reason, message) of a child that cannot be written: the API server refused it (a 4xx
+    but 409 and 429; the reason is the server's) or another owner's object has its name
+    (AlreadyExists). Phase Invalid until the spec changes."""
     pod_problems: tuple[tuple[str, str], ...] = ()
     """(reason, message) of what keeps the job's pods from running (unschedulable, an image
     that cannot be pulled, pods refused at admission, a crash loop), worst first."""
@@ -151,7 +152,7 @@ def _phase(obs: Observed) -> tuple[JobPhase, str]:
     if obs.invalid:
         return JobPhase.INVALID, obs.invalid
     if obs.refused:
-        return JobPhase.INVALID, f"the API server refused an object of the job ({obs.refused[0]}): {obs.refused[1]}"
+        return JobPhase.INVALID, obs.refused[1]
     if obs.final:
         return obs.final
     if rank0_succeeded(obs.trainer_job):

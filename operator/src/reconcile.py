@@ -78,12 +78,35 @@ def _digest(obj: dict) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
+class ForeignObject(RuntimeError):
+    """An object the operator would write exists and belongs to something else."""
+
+
+def foreign(desired: dict, current: dict) -> str | None:
+    """Why `current` is not the operator's to overwrite with `desired`, or None: in this
+    cluster, another controller's object (its controller owner reference is not the RLJob; an
+    object with none is adopted); in another cluster, one not marked with the same origin
+    (two home clusters with the same namespace and job name, or someone's own object)."""
+    want, have = desired["metadata"], current["metadata"]
+    origin = {k: v for k, v in want.get("labels", {}).items() if k.startswith("streamrl.io/origin-")}
+    if origin:
+        theirs = {k: v for k, v in (have.get("labels") or {}).items() if k.startswith("streamrl.io/origin-")}
+        return None if theirs == origin else (f"it is marked {theirs or 'with no origin'}, not {origin}")
+    ours = {o.get("uid") for o in want.get("ownerReferences") or []}
+    controllers = [o for o in have.get("ownerReferences") or [] if o.get("controller")]
+    if ours and controllers and not {o.get("uid") for o in controllers} & ours:
+        c = controllers[0]
+        return f"its controller is {c.get('kind')} {c.get('name')}"
+    return None
+
+
 async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: list[dict],
                     logger: Logger) -> dict[str, dict]:
     """Server-side apply each object, unless the operator applied exactly this before and
     the object has not changed since (same resourceVersion): an unchanged child costs one
     GET and no write; a deleted or edited one is repaired. Returns each object as the
-    server holds it now, by API path."""
+    server holds it now, by API path. ForeignObject, before anything of it is written, for an
+    object that exists and is not the operator's (`foreign`)."""
     memory = runtime.applied.setdefault(key, {})
     out: dict[str, dict] = {}
     for obj in objects:
@@ -91,6 +114,10 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
         current = await client.get(path)
         digest = _digest(obj)
         if current is not None:
+            problem = foreign(obj, current)
+            if problem:
+                raise ForeignObject(f"{obj['kind']} {obj['metadata']['name']}{_where(client)} exists and is not this "
+                                    f"job's ({problem}): not overwritten; delete or rename it")
             meta = current["metadata"]
             unchanged = memory.get((client.name, path)) == (digest, meta.get("resourceVersion"))
             if meta.get("deletionTimestamp") or unchanged:

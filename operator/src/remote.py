@@ -15,7 +15,7 @@ from streamrl.operator.kube import KubeClient, KubeError, path_of
 from streamrl.operator.names import name
 from streamrl.operator.perimeter import build_network_policies, build_token_secret
 from streamrl.operator.pods import minted_token
-from streamrl.operator.reconcile import apply_all
+from streamrl.operator.reconcile import ForeignObject, apply_all
 from streamrl.operator.runtime import Runtime
 from streamrl.spec import API_VERSION, GROUP, RLJob
 
@@ -93,7 +93,7 @@ async def apply_remote(runtime: Runtime, job: RLJob, namespace: str, token: str 
             try:
                 await apply_all(runtime, client, key,
                                 remote_children(runtime, job, namespace, cluster, address, token, finished), logger)
-            except (KubeError, httpx.HTTPError) as err:
+            except (KubeError, httpx.HTTPError, ForeignObject) as err:
                 return f"RLCluster {cluster!r}: {err}"
     for cluster, client in list(runtime.clusters.items()):
         wanted = frozenset(name(job.metadata.name, "gen", p.name) for p in job.spec.generators.pools

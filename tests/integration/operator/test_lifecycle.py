@@ -242,7 +242,7 @@ async def test_an_object_the_api_server_refuses_makes_the_job_invalid_with_its_m
     await create(k8s, body)
     await wait_for(lambda: status(k8s, "refused")["phase"] == "Invalid", what="Invalid")
     message = status(k8s, "refused")["message"]
-    assert message.startswith("the API server refused an object of the job (Invalid): ")
+    assert message.startswith("the API server refused an object of the job: ")
     assert "spec.template.metadata.labels[team]" in message and "a label value" in message
     failed = {c["type"]: c for c in status(k8s, "refused")["conditions"]}["Failed"]
     assert (failed["status"], failed["reason"]) == ("True", "Invalid")
@@ -307,3 +307,17 @@ async def test_a_restart_is_counted_once_even_when_the_operator_fails_between_co
     # `kubectl describe rljob` shows the restart (the timer saw it: timers' loggers post no Event of their own)
     restarted = [e for e in events(k8s, "once") if e[1] == "GroupRestarted"]
     assert restarted and restarted[0][0] == "Warning" and "pod once-trainer-1 exited with code 1" in restarted[0][2]
+
+
+async def test_an_object_of_the_same_name_that_is_someone_elses_is_not_overwritten(k8s, operator):
+    other = {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "taken-spec", "namespace": NS, "ownerReferences": [
+                 {"apiVersion": "apps/v1", "kind": "Deployment", "name": "someone", "uid": "1234", "controller": True}]},
+             "data": {"theirs": "1"}}
+    assert (await k8s.post(f"/api/v1/namespaces/{NS}/configmaps", json=other)).status in (200, 201)
+    await create(k8s, example("taken"))
+    await wait_for(lambda: status(k8s, "taken")["phase"] == "Invalid", what="Invalid")
+    assert status(k8s, "taken")["message"] == (
+        "ConfigMap taken-spec exists and is not this job's (its controller is Deployment someone): not overwritten; "
+        "delete or rename it")
+    assert get(k8s, CONFIGMAPS, "taken-spec")["data"] == {"theirs": "1"}

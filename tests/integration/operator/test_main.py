@@ -40,3 +40,23 @@ async def test_serve_reconciles_with_the_settings_it_was_started_with(k8s, monke
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class _FakeOldServer:
+    """An API server older than the trainer's Job needs."""
+
+    async def version(self) -> dict:
+        return {"gitVersion": "v1.30.5-eks-1"}
+
+    async def close(self) -> None:
+        pass
+
+
+def test_an_api_server_older_than_1_31_stops_the_start_with_the_reason(monkeypatch, capsys):
+    from streamrl.cli import main
+
+    monkeypatch.setattr(operator_main, "local_client", lambda: _FakeOldServer())
+    assert main(["operator", "--metrics-port", "0"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "streamrl operator: the API server is Kubernetes v1.30.5-eks-1: StreamRL needs 1.31 or newer (the trainer's "
+        "Job successPolicy)")

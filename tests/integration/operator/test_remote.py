@@ -167,3 +167,20 @@ async def test_a_cluster_that_stops_answering_turns_inactive_on_the_next_probe(k
     assert "dc-west" not in operator.clusters
     await wait_for(lambda: cluster_status(k8s)["phase"] == "Active", timeout=10, what="back")
     assert all(c._http.is_closed for c in clients[:-1])  # every replaced client closed, none leaked
+
+
+async def test_a_remote_object_another_home_cluster_made_is_not_overwritten(k8s, remote_cluster, operator):
+    remote, client = remote_cluster
+    operator.clusters["dc-west"] = client
+    operator.allowed_namespaces["dc-west"] = (NS,)
+    theirs = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "twin-spec", "namespace": NS, "labels": {"streamrl.io/origin-cluster": "other-home",
+                                                         "streamrl.io/origin-namespace": NS,
+                                                         "streamrl.io/origin-job": "twin"}}, "data": {"job.yaml": "x"}}
+    await client.create(theirs)
+    await create(k8s, example("twin", "rljob-cross-dc.yaml"))
+    await exposed(k8s, "twin")
+    await wait_for(lambda: "exists and is not this job's" in {c["type"]: c for c in get(k8s, RLJOB, "twin")[
+        "status"]["conditions"]}["ClustersReady"]["message"], what="conflict said")
+    assert remote.objects[CONFIGMAPS, NS, "twin-spec"]["data"] == {"job.yaml": "x"}
+    assert not remote_exists(remote, DEPLOYMENTS, "twin-gen-west")
