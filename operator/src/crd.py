@@ -83,6 +83,14 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
          "message": "processesPerNode is more than the GPUs of a trainer pod (placement.gpus): on a CUDA trainer "
                     "each rank needs a GPU", "fieldPath": ".processesPerNode"},
     ],
+    "security.tls": [
+        {"rule": "!has(self.generatorSecretName) || has(self.generatorServerName)",
+         "message": "generatorSecretName needs generatorServerName: the name its certificate carries, which peers "
+                    "verify", "fieldPath": ".generatorServerName", "reason": "FieldValueRequired"},
+        {"rule": "!has(self.generatorServerName) || !has(self.serverName) || self.generatorServerName != self.serverName",
+         "message": "generatorServerName must differ from serverName: a generator's certificate would pass for the "
+                    "trainer's", "fieldPath": ".generatorServerName"},
+    ],
     "ranker": [
         {"rule": "self.predictor != 'causal-lm' || has(self.modelPath)",
          "message": "modelPath is required when predictor is 'causal-lm'", "fieldPath": ".modelPath",

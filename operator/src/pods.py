@@ -122,8 +122,10 @@ def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[
     if minted_token(job):
         volumes.append({"name": "token", "secret": {"secretName": name(j, "token"), "defaultMode": 0o440}})
         mounts.append({"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True})
-    if spec.security.tls and spec.security.tls.secret_name:
-        volumes.append({"name": "tls", "secret": {"secretName": spec.security.tls.secret_name, "defaultMode": 0o440}})
+    tls = spec.security.tls
+    secret = tls and ((role == "generator" and tls.generator_secret_name) or tls.secret_name)
+    if secret:
+        volumes.append({"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440}})
         mounts.append({"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True})
     probe = {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 10, "failureThreshold": 6}
     container = {

@@ -80,7 +80,8 @@ class WeightFetcher:
         """The version's bytes from the named peer, or from the trainer when there is none
         or it fails; returns (blob, "peer" | "trainer")."""
         if notice.source:
-            channel = open_channel(notice.source, self.security)
+            peer_name = self.security.tls.generator_server_name if self.security.tls else None
+            channel = open_channel(notice.source, self.security, server_name=peer_name)  # a generator, not the trainer
             try:
                 return await fetch_blob(WeightSource(channel), notice, max_attempts=2, stopping=self.stopping), "peer"
             except grpc.aio.AioRpcError as err:

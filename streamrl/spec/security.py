@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from streamrl.spec.base import SpecModel
 
@@ -28,6 +28,25 @@ class TLSSpec(SpecModel):
     secret_name: str | None = Field(None, max_length=253)
     """Kubernetes: the Secret (keys `ca.crt`, `tls.crt`, `tls.key`) the operator mounts at
     /etc/streamrl/tls in every pod, where the default file paths point."""
+    generator_server_name: str | None = Field(None, min_length=1, max_length=253)
+    """The name generators' certificates carry, apart from the trainer's (serverName): a
+    generator then serves its pool's weight relay under it and peers verify it, and since its
+    certificate does not carry serverName, a generator's key cannot pass for the trainer.
+    Unset: one name (and on Kubernetes one certificate) for every role."""
+    generator_secret_name: str | None = Field(None, max_length=253)
+    """Kubernetes: the Secret generator pods mount at /etc/streamrl/tls instead of secretName
+    (a certificate for generatorServerName signed by the same CA), e.g. in a remote datacenter
+    whose nodes should never hold the trainer's key."""
+
+    @model_validator(mode="after")
+    def _generator_identity(self) -> TLSSpec:
+        if self.generator_secret_name and not self.generator_server_name:
+            raise ValueError("generatorSecretName needs generatorServerName: the name its certificate carries, which "
+                             "peers verify")
+        if self.generator_server_name == self.server_name:
+            raise ValueError(f"generatorServerName must differ from serverName ({self.server_name}): a generator's "
+                             "certificate would pass for the trainer's")
+        return self
 
 
 class SecuritySpec(SpecModel):

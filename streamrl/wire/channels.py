@@ -107,14 +107,16 @@ class _TokenStreamStream(_Token, grpc.aio.StreamStreamClientInterceptor):
         return await continuation(self._details(details), requests)
 
 
-def open_channel(address: str, security: SecuritySpec) -> grpc.aio.Channel:
-    """An asyncio channel to `address`, authenticated as the spec says (call from a loop)."""
+def open_channel(address: str, security: SecuritySpec, server_name: str | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to `address`, authenticated as the spec says (call from a loop);
+    with TLS the peer's certificate must carry `server_name` (default: tls.serverName, the
+    trainer's)."""
     token = read_token(security)
     kinds = (_TokenUnaryUnary, _TokenUnaryStream, _TokenStreamUnary, _TokenStreamStream)
     interceptors = [kind(token) for kind in kinds] if token else None
     creds = channel_credentials(security)
     if creds is not None:
-        options = CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", security.tls.server_name)]
+        options = CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", server_name or security.tls.server_name)]
         return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
 

@@ -156,3 +156,39 @@ def test_run_with_mutual_tls_and_a_token_end_to_end(ca, tmp_path, write_job, tin
     assert summary.weight_bytes_from_peers > 0 and summary.weight_bytes_from_trainer > 0
     logs = "".join(p.read_text() for p in (out / "logs").glob("generator-*.log"))
     assert "connected to trainer" in logs and "rejected" not in logs
+
+
+async def test_a_generators_certificate_cannot_pass_for_the_trainer_but_serves_its_pool(ca, tmp_path):
+    """Review S2-4: with generatorServerName, a generator's key (e.g. on a node in another
+    datacenter) carries only that name: generators dialing the trainer refuse a server showing it,
+    while peers fetching from its relay verify exactly it."""
+    from streamrl.spec import TLSSpec
+
+    def security(who: str, dns_name: str) -> SecuritySpec:
+        cert, key = ca.issue(who, dns_name)
+        return SecuritySpec(tls=TLSSpec(ca_file=str(ca.ca_file), cert_file=str(cert), key_file=str(key),
+                                        generator_server_name="streamrl-generator"))
+
+    generator = security("gen-0", "streamrl-generator")
+    impostor = TrainerServer(WeightStore(2, 4096), security=security("gen-evil", "streamrl-generator"))
+    impostor.store.publish(1, WEIGHTS)
+    trainer = TrainerServer(WeightStore(2, 4096), security=security("trainer", "streamrl"))
+    trainer.store.publish(1, WEIGHTS)
+    try:
+        async with open_channel(f"127.0.0.1:{impostor.port}", generator) as channel:
+            assert (await _refused(channel, impostor)).code() == grpc.StatusCode.UNAVAILABLE
+        async with open_channel(f"127.0.0.1:{trainer.port}", generator) as channel:  # its client cert is the job CA's
+            assert torch.equal((await _fetch(channel, trainer))["w"], WEIGHTS["w"])
+    finally:
+        impostor.stop()
+        trainer.stop()
+    relay = Relay(2, 4096)
+    server = await serve_relay(relay, security("gen-1", "streamrl-generator"))
+    try:
+        version = WeightStore(1, 4096).publish(3, WEIGHTS)
+        relay.hold(relay.chunked(3, version.blob))
+        notice = WeightsNotice(3, version.size_bytes, version.num_chunks, version.sha256)
+        async with open_channel(relay.address, generator, server_name="streamrl-generator") as channel:
+            assert torch.equal(deserialize(await fetch_blob(WeightSource(channel), notice))["w"], WEIGHTS["w"])
+    finally:
+        await server.stop(0)

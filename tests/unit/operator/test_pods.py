@@ -386,3 +386,12 @@ def test_a_pools_engine_change_rolls_that_pool_alone():
 
     changed = _hashes(engine)
     assert {n for n in base if changed[n] != base[n]} == {"p-gen-a"}
+
+
+def test_generators_mount_their_own_certificate_when_the_spec_gives_them_one():
+    """Review S2-4: the trainer's key stays off generator nodes (another datacenter's, say)."""
+    tls = {"secretName": "trainer-tls", "generatorSecretName": "gen-tls", "generatorServerName": "streamrl-generator"}
+    templates = _templates(_children(_job(generators=SKEWNESS, security={"tls": tls})))
+    secrets = {n: next(v["secret"]["secretName"] for v in t["spec"]["volumes"] if v["name"] == "tls")
+               for n, t in templates.items()}
+    assert secrets == {"p-trainer": "trainer-tls", "p-ranker": "trainer-tls", "p-gen-a": "gen-tls"}
