@@ -87,7 +87,8 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         {"rule": "!has(self.generatorSecretName) || has(self.generatorServerName)",
          "message": "generatorSecretName needs generatorServerName: the name its certificate carries, which peers "
                     "verify", "fieldPath": ".generatorServerName", "reason": "FieldValueRequired"},
-        {"rule": "!has(self.generatorServerName) || !has(self.serverName) || self.generatorServerName != self.serverName",
+        {"rule": "!has(self.generatorServerName) || !has(self.serverName) || "
+                 "self.generatorServerName != self.serverName",
          "message": "generatorServerName must differ from serverName: a generator's certificate would pass for the "
                     "trainer's", "fieldPath": ".generatorServerName"},
     ],

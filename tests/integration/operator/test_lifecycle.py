@@ -311,8 +311,8 @@ async def test_a_restart_is_counted_once_even_when_the_operator_fails_between_co
 
 async def test_an_object_of_the_same_name_that_is_someone_elses_is_not_overwritten(k8s, operator):
     other = {"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": "taken-spec", "namespace": NS, "ownerReferences": [
-                 {"apiVersion": "apps/v1", "kind": "Deployment", "name": "someone", "uid": "1234", "controller": True}]},
+             "metadata": {"name": "taken-spec", "namespace": NS, "ownerReferences": [{
+                 "apiVersion": "apps/v1", "kind": "Deployment", "name": "someone", "uid": "1234", "controller": True}]},
              "data": {"theirs": "1"}}
     assert (await k8s.post(f"/api/v1/namespaces/{NS}/configmaps", json=other)).status in (200, 201)
     await create(k8s, example("taken"))
