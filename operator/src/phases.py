@@ -257,15 +257,16 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
     return status
 
 
-def status_changes(old: dict, new: dict) -> dict:
+def status_changes(old: dict, new: dict, whole: bool = False) -> dict:
     """The merge patch that writes `new` over `old`: only what differs (None removes a key
     `old` has); keys `new` does not name are left as they are (other writers' parts, progress
-    an unreachable trainer reported before). Empty when nothing changes: nothing is sent."""
-    out: dict = {}
+    an unreachable trainer reported before), or with `whole`, removed (`new` is all there is).
+    Empty when nothing changes: nothing is sent."""
+    out: dict = {key: None for key in old.keys() - new.keys()} if whole else {}
     for key, value in new.items():
         before = old.get(key)
         if isinstance(value, dict) and isinstance(before, dict):
-            inner = status_changes(before, value)
+            inner = status_changes(before, value, whole)
             if inner:
                 out[key] = inner
         elif value is None:

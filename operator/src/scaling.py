@@ -10,7 +10,7 @@ import datetime
 import urllib.parse
 from dataclasses import dataclass, field, replace
 
-from streamrl.operator.phases import JobPhase
+from streamrl.operator.phases import JobPhase, status_changes
 from streamrl.scaling.inputs import MIN_WINDOW_ROUNDS, Inputs, query_window_s
 from streamrl.scaling.policy import Decision, Pool, State
 from streamrl.scaling.round import scaling_round
@@ -204,19 +204,5 @@ def status_patch(old: dict | None, new: dict | None) -> dict | None:
     `new` (None = removed); None when nothing changes, so the write is skipped."""
     if new is None:
         return {"status": {"autoscaling": None}} if old is not None else None
-    diff = _merge_diff(old or {}, new)
+    diff = status_changes(old or {}, new, whole=True)
     return {"status": {"autoscaling": diff}} if diff else None
-
-
-def _merge_diff(old: dict, new: dict) -> dict:
-    """JSON merge patch from `old` to `new`: keys only in `old` become null."""
-    out: dict = {key: None for key in old.keys() - new.keys()}
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, dict) and isinstance(before, dict):
-            inner = _merge_diff(before, value)
-            if inner:
-                out[key] = inner
-        elif value != before:
-            out[key] = value
-    return out
