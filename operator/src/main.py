@@ -39,13 +39,17 @@ def login(**kwargs) -> kopf.ConnectionInfo | None:
 def kopf_settings() -> kopf.OperatorSettings:
     """kopf's settings for StreamRL: its finalizer and progress records under streamrl.io (not
     kopf.zalando.org), no scanning of CRDs and namespaces (the chart grants no cluster-wide
-    list on them), Events posted (restarts, preemptions, terminal phases)."""
+    list on them), Events posted (restarts, preemptions, terminal phases), a round in flight
+    given time to finish on exit."""
     settings = kopf.OperatorSettings()
     settings.persistence.finalizer = "streamrl.io/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="streamrl.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="streamrl.io",
                                                                           key="last-handled-configuration")
     settings.scanning.disabled = True
+    # On exit, a reconcile in flight finishes its round (it is idempotent, and bounded) rather
+    # than being left orphaned half-way.
+    settings.background.instant_exit_timeout = 5.0
     return settings
 
 
