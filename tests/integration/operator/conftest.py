@@ -56,12 +56,19 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 @pytest.fixture
-async def operator(k8s, kopf_settings):
-    """Start the operator's handlers (a fresh registry, the status refreshed every 0.5 s) with
-    a Runtime talking to kmock; yields the Runtime so tests can register remote clusters or a
-    trainer status source."""
-    settings = Settings(image="streamrl:test", namespace="streamrl-system", status_interval_s=0.5,
-                        prometheus_url_allow=("http://127.0.0.1:",))
+def operator_settings() -> Settings:
+    """The operator's settings: every job reconciled every 0.5 s (a test module whose timing
+    depends on other rounds, the autoscaler's, may slow it down)."""
+    return Settings(image="streamrl:test", namespace="streamrl-system", status_interval_s=0.5,
+                    prometheus_url_allow=("http://127.0.0.1:",))
+
+
+@pytest.fixture
+async def operator(k8s, kopf_settings, operator_settings):
+    """Start the operator's handlers (a fresh registry, the reconcile timer at the settings'
+    interval) with a Runtime talking to kmock; yields the Runtime so tests can register remote
+    clusters or a trainer status source."""
+    settings = operator_settings
     registry = register(kopf.OperatorRegistry(), settings, cluster_probe_s=1.0)
 
     @kopf.on.login(registry=registry)

@@ -118,6 +118,14 @@ def recorded(tmp_path_factory):
 
 
 @pytest.fixture
+def operator_settings(operator_settings):
+    """Six jobs reconciled every 0.5 s against the in-process emulator would crowd the event
+    loop the autoscaler's 1 s rounds run on (their timing is what these tests read); every 2 s
+    is plenty here."""
+    return replace(operator_settings, status_interval_s=2.0)
+
+
+@pytest.fixture
 def kopf_settings(kopf_settings):
     kopf_settings.posting.enabled = True  # the autoscaler's Events are part of what is checked
     return kopf_settings
