@@ -1,4 +1,4 @@
-"""`streamrl run` as the README has a newcomer type it: a relative `--out`, run from another
+"""`streamrl run` as docs/local.md has a newcomer type it: a relative `--out`, run from another
 working directory. Its Prometheus scrapes every process, the Internal autoscaler gets its
 inputs and decides, a Prometheus that cannot see its targets fails the run saying so, and
 Ctrl-C stops every process and keeps the run's records."""
@@ -22,7 +22,7 @@ from tests.conftest import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not shutil.which("prometheus"), reason=MISSING)]
 OUT = "runs/tiny"
-"""The README's example: relative to the working directory the run starts in."""
+"""The documented example (docs/local.md): relative to the working directory the run starts in."""
 
 
 def _run(cwd: Path, job: Path, *flags: str, env: dict | None = None, timeout_s: float = 600):

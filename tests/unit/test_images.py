@@ -1,5 +1,5 @@
 """The container images, checked without a Docker daemon: each Dockerfile installs exactly
-as the README says, is multi-stage and non-root, and its entry point is a real console
+as docs/kubernetes.md ("Container images") says, is multi-stage and non-root, and its entry point is a real console
 script whose every role answers --help."""
 
 import re
@@ -15,10 +15,10 @@ DOCKERFILES = {"docker/Dockerfile": "(CPU)", "docker/Dockerfile.cuda": "(GPU)"}
 
 
 def _readme_install(marker: str) -> str:
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "kubernetes.md").read_text().splitlines():
         if line.startswith("| `ghcr.io") and marker in line:
             return re.findall(r"`([^`]*pip install[^`]*)`", line)[0]
-    raise AssertionError(f"README's Container images table has no {marker} row")
+    raise AssertionError(f"docs/kubernetes.md's Container images table has no {marker} row")
 
 
 def _pip_lines(dockerfile: str) -> list[str]:
@@ -27,7 +27,7 @@ def _pip_lines(dockerfile: str) -> list[str]:
 
 
 @pytest.mark.parametrize("dockerfile, marker", DOCKERFILES.items())
-def test_dockerfile_installs_as_the_readme_says(dockerfile, marker):
+def test_dockerfile_installs_as_the_docs_say(dockerfile, marker):
     assert _pip_lines(dockerfile) == [" ".join(_readme_install(marker).split())]
 
 
