@@ -305,13 +305,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default=os.environ.get("STREAMRL_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run an RLJob on this machine (trainer + generators as local processes)")
+    p = sub.add_parser("run", help="run an RLJob on this machine (trainer + generators as local processes)",
+                       description="Run an RLJob on this machine. An --out that already holds a run of this job "
+                                   "goes on from it: a run stopped early resumes from its newest checkpoint; a "
+                                   "completed run (summary Succeeded, final model written) is left as it is: the "
+                                   "command says where its results are and exits 0 without starting anything, also "
+                                   "when the job asks for fewer iterations than it trained; a larger "
+                                   "algorithm.numIterations continues it from its last checkpoint with the extra "
+                                   "iterations. A checkpoint of another job (model, batch shape, seed or task "
+                                   "changed) is refused by the trainer. --fresh starts over beside it.")
     p.add_argument("job", help="RLJob YAML file")
-    p.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--out", help="run directory (default: runs/<name>-<time>); one holding a run of this job is "
+                                 "resumed, continued or reported complete (see above)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--fresh", action="store_true",
                    help="start over: when --out holds a run, use a new directory beside it (<out>-2, ...); "
-                        "without it, a run directory with checkpoints is resumed")
+                        "without it, a run directory with checkpoints is resumed, or continued, or left as it is "
+                        "when complete")
     p.add_argument("--prometheus", action="store_true",
                    help="start a Prometheus server (the `prometheus` binary on PATH) on loopback scraping every "
                         "process of the run, with StreamRL's rules; its data stays in <out>/prometheus "

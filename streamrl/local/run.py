@@ -1,6 +1,7 @@
-"""`streamrl run job.yaml`: flags → plan → start → supervise or scale, with progress → stop →
-records (run.json beside the trainer's summary.json) → report. Each step is its own module
-of streamrl.local; this one only puts them in order."""
+"""`streamrl run job.yaml`: flags → what the run directory already holds (nothing to do, continue,
+resume) → plan → start → supervise or scale, with progress → stop → records (run.json beside
+the trainer's summary.json) → report. Each step is its own module of streamrl.local; this one
+only puts them in order."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from streamrl.local.launch import Services, start_services
 from streamrl.local.monitor import RunMonitor
 from streamrl.local.plan import RunPlan, plan_run
 from streamrl.local.progress import show_progress
+from streamrl.local.resume import Resume, Start, decide
 from streamrl.local.scale import LocalAutoscaler, autoscale
 from streamrl.local.supervise import Deaths, ReplicaRestarts, TrainerRestarts
 from streamrl.models import resolve_model_dir
@@ -71,28 +73,24 @@ def _fresh(out_dir: Path) -> Path:
     return candidate
 
 
-def _resuming(out_dir: Path) -> str | None:
-    """What a start in `out_dir` resumes from, said before it starts (the trainer decides)."""
-    complete = sorted(p.name for p in (out_dir / "checkpoints").glob("iter-*")
-                      if p.is_dir() and not p.name.endswith(".tmp") and (p / "manifest.json").exists())
-    if not complete:
-        return None
-    return (f"resuming: {out_dir} holds checkpoints up to {complete[-1]}; the trainer continues from the newest "
-            "that is whole (--fresh starts over in a new directory)")
-
-
 def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, cores: int | None) -> int:
     def warn(msg: str) -> None:  # failures are said even with --quiet
         print(msg, file=sys.stderr, flush=True)
 
     say = (lambda msg: None) if quiet else warn
-    plan = plan_run(load_job(job_file), out_dir, prometheus, cores, say)
+    job = load_job(job_file)
+    resume = decide(out_dir.resolve(), job) if out_dir is not None else Resume(Start.NEW)
+    if resume.start == Start.COMPLETE:  # before anything starts or the directory changes
+        warn(resume.message)
+        return 0
+    if resume.start == Start.CONTINUE:
+        warn(resume.message)  # said first, even with --quiet: the run goes on from a finished one
+    plan = plan_run(job, out_dir, prometheus, cores, say)
     monitor = RunMonitor(plan) if plan.prometheus_for else None  # no binary: nothing starts
-    resuming = _resuming(plan.out_dir)
     plan.prepare()
     say(plan.describe())
-    if resuming:
-        warn(resuming)  # said even with --quiet: the run continues an earlier one
+    if resume.start == Start.RESUME:
+        warn(resume.message)  # said even with --quiet: the run continues an earlier one
     model_dir = resolve_model_dir(plan.job.spec, log=say).resolve()
     services, keeper, failure, stopped_by = None, None, None, None
     try:
