@@ -9,6 +9,10 @@ re-dispatched, the seconds from each trainer kill to the next trained iteration 
 standard deviation of the undisturbed run's last iterations). The last line is a JSON object.
 
     python bench/chaos.py [--iterations 60] [--seed N] [--generator-kills 10] [--trainer-kills 2]
+                          [--out runs/bench-chaos]
+
+Each invocation runs in a new directory under --out (bench/provenance.py): job.yaml, and the run
+directories calm/ (undisturbed) and chaos/.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,6 +33,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import OUT_HELP, Invocation  # noqa: E402
 from streamrl.records import (  # noqa: E402
     EVENTS_FILE,
     LOCAL_RUN_FILE,
@@ -133,24 +137,24 @@ def main() -> None:
     ap.add_argument("--generator-kills", type=int, default=10)
     ap.add_argument("--trainer-kills", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", default="runs/bench-chaos", help=OUT_HELP)
     args = ap.parse_args()
+    inv = Invocation(args.out)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
     rng = random.Random(seed)
     last = args.iterations - 3
     plan = [(rng.randint(2, last), "generator") for _ in range(args.generator_kills)]
     plan += [(rng.randint(3, last), "trainer") for _ in range(args.trainer_kills)]
-    with tempfile.TemporaryDirectory(prefix="streamrl-chaos-") as tmp:
-        job = _job(Path(tmp) / "job.yaml", args.iterations)
-        print("undisturbed run ...", flush=True)
-        calm = Path(tmp) / "calm"
-        calm_rc = _run(job, calm, None, args.timeout)
-        print(f"chaos run: kills after iterations {sorted(plan)} ...", flush=True)
-        out = Path(tmp) / "chaos"
-        killer = Killer(out, plan, rng)
-        rc = _run(job, out, killer, args.timeout)
-        result = _measure(out, calm, killer.kills, rc, calm_rc, args.iterations, seed)
-    print(json.dumps(result))
+    job = _job(inv.dir / "job.yaml", args.iterations)
+    print("undisturbed run ...", flush=True)
+    calm = inv.run_dir("calm")
+    calm_rc = _run(job, calm, None, args.timeout)
+    print(f"chaos run: kills after iterations {sorted(plan)} ...", flush=True)
+    out = inv.run_dir("chaos")
+    killer = Killer(out, plan, rng)
+    rc = _run(job, out, killer, args.timeout)
+    print(inv.report(_measure(out, calm, killer.kills, rc, calm_rc, args.iterations, seed)))
 
 
 def _measure(out: Path, calm: Path, kills: list[dict], rc: int, calm_rc: int, iterations: int, seed: int) -> dict:

@@ -9,18 +9,19 @@ bubble <= 10%, reaches >= 0.9x the samples/s of fixed-at-maximum with fewer
 replica-seconds, and reverses none of its scaling decisions. Each replica's time to join
 (process start to first accepted sample) is reported too.
 
-    python bench/elastic.py [--iterations 40] [--max-replicas 2] [--rounds 3]
+    python bench/elastic.py [--iterations 40] [--max-replicas 2] [--rounds 3] [--out runs/bench-elastic]
 
 Each replica is one single-threaded process; `--cores` (default: --max-replicas) is passed
 to `streamrl run`, so on a machine with fewer cores than replicas + trainer the processes
 share cores and the maximum cannot be as fast as its replica count says. Every config runs
-with its own Prometheus (`--prometheus`), so all carry the same monitoring load.
+with its own Prometheus (`--prometheus`), so all carry the same monitoring load. Each
+invocation runs in a new directory under --out (bench/provenance.py), one run directory
+<config>-r<round> per run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import OUT_HELP, Invocation  # noqa: E402
 from streamrl.records import (  # noqa: E402
     LOCAL_RUN_FILE,
     METRICS_FILE,
@@ -108,7 +110,7 @@ def ratio(round_: dict[str, dict], key: str) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=40)
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--max-replicas", type=int, default=2)
@@ -118,17 +120,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="each config runs once per round, in a rotated order")
     p.add_argument("--warm-start-steps", type=int, default=1500)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/bench-elastic")
+    p.add_argument("--out", default="runs/bench-elastic", help=OUT_HELP)
     args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    inv = Invocation(args.out)
     rounds: list[dict[str, dict]] = []
     for r in range(args.rounds):
         rounds.append({})
         for config in CONFIGS[r % 3:] + CONFIGS[:r % 3]:
-            job_file = out / f"{config}.yaml"
+            job_file = inv.dir / f"{config}.yaml"
             job_file.write_text(yaml.safe_dump(job(config, args)))
-            run_dir = out / f"{config}-r{r}"
+            run_dir = inv.run_dir(f"{config}-r{r}")
             print(f"round {r + 1}/{args.rounds}: {config}", file=sys.stderr, flush=True)
             # Every config runs with its Prometheus (elastic needs it; the others get the same load).
             subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir),
@@ -150,7 +151,7 @@ def main() -> None:
     checks = [targets(rd) for rd in rounds]
     # A replica added while the run was going (not one of the first at start-up) joins on busy cores.
     added = [j for rd in rounds for j in rd["elastic"]["join_s"][1:]]
-    print(json.dumps({
+    print(inv.report({
         "rounds": [{c: {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()} for c, m in rd.items()}
                    for rd in rounds],
         "mean": {c: {k: round(v, 3) for k, v in m.items()} for c, m in mean.items()},

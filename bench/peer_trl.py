@@ -6,6 +6,10 @@ Prints samples/s of each, their ratio and the reward after the same number of sa
 the last line is a JSON object.
 
     python bench/peer_trl.py [--iterations 20] [--prompts-per-step 64] [--venv runs/trl-venv]
+                             [--out runs/bench-peer-trl]
+
+Each invocation runs in a new directory under --out (bench/provenance.py): the prompts and both
+configurations, and the run directories trl/ and streamrl/. The TRL environment (--venv) is kept.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import OUT_HELP, Invocation  # noqa: E402
 from streamrl.models import resolve_model_dir  # noqa: E402
 from streamrl.records import METRICS_FILE, SUMMARY_FILE, IterationRecord, RunSummary  # noqa: E402
 from streamrl.spec import parse_job  # noqa: E402
@@ -56,15 +61,15 @@ def mean(xs: list[float]) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--prompts-per-step", type=int, default=64)
     p.add_argument("--learning-rate", type=float, default=3e-4)
-    p.add_argument("--venv", default="runs/trl-venv")
-    p.add_argument("--out", default="runs/bench-peer-trl")
+    p.add_argument("--venv", default="runs/trl-venv", help="TRL's virtual environment (created on first use, kept)")
+    p.add_argument("--out", default="runs/bench-peer-trl", help=OUT_HELP)
     args = p.parse_args()
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    inv = Invocation(args.out)
+    out = inv.dir
     trl_python = ensure_trl_venv(Path(args.venv).resolve())
 
     rljob = job(args)
@@ -74,7 +79,7 @@ def main() -> None:
     prompts.write_text("".join(json.dumps({"prompt": q.text, "answer": q.answer}) + "\n"
                                for q in load_prompts(spec.task)))
     algo = spec.algorithm
-    cfg = {"model_dir": str(model_dir), "prompts": str(prompts), "out": str(out / "trl"), "threads": 2,
+    cfg = {"model_dir": str(model_dir), "prompts": str(prompts), "out": str(inv.run_dir("trl")), "threads": 2,
            "group_size": algo.group_size, "prompts_per_step": algo.prompts_per_step,
            "micro_batch_size": algo.micro_batch_size, "max_new_tokens": algo.max_new_tokens,
            "learning_rate": algo.learning_rate, "iterations": algo.num_iterations, "seed": algo.seed}
@@ -88,10 +93,11 @@ def main() -> None:
 
     job_file = out / "streamrl.yaml"
     job_file.write_text(yaml.safe_dump(rljob))
-    subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(out / "streamrl"),
-                    "--quiet"], check=True)
-    ours = RunSummary.read(out / "streamrl" / SUMMARY_FILE)
-    records = IterationRecord.read_lines(out / "streamrl" / METRICS_FILE)
+    run_dir = inv.run_dir("streamrl")
+    subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir), "--quiet"],
+                   check=True)
+    ours = RunSummary.read(run_dir / SUMMARY_FILE)
+    records = IterationRecord.read_lines(run_dir / METRICS_FILE)
 
     last = max(1, args.iterations // 4)  # reward over the last quarter of the samples
     result = {
@@ -109,7 +115,7 @@ def main() -> None:
           f"{result['trl_reward_last']:>12}")
     print(f"{'StreamRL':10} {result['streamrl_samples_per_s']:>10} {result['streamrl_reward_first']:>13} "
           f"{result['streamrl_reward_last']:>12}")
-    print(json.dumps(result))
+    print(inv.report(result))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ their ratios.
 
     python bench/sim_fidelity.py [--iterations 20] [--prompts-per-step 64] [--repeats 2] [--skew-rounds 3]
                                  [--skip-skew] [--drawn-predictions] [--out runs/bench-sim-fidelity]
+
+Each invocation writes into a new directory under --out (bench/provenance.py): the profiles, the
+benches' logs, and each bench run's own invocation directory (repeat-<n>/modes/..., skew/...);
+its provenance lists the run directories of every bench it ran.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import OUT_HELP, Invocation, Provenance  # noqa: E402
 from streamrl.planning.profile import load_profile  # noqa: E402
 from streamrl.planning.scenario import parse_scenario  # noqa: E402
 from streamrl.planning.simulate import simulate  # noqa: E402
@@ -57,6 +62,15 @@ SKEW = {  # bench/skew.py's configurations: (policy, dispatch settings)
 
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def bench(argv: list[str], log: Path, inv: Invocation) -> tuple[dict, Provenance]:
+    """A bench run in its own process: its last JSON line, and its provenance (whose run
+    directories count as measured by this invocation too)."""
+    report = last_json(run([sys.executable, *argv], log))
+    provenance = Provenance.from_json(report["provenance"])
+    inv.measured(provenance)
+    return report, provenance
 
 
 def run(argv: list[str], log: Path) -> str:
@@ -107,9 +121,9 @@ def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: 
     }
 
 
-def simulate_modes(args, out: Path, brackets: list[dict[int, Path]], prompt_tokens: int,
+def simulate_modes(args, runs_of: Provenance, brackets: list[dict[int, Path]], prompt_tokens: int,
                    measured: dict) -> dict[str, dict]:
-    """bench/modes.py's runs in `out` (their report `measured`) simulated from each of
+    """bench/modes.py's runs (`runs_of`, its report `measured`) simulated from each of
     `brackets` (the profiles taken right before and right after them) and each run's lengths,
     the predictions averaged: {mode: {"predicted": {samples_per_s, pipeline_bubble_ratio},
     "measured_samples_per_s": x, "measured_bubble": y}}."""
@@ -121,7 +135,7 @@ def simulate_modes(args, out: Path, brackets: list[dict[int, Path]], prompt_toke
         for profiles in brackets:
             # colocated: one process on every core; the others: a core per stage
             profile = profiles[2] if mode == "colocated" else profiles[1]
-            sc = parse_scenario(scenario(f"modes-{mode}", mode, out / "modes" / mode / "lengths.jsonl", profile,
+            sc = parse_scenario(scenario(f"modes-{mode}", mode, runs_of.run_dir(mode) / "lengths.jsonl", profile,
                                          prompt_tokens, job))
             runs.append(simulate(sc).summary)
         out_rows[mode] = {"predicted": {"samples_per_s": statistics.mean(r.samples_per_s for r in runs),
@@ -132,7 +146,7 @@ def simulate_modes(args, out: Path, brackets: list[dict[int, Path]], prompt_toke
     return out_rows
 
 
-def modes_side_by_side(args, out: Path, prompt_tokens: int,
+def modes_side_by_side(args, inv: Invocation, prompt_tokens: int,
                        completion_tokens: int) -> tuple[dict, list[dict[int, Path]]]:
     """`--repeats` runs of bench/modes.py, with profiles measured before the first, between
     them and after the last; each run simulated from the two profiles around it (averaged).
@@ -140,16 +154,16 @@ def modes_side_by_side(args, out: Path, prompt_tokens: int,
     takes seconds where a run takes minutes: the two around a run see the machine it ran on
     better than one before it. The targets are judged on the means over repeats (each
     repeat's ratio is reported beside them). Returns the rows and every profile taken."""
+    out = inv.dir
     taken = [measure_profiles(out / "profile-0", prompt_tokens, completion_tokens)]
     repeats = []
     for r in range(args.repeats):
         where = out / f"repeat-{r}"
         where.mkdir(parents=True, exist_ok=True)
-        measured = last_json(run([sys.executable, "bench/modes.py", "--iterations", str(args.iterations),
-                                  "--prompts-per-step", str(args.prompts_per_step), "--out", str(where / "modes")],
-                                 where / "modes.log"))
+        measured, runs_of = bench(["bench/modes.py", "--iterations", str(args.iterations), "--prompts-per-step",
+                                   str(args.prompts_per_step), "--out", str(where / "modes")], where / "modes.log", inv)
         taken.append(measure_profiles(out / f"profile-{r + 1}", prompt_tokens, completion_tokens))
-        repeats.append(simulate_modes(args, where, taken[-2:], prompt_tokens, measured))
+        repeats.append(simulate_modes(args, runs_of, taken[-2:], prompt_tokens, measured))
     rows = {}
     for mode in MODES:
         sim = [rep[mode]["predicted"]["samples_per_s"] for rep in repeats]
@@ -200,13 +214,14 @@ def separated_pairs(runs: dict[str, list[float]]) -> set[tuple[str, str]]:
     return out
 
 
-def skew_ranking(args, out: Path, before: dict[int, Path], prompt_tokens: int, completion_tokens: int) -> dict:
+def skew_ranking(args, inv: Invocation, before: dict[int, Path], prompt_tokens: int,
+                 completion_tokens: int) -> dict:
     """bench/skew.py run for real, then each policy's rounds simulated from the profiles taken
     right before (`before`) and right after it (averaged), each round's workload and, for the
     ranked policies, that round's own predictions."""
-    skew_out = out / "skew"
-    report = last_json(run([sys.executable, "bench/skew.py", "--rounds", str(args.skew_rounds),
-                            "--iterations", str(args.skew_iterations), "--out", str(skew_out)], out / "skew.log"))
+    out = inv.dir
+    report, runs_of = bench(["bench/skew.py", "--rounds", str(args.skew_rounds), "--iterations",
+                             str(args.skew_iterations), "--out", str(out / "skew")], out / "skew.log", inv)
     after = measure_profiles(out / "profile-after-skew", prompt_tokens, completion_tokens)
     measured, runs = report["generation_s_per_iteration"], report["generation_s_per_run"]
     job = yaml.safe_load(JOB.read_text())
@@ -218,11 +233,11 @@ def skew_ranking(args, out: Path, before: dict[int, Path], prompt_tokens: int, c
             for profiles in (before, after):
                 # The workload every policy faced (random-fifo's lengths; the oracle read the same
                 # file); a ranked policy's predictions are those its own ranker made in that round.
-                sc = scenario(f"skew-{name}", "batch", skew_out / f"random-fifo-r{rnd}" / "lengths.jsonl",
+                sc = scenario(f"skew-{name}", "batch", runs_of.run_dir(f"random-fifo-r{rnd}") / "lengths.jsonl",
                               profiles[1], prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
                               ranker_log_error=args.ranker_log_error)
                 if policy == "skewness-aware" and not args.drawn_predictions:
-                    sc["workload"]["rankerPredictions"] = str(skew_out / f"{name}-r{rnd}" / "lengths.jsonl")
+                    sc["workload"]["rankerPredictions"] = str(runs_of.run_dir(f"{name}-r{rnd}") / "lengths.jsonl")
                 # iteration 0 is not averaged (bench/skew.py: the ranker has seen nothing yet)
                 per_round.append(statistics.mean(r.generation_s
                                                  for r in simulate(parse_scenario(sc)).iterations[1:]))
@@ -280,7 +295,7 @@ def _lengths(data: dict) -> list[int]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=20, help="bench/modes.py iterations")
     p.add_argument("--prompts-per-step", type=int, default=64, help="bench/modes.py prompts per iteration")
     p.add_argument("--repeats", type=int, default=2,
@@ -296,19 +311,18 @@ def main() -> None:
                    help="skewness-aware: draw the ranker's predictions (--ranker-log-error) rather than replay those "
                         "its ranker made in each measured round (lengths.jsonl's predicted_length)")
     p.add_argument("--memory-iterations", type=int, default=3)
-    p.add_argument("--out", default="runs/bench-sim-fidelity")
+    p.add_argument("--out", default="runs/bench-sim-fidelity", help=OUT_HELP)
     args = p.parse_args()
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    inv = Invocation(args.out)
     task = counting_prompts(1024, 0)
     prompt_tokens = round(statistics.mean(len(t.text) for t in task)) + 1  # character tokens and BOS
     completion_tokens = round(statistics.mean(len(t.answer) for t in task)) + 1  # and EOS
-    modes, taken = modes_side_by_side(args, out, prompt_tokens, completion_tokens)
-    skew = None if args.skip_skew else skew_ranking(args, out, taken[-1], prompt_tokens, completion_tokens)
+    modes, taken = modes_side_by_side(args, inv, prompt_tokens, completion_tokens)
+    skew = None if args.skip_skew else skew_ranking(args, inv, taken[-1], prompt_tokens, completion_tokens)
     mem = memory_bound(args)
     within = {m: abs(r["samples_per_s"]["ratio"] - 1) <= 0.15 for m, r in modes.items()}
     bubbles = {m: abs(r["pipeline_bubble_ratio"]["difference"]) <= 0.05 for m, r in modes.items()}
-    print(json.dumps({
+    print(inv.report({
         "modes": modes,
         "samples_per_s_within_15pct": within,
         "pipeline_bubble_within_0_05": bubbles,

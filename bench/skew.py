@@ -15,7 +15,10 @@ The built-in model is warm-started for `--warm-start-steps` (4000: about 10 minu
 core the first time, cached after) so that it really counts long spans: output length
 then follows the prompt, as in RL on real tasks, instead of coming from sampling slips.
 
-    python bench/skew.py [--iterations 10] [--rounds 2] [--prompts-per-step 64] [--replicas 2]
+    python bench/skew.py [--iterations 10] [--rounds 2] [--prompts-per-step 64] [--replicas 2] [--out runs/bench-skew]
+
+Each invocation runs in a new directory under --out (bench/provenance.py), one run directory
+<policy>-r<round> per run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import OUT_HELP, Invocation  # noqa: E402
 from streamrl.ranker.predictor import setup_predictor  # noqa: E402
 from streamrl.ranker.ranker import Ranker  # noqa: E402
 from streamrl.records import METRICS_FILE, IterationRecord  # noqa: E402
@@ -45,7 +49,7 @@ CONFIGS = {  # name -> (policy, dispatch settings)
 }
 
 
-def run(name: str, args, out: Path, oracle: Path) -> list[dict]:
+def run(name: str, args, inv: Invocation, oracle: Path) -> list[IterationRecord]:
     job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
     job["metadata"]["name"] = f"skew-{name}"
     spec = job["spec"]
@@ -61,35 +65,34 @@ def run(name: str, args, out: Path, oracle: Path) -> list[dict]:
     policy, settings = CONFIGS[name]
     spec["generators"]["dispatch"] = {"policy": policy, **settings,
                                       **({"oracleLengths": str(oracle)} if policy == "oracle" else {})}
-    job_file = out / f"{name}.yaml"
+    job_file = inv.dir / f"{name}.yaml"
     job_file.write_text(yaml.safe_dump(job))
-    run_dir = out / f"{name}-r{args.round}"
+    run_dir = inv.run_dir(f"{name}-r{args.round}")
     subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(run_dir),
                     "--quiet"], check=True)
     return IterationRecord.read_lines(run_dir / METRICS_FILE)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--prompts-per-step", type=int, default=64)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--warm-start-steps", type=int, default=4000)
-    p.add_argument("--out", default="runs/bench-skew")
+    p.add_argument("--out", default="runs/bench-skew", help=OUT_HELP)
     args = p.parse_args()
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    inv = Invocation(args.out)
     # random-fifo first (the oracle reads its lengths), then each round in a rotated order.
     names = list(CONFIGS)
-    oracle = out / "random-fifo-r0" / "lengths.jsonl"
+    oracle = inv.dir / "random-fifo-r0" / "lengths.jsonl"
     runs: dict[str, list[float]] = {}
     bubble: dict[str, list[float]] = {}  # skewness-bubble replica-seconds per iteration
     for rnd in range(args.rounds):
         args.round = rnd
         k = rnd % len(names)
         for name in names[k:] + names[:k]:
-            records = run(name, args, out, oracle)
+            records = run(name, args, inv, oracle)
             # Iteration 0 runs before the ranker has seen anything: it is not averaged.
             runs.setdefault(name, []).append(float(np.mean([r.generation_s for r in records[1:]])))
             bubble.setdefault(name, []).append(float(np.mean(
@@ -100,7 +103,7 @@ def main() -> None:
     # skewness bubble. Only time inside it can be won back by any dispatch or ordering.
     bubble_share = {k: float(np.mean(v)) / (args.replicas * gen[k]) for k, v in bubble.items()}
     lengths = np.array([n for line in oracle.read_text().splitlines() for n in json.loads(line)["lengths"]])
-    ranker = Ranker(setup_predictor("features"), out / f"skewness-aware-r{args.rounds - 1}" / "ranker.npz")
+    ranker = Ranker(setup_predictor("features"), inv.dir / f"skewness-aware-r{args.rounds - 1}" / "ranker.npz")
     recall = ranker.recall()
     print(f"{'policy':<20} {'generation s/iteration':>23} {'x random-fifo':>14} {'skewness bubble':>16}  runs")
     for k, v in gen.items():
@@ -109,7 +112,7 @@ def main() -> None:
     print(f"ranker recall top-20/10/5%: {recall[0.2]:.2f} / {recall[0.1]:.2f} / {recall[0.05]:.2f}; "
           f"workload p99/p50 of output length: "
           f"{np.percentile(lengths, 99) / np.percentile(lengths, 50):.1f}")
-    print(json.dumps({
+    print(inv.report({
         "generation_s_per_iteration": {k: round(v, 4) for k, v in gen.items()},
         "generation_s_per_run": {k: [round(x, 4) for x in v] for k, v in runs.items()},
         "skewness_aware_over_random_fifo": round(gen["skewness-aware"] / gen["random-fifo"], 3),

@@ -7,7 +7,10 @@ gather the whole weights to rank 0 and publish them (serialize, chunk, checksum)
 Targets: 2 ranks hold <= 0.6x the bytes of 1 rank (the reason FSDP exists) and train >= 1.4x
 its tokens/s. The last line is a JSON object.
 
-    python bench/trainer_scale.py [--steps 4] [--samples 8] [--tokens 128]
+    python bench/trainer_scale.py [--steps 4] [--samples 16] [--tokens 128] [--out runs/bench-trainer-scale]
+
+Each invocation writes into a new directory under --out (bench/provenance.py): ranks-1/ and ranks-2/,
+each with rank 0's result.json (the model itself is built in a temporary directory, removed after).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import OUT_HELP, Invocation  # noqa: E402
 from streamrl.models import build_tiny_model, load_model  # noqa: E402
 from streamrl.samples import Group, Sample, ScoredSample  # noqa: E402
 from streamrl.spec import AlgorithmSpec  # noqa: E402
@@ -95,8 +99,8 @@ def rank_main(rank: int, world_size: int, port: int, model_dir: str, args, out: 
     learner.stop()
     tokens = args.samples * (16 + args.tokens)
     step_s = sorted(steps)[len(steps) // 2]
-    json.dump({"held_bytes_rank0": memory, "tokens_per_s": tokens / step_s, "step_s": step_s,
-               "gather_publish_s": sorted(publishes)[len(publishes) // 2]}, open(out, "w"))
+    Path(out).write_text(json.dumps({"held_bytes_rank0": memory, "tokens_per_s": tokens / step_s, "step_s": step_s,
+                                     "gather_publish_s": sorted(publishes)[len(publishes) // 2]}))
     ranks.close()
 
 
@@ -107,27 +111,32 @@ def free_port() -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=4, help="measured optimizer steps (after one warm-up)")
     p.add_argument("--samples", type=int, default=16, help="samples per step (one micro-batch per rank)")
     p.add_argument("--tokens", type=int, default=128, help="completion tokens per sample")
+    p.add_argument("--out", default="runs/bench-trainer-scale", help=OUT_HELP)
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-trainer-scale-"))
-    model_dir = build_tiny_model(work / "small", seed=0, size="small")
-    params = sum(t.numel() for t in load_model(model_dir).parameters())
+    inv = Invocation(args.out)
     results = {}
-    for world_size in (1, 2):
-        print(f"{world_size} rank(s): {args.steps} steps of {args.samples} x {16 + args.tokens} tokens",
-              file=sys.stderr, flush=True)
-        out = str(work / f"ws{world_size}.json")
-        mp.spawn(rank_main, args=(world_size, free_port(), str(model_dir), args, out), nprocs=world_size, join=True)
-        results[world_size] = json.load(open(out))
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-scale-") as work:
+        model_dir = build_tiny_model(Path(work) / "small", seed=0, size="small")
+        params = sum(t.numel() for t in load_model(model_dir).parameters())
+        for world_size in (1, 2):
+            print(f"{world_size} rank(s): {args.steps} steps of {args.samples} x {16 + args.tokens} tokens",
+                  file=sys.stderr, flush=True)
+            run_dir = inv.run_dir(f"ranks-{world_size}")
+            run_dir.mkdir()
+            out = run_dir / "result.json"
+            mp.spawn(rank_main, args=(world_size, free_port(), str(model_dir), args, str(out)), nprocs=world_size,
+                     join=True)
+            results[world_size] = json.loads(out.read_text())
     one, two = results[1], results[2]
     print(f"{'ranks':>5} {'held MB/rank':>13} {'tokens/s':>9} {'step s':>7} {'gather+publish s':>17}")
     for n, r in results.items():
         print(f"{n:>5} {r['held_bytes_rank0'] / 1e6:>13.1f} {r['tokens_per_s']:>9.1f} {r['step_s']:>7.2f} "
               f"{r['gather_publish_s']:>17.2f}")
-    print(json.dumps({
+    print(inv.report({
         "parameters": params,
         "held_bytes_per_rank": {n: r["held_bytes_rank0"] for n, r in results.items()},
         "held_bytes_2_over_1": round(two["held_bytes_rank0"] / one["held_bytes_rank0"], 3),

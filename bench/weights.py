@@ -3,17 +3,18 @@ raw gRPC byte stream on loopback in the same run; then time-to-new-version for 1
 8 generators behind an emulated slow inter-datacenter link, with and without the in-pool
 relay. Prints tables and, as the last line, a JSON object.
 
-    python bench/weights.py [--size-mb 256] [--link-mbps 100] [--latency-ms 20]
+    python bench/weights.py [--size-mb 256] [--link-mbps 100] [--latency-ms 20] [--out runs/bench-weights]
+
+Each invocation writes into a new directory under --out (bench/provenance.py): the tiny model
+it publishes (model/). Its servers run in this process, so it measures no run directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.provenance import OUT_HELP, Invocation  # noqa: E402
 from streamrl.generator.agent import GeneratorAgent  # noqa: E402
 from streamrl.generator.relay import Relay  # noqa: E402
 from streamrl.generator.torch_engine import TorchEngine  # noqa: E402
@@ -126,17 +128,19 @@ def time_to_version(model_dir: Path, num_generators: int, relay: bool, link_mbps
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-mb", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--link-mbps", type=float, default=100.0)
     p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--out", default="runs/bench-weights", help=OUT_HELP)
     args = p.parse_args()
+    inv = Invocation(args.out)
     torch.set_num_threads(1)
     tp = throughput(args.size_mb, args.repeats)
     print(f"loopback, {tp['size_mb']} MB: raw gRPC {tp['raw_mb_per_s']} MB/s, FetchWeights {tp['fetch_mb_per_s']} MB/s "
           f"({tp['fetch_over_raw']:.0%} of raw)")
-    model_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-weights-")), seed=0)
+    model_dir = build_tiny_model(inv.dir / "model", seed=0)
     rows = [time_to_version(model_dir, n, relay, args.link_mbps, args.latency_ms)
             for n in (1, 4, 8) for relay in (False, True)]
     size_mb = os.path.getsize(model_dir / "model.safetensors") / 1e6
@@ -145,7 +149,7 @@ def main() -> None:
     print(f"{'generators':>10} {'relay':>6} {'seconds':>8} {'copies over link':>17}")
     for r in rows:
         print(f"{r['generators']:>10} {str(r['relay']):>6} {r['seconds']:>8.3f} {r['copies_over_link']:>17.2f}")
-    print(json.dumps({"throughput": tp, "time_to_version": rows,
+    print(inv.report({"throughput": tp, "time_to_version": rows,
                       "link": {"mbps": args.link_mbps, "latency_ms": args.latency_ms}}))
 
 

@@ -1,0 +1,109 @@
+"""The front door and the manual: the README stays a front door (at most 250 lines), every
+relative link in it and in the other Markdown pages resolves (file and heading), the docs
+build as a site with `mkdocs build --strict`, and the generated pages (the RLJob reference,
+the architecture diagram) match their sources."""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "bench" / "README.md",
+         *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as MkDocs and GitHub make it (lower case, punctuation dropped)."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    in_code, out = False, set()
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            out.add(_slug(line.lstrip("#")))
+    return out
+
+
+def _prose(page: Path) -> str:
+    """The page without code: fenced blocks and inline code spans hold no links."""
+    text = re.sub(r"(?ms)^```.*?^```", "", page.read_text())
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def test_the_readme_is_a_front_door():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move detail to docs/"
+    text = "\n".join(lines)
+    for must in ("make run", "make test", "docs/architecture.svg", "## Results", "kubectl apply"):
+        assert must in text, must
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in LINK.findall(_prose(page)):
+        if re.match(r"^[a-z]+:", target):
+            continue  # http(s), mailto: not checked here
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(ROOT)}")
+    assert broken == [], broken
+
+
+def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    out = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "site" / "spec" / "index.html").is_file()
+    assert (tmp_path / "site" / "architecture.svg").is_file()
+
+
+def test_the_rljob_reference_is_generated_from_the_spec():
+    assert (ROOT / "docs" / "spec.md").read_text() == _script("gen_reference").render(), \
+        "stale docs/spec.md: run python scripts/gen_reference.py"
+
+
+def test_every_spec_field_is_in_the_reference():
+    text = (ROOT / "docs" / "spec.md").read_text()
+    for section, field in [("spec.generators.pools[]", "clusterRef"), ("spec.trainer", "processesPerNode"),
+                           ("spec.security.tls", "generatorServerName"), ("spec.pipeline", "maxStaleness")]:
+        part = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+        assert f"| `{field}` |" in part, (section, field)
+
+
+def test_the_architecture_diagram_is_drawn_from_its_source():
+    """The committed SVG holds every label the script draws (text stays text in it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figure = _script("gen_diagram").draw()
+    labels = {t.get_text() for t in figure.findobj(matplotlib.text.Text) if t.get_text().strip()}
+    svg = html.unescape((ROOT / "docs" / "architecture.svg").read_text())
+    missing = [label for label in labels if all(part not in svg for part in label.splitlines())]
+    assert len(labels) > 20
+    assert missing == [], f"stale docs/architecture.svg: run python scripts/gen_diagram.py ({missing})"
