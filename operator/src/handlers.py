@@ -17,6 +17,7 @@ RLCluster: checked and probed (clusters.py) on change and on a timer; the result
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 import httpx
@@ -177,6 +178,20 @@ def _announce_resume(runtime: Runtime, body, namespace: str, status, observed: O
     kopf.event(body, type="Normal", reason="Resumed", message=message)
 
 
+STOP_POLL_S = 0.25
+
+
+async def _sleep_unless_stopped(stopped, delay: float) -> None:
+    """Sleep `delay` seconds, returning within STOP_POLL_S of the daemon's stopper being set.
+    Not `await stopped.wait(delay)`: that spawns a task per call which, when the daemon is
+    cancelled instead (a daemon spawned while the operator exits is never signalled), ends
+    later in a TimeoutError that kopf re-raises from its exit."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + delay
+    while not stopped and loop.time() < until:
+        await asyncio.sleep(min(STOP_POLL_S, max(0.0, until - loop.time())))
+
+
 async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
     """Every spec.autoscaling.intervalSeconds, one autoscaler round (it does nothing unless
     mode is Internal, and says so in status.autoscaling when External)."""
@@ -189,7 +204,7 @@ async def autoscale_rljob(name, namespace, memo, logger, stopped, **_):
             except (KubeError, httpx.HTTPError) as err:
                 logger.warning("autoscaler: the API server failed: %s; next try in %.0fs", err, retry_s)
                 delay = retry_s
-            await stopped.wait(delay)
+            await _sleep_unless_stopped(stopped, delay)
     finally:  # the job is gone (or the operator stops): forget what was kept for it
         runtime.forget(f"{namespace}/{name}")
 
