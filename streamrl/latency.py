@@ -1,7 +1,8 @@
 """Measured costs read off points: PTL(BS), the seconds of one decode step as a function of
 batch size (one interpolation for the dispatcher's long-tail planner and the planner's
 profiles), and a fixed-plus-per-unit line (what `streamrl profile` fits to a learner's
-micro-batches and to an engine's admitting steps)."""
+micro-batches and to an engine's admitting steps); and how a replica keeps and reports its
+PTL(BS) as it serves (ptl_bucket, observe_ptl), pure so the simulator's replicas report alike."""
 
 from __future__ import annotations
 
@@ -37,3 +38,28 @@ def fit_fixed_plus_per_unit(points: Sequence[tuple[float, float]]) -> tuple[floa
     if intercept < 0 or slope < 0:
         return 0.0, max(0.0, sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(w * x * x for w, x in zip(ws, xs)))
     return intercept, slope
+
+
+PTL_SMOOTHING = 0.1
+"""Weight of each served decode step in its batch-size bucket's reported seconds (an EWMA)."""
+
+
+def ptl_bucket(batch_size: int) -> int:
+    """The point of the reported PTL(BS) a decode step of this batch size counts toward: powers
+    of two (and the batch size itself below 4). Pure: replicas and the simulator's replicas
+    report by it."""
+    return batch_size if batch_size < 4 else 1 << (batch_size.bit_length() - 1)
+
+
+def observe_ptl(points: dict[int, float], batch_size: int, seconds: float, steps: int = 1) -> None:
+    """Fold `steps` served decode steps of `seconds` each at `batch_size` into `points` (bucket ->
+    smoothed seconds), as a replica's reported PTL(BS) is kept."""
+    b = ptl_bucket(batch_size)
+    old = points.get(b)
+    keep = (1 - PTL_SMOOTHING) ** steps
+    points[b] = seconds if old is None else old * keep + seconds * (1 - keep)
+
+
+def ptl_batch_sizes(capacity: int) -> list[int]:
+    """The batch sizes PTL(BS) is measured at: powers of two up to the capacity, and the capacity."""
+    return sorted({1 << k for k in range(capacity.bit_length())} | {capacity})

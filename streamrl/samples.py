@@ -1,9 +1,13 @@
 """In-process types of the data flow: a finished sample, a scored sample and a scored group,
-and GRPO advantages."""
+GRPO advantages, and how the learner cuts samples into micro-batches."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,3 +71,12 @@ def group_advantages(rewards: list[float], scale: bool = True, eps: float = 1e-6
         return centred
     std = (sum(c * c for c in centred) / (n - 1)) ** 0.5 if n > 1 else 0.0
     return [c / (std + eps) for c in centred]
+
+
+def micro_batches_by_length(items: list[T], length: Callable[[T], int], size: int) -> list[list[T]]:
+    """Items sorted by length (prompt plus completion tokens), cut into micro-batches of `size`:
+    each micro-batch is padded to its longest, and output lengths are long-tailed, so one long
+    sample among short ones would pad a whole micro-batch. The learner groups its share so; the
+    simulator prices the same padding."""
+    ordered = sorted(items, key=length)
+    return [ordered[k:k + size] for k in range(0, len(ordered), size)]

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import grpc
 
 from streamrl import compute
-from streamrl.generator.engine import Engine, ptl_batch_sizes
+from streamrl.generator.engine import Engine
 from streamrl.generator.fetcher import WeightFetcher
 from streamrl.generator.reconnect import Backoff
 from streamrl.generator.relay import Relay
 from streamrl.generator.worker import Abandon, LoadWeights, Worker
+from streamrl.latency import ptl_batch_sizes
 from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice, Welcome, Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.samples import Sample

@@ -36,13 +36,6 @@ class GenerationRequest:
     """Higher is admitted first; ties are first-come first-served."""
 
 
-def admission_key(priority: float, arrival: int) -> tuple[float, int]:
-    """The order in which waiting requests join the running batch (smallest first): highest
-    priority first (the longest predicted output under ranked dispatch: longest-processing-
-    time first), then first come first served. Pure, so the simulator orders by it too."""
-    return -priority, arrival
-
-
 @dataclass(frozen=True)
 class Completion:
     request_id: str
@@ -68,30 +61,6 @@ class EngineStats:
     """Since the engine started."""
     capacity: int
     """Maximum running sequences."""
-
-
-PTL_SMOOTHING = 0.1
-"""Weight of each served decode step in its batch-size bucket's reported seconds (an EWMA)."""
-
-
-def ptl_bucket(batch_size: int) -> int:
-    """The point of the reported PTL(BS) a decode step of this batch size counts toward: powers
-    of two (and the batch size itself below 4). Pure, so the simulator reports as replicas do."""
-    return batch_size if batch_size < 4 else 1 << (batch_size.bit_length() - 1)
-
-
-def observe_ptl(points: dict[int, float], batch_size: int, seconds: float, steps: int = 1) -> None:
-    """Fold `steps` served decode steps of `seconds` each at `batch_size` into `points` (bucket ->
-    smoothed seconds), as a replica's reported PTL(BS) is kept."""
-    b = ptl_bucket(batch_size)
-    old = points.get(b)
-    keep = (1 - PTL_SMOOTHING) ** steps
-    points[b] = seconds if old is None else old * keep + seconds * (1 - keep)
-
-
-def ptl_batch_sizes(capacity: int) -> list[int]:
-    """The batch sizes PTL(BS) is measured at: powers of two up to the capacity, and the capacity."""
-    return sorted({1 << k for k in range(capacity.bit_length())} | {capacity})
 
 
 class Engine(ABC):

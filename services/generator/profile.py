@@ -13,8 +13,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from streamrl import compute
-from streamrl.generator.engine import Engine, GenerationRequest, ptl_batch_sizes
-from streamrl.latency import fit_fixed_plus_per_unit
+from streamrl.generator.engine import Engine, GenerationRequest
+from streamrl.latency import fit_fixed_plus_per_unit, ptl_batch_sizes
 from streamrl.weights import WeightStore, deserialize
 
 

@@ -21,10 +21,9 @@ from streamrl.generator.engine import (
     Engine,
     EngineStats,
     GenerationRequest,
-    admission_key,
-    observe_ptl,
-    ptl_bucket,
 )
+from streamrl.latency import observe_ptl, ptl_bucket
+from streamrl.rollout.workqueue import admission_key
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""The rollout coordinator: the replicas connected (membership), and one place that wires
-the work queue (workqueue.py), sample intake and group assembly (groups.py) and the weight
-relay (relay.py) to them. Runs on the trainer's event loop (single-threaded: no locks).
+"""The rollout coordinator: the rollout core's Fleet (streamrl/rollout/fleet.py: membership,
+dispatch, long-tail routing, the weight relay) on the trainer's event loop, with sample intake
+and group assembly (groups.py), the replicas' metrics and joins. Single-threaded: no locks.
 Knows no gRPC: replicas' outboxes carry domain messages and the servicer converts them.
 
-Every sample is keyed by (prompt_id, sample_index), checked (intake.py) and accepted at most
+Every sample is keyed by (prompt_id, sample_index), checked (refusals.py) and accepted at most
 once; a vanished replica's unfinished samples go back to the queue and out to another replica.
 """
 
@@ -15,13 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from streamrl.messages import BatchCap, Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice
+from streamrl.messages import Draining, Hello, LoadReport, WeightsLoaded, WeightsNotice
 from streamrl.metrics import ServiceMetrics
 from streamrl.records import GeneratorJoin, GeneratorStatus
-from streamrl.samples import Group, Sample
-from streamrl.trainer.counters import RolloutCounters
-from streamrl.trainer.groups import GroupAssembler, InFlight, Intake, PromptWork, Scorer
-from streamrl.trainer.intake import (
+from streamrl.rollout.counters import RolloutCounters
+from streamrl.rollout.fleet import Fleet
+from streamrl.rollout.refusals import (
     MALFORMED,
     MAX_MALFORMED_IN_A_ROW,
     Refusal,
@@ -31,25 +30,26 @@ from streamrl.trainer.intake import (
     check_load_report,
     check_weights_loaded,
 )
-from streamrl.trainer.relay import VersionSync, WeightRelay
-from streamrl.trainer.replica import Replica
-from streamrl.trainer.workqueue import SamplingConfig, WorkQueue, dispatch_order
+from streamrl.rollout.relay import VersionSync, WeightRelay
+from streamrl.rollout.replica import Replica
+from streamrl.rollout.work import PromptWork
+from streamrl.rollout.workqueue import SamplingConfig, WorkQueue, dispatch_order
+from streamrl.samples import Group, Sample
+from streamrl.trainer.groups import GroupAssembler, Outcome, Scorer
 
 log = logging.getLogger(__name__)
 
 
-class Coordinator:
+class Coordinator(Fleet):
     def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
                  scale_advantages: bool = True, queue_factor: float = 4.0, relay_pools: frozenset[str] = frozenset(),
                  on_reward_error: str = "fail", vocab_size: int | None = None):
         self.metrics = metrics
         self.counters = RolloutCounters(metrics)
-        self.queue = WorkQueue(sampling, self.counters, queue_factor)
+        super().__init__(WorkQueue(sampling, self.counters, queue_factor), WeightRelay(relay_pools))
         rules = SampleRules(sampling.max_new_tokens, vocab_size, sampling.incarnation)
         self.groups = GroupAssembler(scorer, self.counters, scale_advantages, on_reward_error, sampling.seed, rules)
-        self.groups.requeue = self._requeue
-        self.relay = WeightRelay(relay_pools)
-        self.replicas: dict[str, Replica] = {}
+        self.groups.requeue = self.requeue
         self.on_membership_change: Callable[[], None] = lambda: None
         """Called after a replica joins, drains or leaves (the long-tail plan is recomputed)."""
         self._change = asyncio.Event()
@@ -72,10 +72,9 @@ class Coordinator:
         if hello.generator_id in self.replicas:
             raise KeyError(f"generator {hello.generator_id!r} is connected already")
         replica = Replica(hello.generator_id, hello.pool, hello.capacity, hello.engine, hello.policy_version,
-                          hello.weights_address, hello.latency_profile, started_unix=hello.started_unix,
-                          hello_unix=time.time(), weights_sha256=hello.weights_sha256)
-        self.replicas[replica.generator_id] = replica
-        self.relay.joined(replica, self.replicas.values())
+                          hello.weights_address, hello.latency_profile, outbox=asyncio.Queue(),
+                          started_unix=hello.started_unix, hello_unix=time.time(), weights_sha256=hello.weights_sha256)
+        self.join(replica)
         self._count_replicas()
         log.info("generator %s joined (pool %s, capacity %d)", replica.generator_id, replica.pool, replica.capacity)
         self._membership_changed()
@@ -83,7 +82,7 @@ class Coordinator:
 
     def disconnect(self, generator_id: str) -> None:
         """A replica's stream ended: what it had not delivered goes back to the queue."""
-        replica = self.replicas.pop(generator_id, None)
+        replica = self.leave(generator_id)
         if replica is None:
             return
         self._count_replicas()
@@ -99,7 +98,6 @@ class Coordinator:
         num_lost = sum(map(len, lost.values()))
         (log.info if replica.draining and not num_lost else log.warning)(
             "generator %s left; %d unfinished samples go back to the queue", generator_id, num_lost)
-        self.relay.left(replica.pool, list(self.replicas.values()))
         self._membership_changed()
 
     def drain(self, generator_id: str, reason: str = "") -> None:
@@ -146,7 +144,7 @@ class Coordinator:
                 if (refused := check_weights_loaded(msg, self.groups.published_version)) is not None:
                     self.groups.refuse(refused, generator_id)  # ignored: the stream goes on
                     return
-                self.on_loaded(generator_id, msg)
+                self.loaded(generator_id, msg)
             case LoadReport():
                 if (refused := check_load_report(msg)) is not None:
                     self.groups.refuse(refused, generator_id)
@@ -167,7 +165,7 @@ class Coordinator:
         outstanding). Raises ValueError once the sender's last MAX_MALFORMED_IN_A_ROW samples
         were all malformed: a broken generator, whose stream then ends."""
         result = self.groups.receive(sample)
-        if result is Intake.UNSCORED:
+        if result is Outcome.UNSCORED:
             return False
         key = (sample.prompt_id, sample.sample_index)
         replica = self.replicas.get(generator_id)
@@ -177,7 +175,7 @@ class Coordinator:
         if held:
             replica.outstanding.discard(key)
         if replica is not None:
-            if result is Intake.ACCEPTED:
+            if result is Outcome.ACCEPTED:
                 replica.num_samples += 1
                 replica.malformed_in_a_row = 0
                 if replica.num_samples == 1:
@@ -191,7 +189,7 @@ class Coordinator:
             if replica.malformed_in_a_row >= MAX_MALFORMED_IN_A_ROW:
                 raise ValueError(f"generator {generator_id} sent {replica.malformed_in_a_row} malformed samples "
                                  f"in a row, the last {result.reason.value}: {result.detail}")
-        return result is Intake.ACCEPTED
+        return result is Outcome.ACCEPTED
 
     def refuse_message(self, generator_id: str, refused: Refused) -> None:
         """A Connect message refused at the stream's edge (not a sample): counted like samples."""
@@ -217,44 +215,17 @@ class Coordinator:
         log.info("generator %s joined: first sample %.1fs after its process started (Hello after %.1fs)",
                  replica.generator_id, replica.join_s, replica.hello_unix - replica.started_unix)
 
-    def on_loaded(self, generator_id: str, msg: WeightsLoaded) -> None:
-        loader = self.replicas.get(generator_id)
-        if loader is not None:
-            self.relay.loaded(loader, msg, self.replicas.values())
-
     # ---- work -------------------------------------------------------------------------
     def add_prompts(self, iteration: int, prompts: list[PromptWork], group_size: int, min_policy_version: int) -> None:
         """Queue the prompts of one iteration; with predictions they go out longest first."""
-        self.queue.add(self.groups.open(iteration, dispatch_order(prompts), group_size, min_policy_version))
-        self.dispatch()
+        self.queue_work(self.groups.open(iteration, dispatch_order(prompts), group_size, min_policy_version))
 
-    def _requeue(self, task: InFlight, indices: list[int]) -> None:
-        self.queue.requeue(task, indices)
-        self.dispatch()
-
-    def set_long_tail_replicas(self, replica_ids: set[str], batch_cap: int) -> None:
-        """Route long-tail prompts to these replicas, which decode at most batch_cap at once;
-        the others run at full capacity and take the rest."""
-        for r in self.replicas.values():
-            long_tail = r.generator_id in replica_ids
-            if long_tail != r.long_tail or long_tail:
-                r.outbox.put_nowait(BatchCap(batch_cap if long_tail else 0))
-            r.long_tail = long_tail
-        self.dispatch()
-
-    def dispatch(self) -> None:
-        self.queue.dispatch(self.replicas.values())
-        self._track_barrier()
-
-    def _track_barrier(self) -> None:
-        """Account the seconds when no work is pending or out on any replica: every generator
-        must wait for the trainer then (its step, its next iteration's work), so their idle
-        time is the pipeline's shape, not spare capacity."""
+    def at_barrier(self, barrier: bool) -> None:
+        """Account the seconds at the generation barrier (Fleet.barrier): not spare capacity."""
         now = time.monotonic()
         if self._barrier_since is not None:
             self.metrics.generation_barrier_seconds.inc(now - self._barrier_since)
-        at_barrier = not self.queue.num_samples_pending and not any(r.outstanding for r in self.replicas.values())
-        self._barrier_since = now if at_barrier else None
+        self._barrier_since = now if barrier else None
 
     async def take_groups(self, iteration: int, min_samples: int, max_samples: int,
                           min_policy_version: int = 0) -> list[Group]:
@@ -262,9 +233,9 @@ class Coordinator:
         return await self.groups.take(iteration, min_samples, max_samples, min_policy_version)
 
     # ---- weights ----------------------------------------------------------------------
-    def announce_weights(self, notice: WeightsNotice) -> None:
+    def announce(self, notice: WeightsNotice) -> None:
         self.groups.published_version = max(self.groups.published_version, notice.policy_version)
-        self.relay.announce(notice, self.replicas.values())
+        super().announce(notice)
 
     def version_sync(self, policy_version: int) -> VersionSync:
         return self.relay.version_sync(policy_version)

@@ -1,5 +1,5 @@
 """Sample intake and group assembly: prompts in flight, each finished sample checked
-(intake.py decides) and scored on arrival (before any bookkeeping changes, so a sample that
+(streamrl/rollout/refusals.py decides) and scored on arrival (before any bookkeeping changes, so a sample that
 cannot be scored is neither lost nor counted), complete groups handed to the learner by
 iteration, samples older than the staleness contract dropped and re-issued at consumption."""
 
@@ -10,13 +10,11 @@ import logging
 import zlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from streamrl.rewards import RewardError
-from streamrl.samples import Group, Sample, ScoredSample, group_advantages
-from streamrl.trainer.counters import RolloutCounters
-from streamrl.trainer.intake import (
+from streamrl.rollout.counters import RolloutCounters
+from streamrl.rollout.refusals import (
     RACES,
     SAMPLE_REASONS,
     Refusal,
@@ -25,6 +23,8 @@ from streamrl.trainer.intake import (
     check_sample,
     worth_logging,
 )
+from streamrl.rollout.work import InFlight, PromptWork, take_complete
+from streamrl.samples import Group, Sample, ScoredSample, group_advantages
 
 log = logging.getLogger(__name__)
 
@@ -32,45 +32,8 @@ Scorer = Callable[[Sample, str], float]
 """Reward of a sample given its prompt's answer; raises RewardError when it cannot."""
 
 
-@dataclass(frozen=True)
-class PromptWork:
-    """One prompt of an iteration, ready to be dispatched."""
-
-    prompt_id: str
-    """Unique within the run: `<iteration>-<position>-<dataset index>`."""
-    dataset_index: int
-    answer: str
-    token_ids: tuple[int, ...]
-    """[P] prompt ids, BOS included."""
-    predicted_length: float = 0.0
-    """The ranker's prediction, tokens (0 = none); also the in-replica priority (longest first)."""
-    long_tail: bool = False
-    """Predicted to be in the long tail: served by the long-tail replicas when there are any."""
-
-
-@dataclass
-class InFlight:
-    """A prompt whose group is not complete yet."""
-
-    prompt: PromptWork
-    iteration: int
-    group_size: int
-    seed: int
-    """Sample i is drawn with seed + i, on whichever replica."""
-    min_policy_version: int
-    received: dict[int, tuple[Sample, float]] = field(default_factory=dict)
-    """sample_index -> (sample, reward)."""
-
-    @property
-    def prompt_id(self) -> str:
-        return self.prompt.prompt_id
-
-    def missing(self, indices: list[int]) -> list[int]:
-        return [i for i in indices if i not in self.received]
-
-
-class Intake(Enum):
-    """What became of a sample that arrived, when it was not refused (intake.Refused)."""
+class Outcome(Enum):
+    """What became of a sample that arrived, when it was not refused (refusals.Refused)."""
 
     ACCEPTED = auto()
     UNSCORED = auto()
@@ -111,7 +74,7 @@ class GroupAssembler:
     def get(self, prompt_id: str) -> InFlight | None:
         return self._inflight.get(prompt_id)
 
-    def receive(self, sample: Sample) -> Intake | Refused:
+    def receive(self, sample: Sample) -> Outcome | Refused:
         """Check and score a sample; only an ACCEPTED one changes the group. A refused one is
         counted by its reason and changes nothing (the caller re-issues it if `reissue`)."""
         task = self._inflight.get(sample.prompt_id)
@@ -124,7 +87,7 @@ class GroupAssembler:
         except RewardError as err:
             if self.on_reward_error != "zero":
                 self.fail(err)
-                return Intake.UNSCORED
+                return Outcome.UNSCORED
             log.warning("%s; scored 0 (reward.onError zero)", err)
             self.counters.reward_failed()
             reward = 0.0
@@ -135,7 +98,7 @@ class GroupAssembler:
             self._finished.add(task.prompt_id)
             self._ready.setdefault(task.iteration, deque()).append(task)
             self._ready_event.set()
-        return Intake.ACCEPTED
+        return Outcome.ACCEPTED
 
     def refuse(self, refused: Refused, generator_id: str, n: int = 1) -> None:
         """Count a refusal (of a sample or a Connect message) and log it while that stays readable."""
@@ -192,18 +155,12 @@ class GroupAssembler:
             if self.failure is not None:
                 raise self.failure
             queue = self._ready[iteration]
-            out: list[Group] = []
-            total = 0
-            while queue and (not out or total + queue[0].group_size <= max_samples):
-                task = queue.popleft()
-                if self._drop_stale(task, min_policy_version):
-                    continue
-                out.append(self._score(task))
-                total += task.group_size
+            taken = take_complete(queue, max_samples, lambda t: t.group_size,
+                                  keep=lambda t: not self._drop_stale(t, min_policy_version))
             if not queue:
                 del self._ready[iteration]
-            if out:
-                return out
+            if taken:
+                return [self._score(t) for t in taken]
 
     @property
     def num_inflight(self) -> int:

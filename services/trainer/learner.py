@@ -24,7 +24,7 @@ from streamrl.metrics import (
     StageClock,
 )
 from streamrl.records import StepStats
-from streamrl.samples import Group, Sample, ScoredSample
+from streamrl.samples import Group, Sample, ScoredSample, micro_batches_by_length
 from streamrl.spec import AlgorithmSpec
 from streamrl.trainer.ranks import Ranks, balance_by_tokens, full_state_dict, shard
 from streamrl.trainer.timings import RankTimings
@@ -201,13 +201,12 @@ class Learner:
         The loss is a fixed-weight sum over samples, so the grouping does not change the
         gradient; with several ranks, whose gradients FSDP averages, each weighs in by the
         world size."""
-        samples = sorted(samples, key=lambda item: len(item[0]) + len(item[1].sample.completion_token_ids))
+        batches = micro_batches_by_length(samples, lambda item: len(item[0]) + len(item[1].sample.completion_token_ids),
+                                          self.algo.micro_batch_size)
         weight = self.ranks.world_size / num_samples_in_step
-        mb = self.algo.micro_batch_size
         for k in range(num_micro_batches):
-            items = samples[k * mb : (k + 1) * mb]
-            if items:
-                self._micro_batch(items, weight)
+            if k < len(batches):
+                self._micro_batch(batches[k], weight)
             else:  # the same collectives as the others, contributing nothing
                 self._micro_batch([_PADDING], 0.0)
 

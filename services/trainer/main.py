@@ -27,6 +27,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
 from streamrl.records import CheckpointInfo, RunEvent, TrainerPhase, TrainerStatus, append_event
 from streamrl.rewards import sample_scorer
+from streamrl.rollout.workqueue import SamplingConfig
 from streamrl.service import ExitCode, Service
 from streamrl.spec import RLJob
 from streamrl.tasks import load_prompts
@@ -38,7 +39,6 @@ from streamrl.trainer.loop import TrainLoop
 from streamrl.trainer.ranks import Ranks
 from streamrl.trainer.recorder import Recorder
 from streamrl.trainer.servicer import RolloutServicer
-from streamrl.trainer.workqueue import SamplingConfig
 from streamrl.weights import WeightStore
 
 log = logging.getLogger("streamrl.trainer")

@@ -104,8 +104,8 @@ def coordinator_for(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
                     queue_factor: float):
     """A real coordinator for measuring the job's sample path (its sampling, reward and dispatch)."""
     from streamrl.metrics import ServiceMetrics
+    from streamrl.rollout.workqueue import SamplingConfig
     from streamrl.trainer.coordinator import Coordinator
-    from streamrl.trainer.workqueue import SamplingConfig
 
     sampling = SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed)
     return Coordinator(sampling, scorer, ServiceMetrics("trainer"), algo.scale_advantages, queue_factor,
@@ -114,7 +114,7 @@ def coordinator_for(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
 
 def prompt_work(iteration: int, prompts: list[tuple[tuple[int, ...], str]]):
     """An iteration's prompts (token ids, answer) as the trainer's loop hands them to the coordinator."""
-    from streamrl.trainer.groups import PromptWork
+    from streamrl.rollout.work import PromptWork
 
     return [PromptWork(f"{iteration}-{k}-{k}", k, answer, ids) for k, (ids, answer) in enumerate(prompts)]
 

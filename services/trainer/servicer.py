@@ -11,9 +11,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from streamrl.messages import Hello, Welcome
+from streamrl.rollout.refusals import Refusal, Refused
+from streamrl.rollout.replica import Replica
 from streamrl.trainer.coordinator import Coordinator
-from streamrl.trainer.intake import Refusal, Refused
-from streamrl.trainer.replica import Replica
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.weights import WeightStore
 from streamrl.wire.convert import GeneratorMessage, request_from_pb, response_to_pb

@@ -83,7 +83,7 @@ class LocalGenerator:
 
     def _on_loaded(self, msg: LoadWeights, sync_s: float) -> None:
         loaded = WeightsLoaded(msg.policy_version, sync_s, msg.size_bytes, msg.source)
-        self.loop.call_soon_threadsafe(self.coordinator.on_loaded, self.replica.generator_id, loaded)
+        self.loop.call_soon_threadsafe(self.coordinator.loaded, self.replica.generator_id, loaded)
 
     def stop(self) -> None:
         self.worker.stop()

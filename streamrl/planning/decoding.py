@@ -10,10 +10,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamrl.generator import engine as product_engine
+from streamrl.latency import observe_ptl
 from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS
 from streamrl.planning.costs import GenerationCost
 from streamrl.planning.events import Event, Simulation, Track
+from streamrl.rollout import workqueue
 
 LOAD_REPORT_INTERVAL_S = 0.5
 """How often a replica sends its load report (GeneratorAgent.report_interval_s), its PTL(BS) in it."""
@@ -151,7 +152,7 @@ class SimReplica:
         if ready:
             self._deferred = [q for q in self._deferred if q.min_policy_version > self.policy_version]
             for q in ready:
-                heapq.heappush(self._waiting, (product_engine.admission_key(q.priority, next(self._arrival)), q))
+                heapq.heappush(self._waiting, (workqueue.admission_key(q.priority, next(self._arrival)), q))
 
     def _next(self) -> None:
         """At a step boundary: swap in fetched weights, release and admit work, start a stretch."""
@@ -195,7 +196,7 @@ class SimReplica:
         self.num_tokens += s.steps * len(self.running)
         lent, self._lent_stretch_s = self._lent_stretch_s, 0.0
         if s.steps:  # a replica times a step's wall clock: what its core lent meanwhile is in it
-            product_engine.observe_ptl(self.ptl, len(self.running), s.step_s + lent / s.steps, s.steps)
+            observe_ptl(self.ptl, len(self.running), s.step_s + lent / s.steps, s.steps)
         if self._on_report is not None and self.sim.now - self._reported_at >= LOAD_REPORT_INTERVAL_S:
             self._reported_at = self.sim.now
             self._on_report(self)

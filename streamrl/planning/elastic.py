@@ -82,7 +82,7 @@ class Autoscaler:
     def _counters(self) -> _Counters:
         return _Counters({gid: (e.track.seconds("busy"), e.track.seconds("idle", NO_WORK), e.num_samples)
                           for gid, e in self.fleet.engines.items()},
-                         self.run.trainer.seconds("busy"), self.fleet.barrier.seconds("busy"))
+                         self.run.trainer.seconds("busy"), self.fleet.barrier_track.seconds("busy"))
 
     def _gauge_mean(self, start: float, now: float) -> float | None:
         """avg_over_time of the iteration wall-seconds gauge (0 until the first iteration ends)."""

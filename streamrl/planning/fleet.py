@@ -1,6 +1,7 @@
-"""The simulated rollout side as the coordinator runs it: the product's Replica records, work
-queue, long-tail planner and weight relay over the scenario's links, and sample intake into
-groups; each replica's outbox is pumped into its simulated engine. Knows no trainer loop."""
+"""The simulated rollout side: the rollout core's Fleet (streamrl/rollout/fleet.py: the
+product's membership, work queue, dispatch, long-tail routing and weight relay, as the trainer's
+Coordinator runs them) over simulated engines and the scenario's links; each replica's outbox is
+pumped into its simulated engine, its samples gathered into groups. Knows no trainer loop."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from streamrl.planning.decoding import Sequence, SimReplica
 from streamrl.planning.events import Signal, Simulation, Track
 from streamrl.planning.scenario import LinkSection, Scenario
 from streamrl.planning.stages import Stages
-from streamrl.trainer import longtail, workqueue
-from streamrl.trainer.counters import RolloutCounters
-from streamrl.trainer.groups import InFlight, PromptWork
-from streamrl.trainer.relay import WeightRelay
-from streamrl.trainer.replica import Replica
+from streamrl.rollout import workqueue
+from streamrl.rollout.counters import RolloutCounters
+from streamrl.rollout.fleet import Fleet
+from streamrl.rollout.iteration import IterationPlanner
+from streamrl.rollout.relay import WeightRelay
+from streamrl.rollout.replica import Replica
+from streamrl.rollout.work import InFlight, PromptWork, take_complete
 
 
 @dataclass
@@ -40,17 +43,18 @@ class _Outbox:
         self.put_nowait = deliver
 
 
-class Fleet:
-    def __init__(self, sim: Simulation, scenario: Scenario, stages: Stages, latency_context: int):
+class SimulatedFleet(Fleet):
+    def __init__(self, sim: Simulation, scenario: Scenario, stages: Stages, latency_context: int,
+                 planner: IterationPlanner):
         self.sim, self.scenario, self.stages = sim, scenario, stages
         self.latency_context = latency_context
-        d = scenario.dispatch
+        self.planner = planner
+        """The trainer loop's planner: the long-tail demand to plan for, the recent lengths (D) to feed."""
         sampling = workqueue.SamplingConfig(1.0, 1.0, scenario.workload.max_new_tokens, scenario.seed)
         # the coordinator's own counters, over metrics of a registry no one serves
         self.counters = RolloutCounters(ServiceMetrics("trainer"))
-        self.queue = workqueue.WorkQueue(sampling, self.counters, d.effective_queue_factor)
-        self.relay = WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay))
-        self.replicas: dict[str, Replica] = {}
+        super().__init__(workqueue.WorkQueue(sampling, self.counters, scenario.dispatch.effective_queue_factor),
+                         WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay)))
         self.engines: dict[str, SimReplica] = {}
         self.departed: list[SimReplica] = []
         self.inflight: dict[str, tuple[InFlight, SimGroup]] = {}
@@ -62,10 +66,7 @@ class Fleet:
         """Samples that reached the trainer so far."""
         self.on_trainer_core: list[SimReplica] = []
         """Replicas placed on the trainer's core (placement.cores)."""
-        self.recent_lengths: deque[int] = deque(maxlen=4096)
-        """D, the recent output lengths (as the trainer's loop keeps them)."""
-        self.demand: longtail.LongTailDemand | None = None
-        self.barrier = Track(sim, "barrier", "busy", "barrier")
+        self.barrier_track = Track(sim, "barrier", "busy", "barrier")
         """'busy' while no work is pending or out anywhere (the generation barrier)."""
         self.in_process = scenario.pipeline.mode == "colocated"
         """Colocated: generators run in the trainer's process; weights and samples cross no link."""
@@ -95,12 +96,11 @@ class Fleet:
                             stage.load_s, policy_version, stage.sample_s, points, self._on_report)
         engine.held_since = self.sim.now if held_since is None else held_since
         replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
-        self.replicas[gid] = replica
         self.engines[gid] = engine
         cores, k = self.scenario.placement.cores, self._counter - 1
         if cores and not self.in_process and (1 + k) % cores == 0:  # round-robin after the trainer's core
             self.on_trainer_core.append(engine)
-        self.relay.joined(replica, self.replicas.values())
+        self.join(replica)
         self.replan()
         self._update_routed()
         self.dispatch()
@@ -115,15 +115,11 @@ class Fleet:
 
     def _release_if_drained(self, replica: Replica) -> None:
         if replica.draining and not replica.outstanding:
-            del self.replicas[replica.generator_id]
+            self.leave(replica.generator_id)
             engine = self.engines.pop(replica.generator_id)
             engine.close()
             self.departed.append(engine)
-            self.relay.left(replica.pool, list(self.replicas.values()))
             self._update_routed()
-
-    def live(self, pool: str | None = None) -> list[Replica]:
-        return [r for r in self.replicas.values() if not r.draining and (pool is None or r.pool == pool)]
 
     # ---- messages out, pumped into the simulated replicas --------------------------------
     def _deliver(self, gid: str, msg) -> None:
@@ -169,38 +165,18 @@ class Fleet:
             self.inflight[p.prompt_id] = (task, SimGroup(p.prompt_id, iteration, prompt_tokens, g))
             self.lengths[p.prompt_id] = lengths[p.prompt_id]
             tasks.append(task)
-        self.queue.add(tasks)
-        self.dispatch()
+        self.queue_work(tasks)
 
-    def dispatch(self) -> None:
-        self.queue.dispatch(self.replicas.values())
-        self._track_barrier()
-
-    def _track_barrier(self) -> None:
-        at_barrier = not self.queue._pending and not any(r.outstanding for r in self.replicas.values())
-        self.barrier.set("busy" if at_barrier else "idle", "barrier" if at_barrier else "")
+    def at_barrier(self, barrier: bool) -> None:
+        self.barrier_track.set("busy" if barrier else "idle", "barrier" if barrier else "")
 
     def replan(self) -> None:
         """The long-tail plan for the current demand (also when replicas join or leave), as the trainer's loop."""
-        if self.demand is None or not self.replicas:
-            return
-        d = self.scenario.dispatch
-        replicas = [longtail.ReplicaProfile(r.generator_id, longtail.LatencyProfile(r.latency_profile or ((1, 1.0),)),
-                                            r.capacity) for r in self.replicas.values() if not r.draining]
-        if not replicas:
-            return
-        plan = longtail.plan_long_tail(self.demand, replicas, d.long_tail_batch_cap, d.objective)
-        chosen = set(plan.long_replicas)
-        for r in self.replicas.values():  # the coordinator's set_long_tail_replicas
-            long_tail = r.generator_id in chosen
-            if long_tail != r.long_tail or long_tail:
-                r.outbox.put_nowait(BatchCap(d.long_tail_batch_cap if long_tail else 0))
-            r.long_tail = long_tail
+        self.plan_long_tail(self.planner.demand, self.scenario.dispatch)
         self._update_routed()
 
     def _update_routed(self) -> None:
-        kinds = {r.long_tail for r in self.replicas.values()}
-        self._routed = kinds == {True, False}
+        self._routed = self.routed
 
     # ---- samples in -------------------------------------------------------------------
     def _on_sample(self, engine: SimReplica, q: Sequence) -> None:
@@ -218,32 +194,20 @@ class Fleet:
             del self.inflight[q.prompt_id]
             del self.lengths[q.prompt_id]
             self.ready.setdefault(group.iteration, deque()).append(group)
-            self.recent_lengths.extend(group.lengths)
+            self.planner.observe(group.lengths)
             self.arrived.fire()
         replica = self.replicas.get(engine.generator_id)
         if replica is not None:
             replica.outstanding.discard((q.prompt_id, q.index))
             self._release_if_drained(replica)
-        if replica is None or replica.generator_id not in self.replicas or self._could_take(replica):
+        # The coordinator dispatches after every sample; since the last dispatch, which left nothing
+        # any replica could take, only this replica's room changed: when it could take nothing,
+        # dispatching would change nothing and is skipped (at hundreds of replicas, most of the time).
+        if replica is None or replica.generator_id not in self.replicas or \
+                self.queue.could_take(replica, self._routed):
             self.dispatch()
         else:
-            self._track_barrier()
-
-    def _could_take(self, replica: Replica) -> bool:
-        """Whether the dispatcher would give this replica work now. The coordinator dispatches after
-        every sample; since the last dispatch, which left nothing any replica could take, only this
-        replica's room changed, so only it could take something: when it cannot (the product's
-        own tests: its room, the first work it may take, a group kept whole), dispatching would
-        change nothing and is skipped (at hundreds of replicas it is most of the time)."""
-        q = self.queue
-        room = q.room(replica)
-        if room <= 0 or not q._pending:
-            return False
-        index = q._next_for(replica, self._routed)
-        if index is None:
-            return False
-        task, indices = q._pending[index]
-        return not (len(task.missing(indices)) > room and room < q.allowance(replica))
+            self.at_barrier(self.barrier)
 
     def ready_samples(self, iteration: int) -> int:
         return sum(g.group_size for g in self.ready.get(iteration, ()))
@@ -251,21 +215,16 @@ class Fleet:
     def take(self, iteration: int, max_samples: int) -> list[SimGroup]:
         """Complete groups of `iteration`, at most max_samples unless one group is larger (GroupAssembler.take)."""
         queue = self.ready[iteration]
-        out, total = [], 0
-        while queue and (not out or total + queue[0].group_size <= max_samples):
-            group = queue.popleft()
-            out.append(group)
-            total += group.group_size
+        out = take_complete(queue, max_samples, lambda g: g.group_size)
         if not queue:
             del self.ready[iteration]
         return out
 
     # ---- weights ----------------------------------------------------------------------
-    def announce(self, policy_version: int) -> None:
+    def publish(self, policy_version: int) -> None:
         """The trainer published a version: the product's relay says who fetches it from where."""
         self._notices[policy_version] = self.sim.now
-        size = int(self.stages.weight_bytes)
-        self.relay.announce(WeightsNotice(policy_version, size, 0, ""), self.replicas.values())
+        self.announce(WeightsNotice(policy_version, int(self.stages.weight_bytes), 0, ""))
 
     def _link(self, pool: str) -> LinkSection:
         far = self._pool_of[pool].datacenter != self.scenario.trainer.datacenter
@@ -306,7 +265,5 @@ class Fleet:
     def _on_loaded(self, engine: SimReplica, policy_version: int) -> None:
         sync_s = self.sim.now - self._notices.get(policy_version, self.sim.now)
         self.sync_s[policy_version] = max(self.sync_s.get(policy_version, 0.0), sync_s)
-        replica = self.replicas.get(engine.generator_id)
-        if replica is not None:
-            msg = WeightsLoaded(policy_version, sync_s, int(self.stages.weight_bytes), engine.fetch_source)
-            self.relay.loaded(replica, msg, self.replicas.values())
+        self.loaded(engine.generator_id,
+                    WeightsLoaded(policy_version, sync_s, int(self.stages.weight_bytes), engine.fetch_source))

@@ -1,32 +1,34 @@
-"""`streamrl simulate`: a run as discrete events, the trainer's loop of each pipeline mode over
-fleet.py's rollout side, and the run's results. Not modelled: failures, stale drops (dispatch
-prevents them), the ranker learning, the trainer's ranks (its cost covers them)."""
+"""`streamrl simulate`: a run as discrete events, and its results. The trainer's loop here is the
+product's, driven in simulated time: the rollout core's IterationPlanner (what goes out when,
+predictions, the long-tail demand) and IterationTally (the take rule, the record's figures) over
+fleet.py's rollout side. Not modelled: failures, stale drops (dispatch prevents them), the
+ranker learning, the trainer's ranks (its cost covers them)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES
 from streamrl.planning.events import Simulation, Track
-from streamrl.planning.fleet import Fleet, SimGroup
+from streamrl.planning.fleet import SimGroup, SimulatedFleet
 from streamrl.planning.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
 from streamrl.planning.rollouts import Workload
 from streamrl.planning.scenario import Scenario
 from streamrl.planning.stages import Stages, resolve_stages
 from streamrl.records import ScalingRecord, write_json
+from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
+from streamrl.rollout.work import PromptWork
+from streamrl.samples import micro_batches_by_length
 from streamrl.spec import GeneratorPoolSpec, GeneratorsSpec, PipelineMode
-from streamrl.trainer import longtail
-from streamrl.trainer.groups import PromptWork
 
 
 def padded_tokens(groups: list[SimGroup], micro_batch_size: int) -> int:
-    """Tokens the learner computes on for these groups: samples sorted by length, cut into
-    micro-batches, each padded to its longest (Learner._accumulate)."""
-    sizes = sorted(g.prompt_tokens + n for g in groups for n in g.lengths)
-    return sum(len(mb) * mb[-1] for mb in (sizes[k:k + micro_batch_size]
-                                           for k in range(0, len(sizes), micro_batch_size)))
+    """Tokens the learner computes on for these groups: its micro-batches (the product's
+    micro_batches_by_length), each padded to its longest."""
+    sizes = [g.prompt_tokens + n for g in groups for n in g.lengths]
+    return sum(len(mb) * mb[-1] for mb in micro_batches_by_length(sizes, lambda n: n, micro_batch_size))
 
 
 def micro_batches(groups: list[SimGroup], micro_batch_size: int) -> int:
@@ -48,7 +50,8 @@ class Simulator:
         self.sim = Simulation()
         algo = scenario.algorithm
         self.workload = Workload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
-        self.fleet = Fleet(self.sim, scenario, stages, self.workload.typical_context())
+        self.planner = IterationPlanner(scenario.pipeline, algo.num_iterations, algo.group_size, scenario.dispatch)
+        self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(), self.planner)
         self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
         self.iterations: list[SimIteration] = []
         self.scaling: list[ScalingRecord] = []
@@ -57,59 +60,38 @@ class Simulator:
         self.iteration_ends: list[tuple[float, float]] = []
         """(simulated time, wall seconds) of each finished iteration (the wall-seconds gauge's history)."""
         self.policy_version = 0
-        self._dispatched = -1
         self.done = False
 
-    # ---- the trainer's loop (services/trainer/loop.py) ----------------------------------
-    def dispatch_through(self, last_iteration: int) -> None:
-        """Hand out every iteration up to last_iteration not yet handed out (TrainLoop.dispatch_through)."""
+    # ---- the trainer's loop (services/trainer/loop.py, TrainLoop) ------------------------
+    def dispatch_due(self, training: int) -> None:
+        """Hand out every iteration due before `training` trains (TrainLoop.dispatch_due)."""
         sc = self.scenario
-        last_iteration = min(last_iteration, sc.algorithm.num_iterations - 1)
-        staleness = sc.pipeline.max_staleness if sc.pipeline.mode == PipelineMode.stream_async else 0
-        while self._dispatched < last_iteration:
-            j = self._dispatched = self._dispatched + 1
+        for j in self.planner.due(training):
             drawn = self.workload.iteration(j)
             prompts = [PromptWork(p.prompt_id, p.dataset_index, "", ()) for p in drawn]
-            if sc.dispatch.policy != "random-fifo":
-                prompts = self._predict(prompts, {p.prompt_id: p.mean_length if sc.dispatch.policy == "oracle"
-                                                  else p.ranked_length for p in drawn})
+            if sc.dispatch.policy != "random-fifo":  # predictions: the true mean (oracle) or the ranker's
+                prompts = self.planner.predict(prompts, {p.prompt_id: p.mean_length if sc.dispatch.policy == "oracle"
+                                                         else p.ranked_length for p in drawn})
+                self.fleet.replan()
             self.fleet.add_prompts(j, prompts, {p.prompt_id: p.lengths for p in drawn},
-                                   sc.workload.prompt_tokens, max(0, j - staleness))
-
-    def _predict(self, prompts: list[PromptWork], lengths: dict[str, float]) -> list[PromptWork]:
-        """Predicted lengths, the long-tail split and a fresh replica plan (TrainLoop._predict)."""
-        d = self.scenario.dispatch
-        long_ids, regular_ids = longtail.split_long_tail(lengths, d.long_tail_fraction)
-        recent = list(self.fleet.recent_lengths) or [round(v) for v in lengths.values()]
-        l_long, l_reg = longtail.length_targets(recent)
-        g = self.scenario.algorithm.group_size
-        self.fleet.demand = longtail.LongTailDemand(len(long_ids) * g, len(regular_ids) * g, l_long, l_reg)
-        self.fleet.replan()
-        long_set = set(long_ids)
-        return [replace(p, predicted_length=lengths[p.prompt_id], long_tail=p.prompt_id in long_set) for p in prompts]
+                                   sc.workload.prompt_tokens, self.planner.min_policy_version(j))
 
     def _trainer_loop(self):
         sc, cost, fleet, track = self.scenario, self.stages.trainer, self.fleet, self.trainer
-        algo, pipe = sc.algorithm, sc.pipeline
-        streaming = pipe.mode in (PipelineMode.stream_sync, PipelineMode.stream_async)
-        staleness = pipe.max_staleness if pipe.mode == PipelineMode.stream_async else 0
+        algo = sc.algorithm
         for it in range(algo.num_iterations):
-            t0, idle0 = self.sim.now, track.seconds("idle", WAITING_SAMPLES)
-            skew0 = self._skewness_s()
-            self.dispatch_through(it + staleness)
-            total, done, groups, train_s, generation_s = algo.prompts_per_step * algo.group_size, 0, [], 0.0, 0.0
-            while done < total:
+            tally = IterationTally.start(sc.pipeline, algo.prompts_per_step, algo.group_size, algo.micro_batch_size,
+                                         self.sim.now, track.seconds("idle", WAITING_SAMPLES), self._skewness_s())
+            self.dispatch_due(it)
+            groups, train_s = [], 0.0
+            while (want := tally.want()) is not None:
+                need, most = want
                 track.set("idle", WAITING_SAMPLES)
-                left = total - done
-                need, most = (min(pipe.min_micro_batch_size, left), 4 * algo.micro_batch_size) if streaming \
-                    else (left, left)
                 while fleet.ready_samples(it) < need:
                     yield fleet.arrived
                 got = fleet.take(it, most)
-                done += sum(g.group_size for g in got)
                 groups.extend(got)
-                if done == total:
-                    generation_s = self.sim.now - t0
+                tally.took(sum(g.group_size for g in got), self.sim.now)
                 track.set("busy")
                 seconds = yield from self._busy(cost.train_s(padded_tokens(got, algo.micro_batch_size),
                                                              micro_batches(got, algo.micro_batch_size)))
@@ -117,10 +99,12 @@ class Simulator:
             train_s += yield from self._busy(cost.step_s())
             self.policy_version += 1
             yield from self._busy(cost.publish_s())
-            fleet.announce(self.policy_version)
+            fleet.publish(self.policy_version)
             track.set("idle", WAITING_SAMPLES)
-            self._record(it, t0, groups, train_s, generation_s, track.seconds("idle", WAITING_SAMPLES) - idle0,
-                         self._skewness_s() - skew0)
+            figures = tally.close(self.sim.now, track.seconds("idle", WAITING_SAMPLES), self._skewness_s(),
+                                  len(fleet.replicas), [n for g in groups for n in g.lengths],
+                                  [self.policy_version - 1 - v for g in groups for v in g.policy_versions])
+            self._record(it, tally.started, figures, train_s)
         self.done = True
         self.sim.stop()  # the run ends with its last iteration (versions still travelling do not count)
 
@@ -140,21 +124,11 @@ class Simulator:
         return sum(e.skewness_seconds() for e in self.fleet.engines.values()) + \
             sum(e.skewness_seconds() for e in self.fleet.departed)
 
-    def _record(self, it: int, t0: float, groups: list[SimGroup], train_s: float, generation_s: float,
-                idle_s: float, skewness_s: float) -> None:
-        wall = self.sim.now - t0
-        lengths = [n for g in groups for n in g.lengths]
-        staleness = [self.policy_version - 1 - v for g in groups for v in g.policy_versions]
-        replicas = max(1, len(self.fleet.replicas))
+    def _record(self, it: int, started: float, figures: IterationFigures, train_s: float) -> None:
         self.iterations.append(SimIteration(
-            iteration=it, start_s=t0, wall_s=wall, generation_s=generation_s, train_s=train_s,
-            num_samples=len(lengths), samples_per_s=len(lengths) / wall if wall > 0 else 0.0,
-            pipeline_bubble_ratio=min(1.0, idle_s / wall) if wall > 0 else 0.0,
-            skewness_bubble_ratio=min(1.0, skewness_s / (replicas * wall)) if wall > 0 else 0.0,
-            completion_tokens_mean=sum(lengths) / len(lengths), completion_tokens_max=max(lengths),
-            staleness_mean=sum(staleness) / len(staleness), staleness_max=max(staleness),
+            iteration=it, start_s=started, train_s=train_s, **asdict(figures),
             weight_sync_s_max=self.fleet.sync_s.get(it, 0.0), replicas=len(self.fleet.replicas)))
-        self.iteration_ends.append((self.sim.now, wall))
+        self.iteration_ends.append((self.sim.now, figures.wall_s))
 
     # ---- the run ----------------------------------------------------------------------
     def run(self) -> SimRun:

@@ -21,8 +21,8 @@ from streamrl.planning.scenario import (
     scenario_path,
 )
 from streamrl.planning.shape import ModelShape
+from streamrl.rollout.longtail import LatencyProfile
 from streamrl.spec import PipelineMode
-from streamrl.trainer.longtail import LatencyProfile
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ MAX_MESSAGE_BYTES = 16 << 20
 """Weights travel in 1 MiB chunks (trainer.weightChunkBytes), so 16 MiB leaves headroom. A
 message beyond it is cut by gRPC (RESOURCE_EXHAUSTED); below it, the trainer refuses and
 counts a Connect message larger than a sample of maxNewTokens tokens can be (1 MiB + 10 bytes
-a token, streamrl.trainer.intake), so a bad generator is named rather than just cut off."""
+a token, streamrl.rollout.refusals), so a bad generator is named rather than just cut off."""
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -15,10 +15,10 @@ from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.relay import Relay
 from streamrl.messages import WeightsNotice
 from streamrl.metrics import ServiceMetrics
+from streamrl.rollout.workqueue import SamplingConfig
 from streamrl.spec import SecuritySpec
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.servicer import RolloutServicer
-from streamrl.trainer.workqueue import SamplingConfig
 from streamrl.weights import WeightStore
 from streamrl.wire.channels import add_port, new_server, open_channel
 from streamrl.wire.transfer import WeightSource, fetch_blob
@@ -66,7 +66,7 @@ class TrainerServer(LoopThread):
         notice = WeightsNotice(version.policy_version, version.size_bytes, version.num_chunks, version.sha256)
 
         async def announce():
-            self.coordinator.announce_weights(notice)
+            self.coordinator.announce(notice)
 
         self.call(announce())
         return notice

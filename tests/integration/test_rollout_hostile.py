@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamrl.messages import WeightsNotice
-from streamrl.trainer.groups import PromptWork
-from streamrl.trainer.intake import MALFORMED, REQUEST_BASE_BYTES, REQUEST_BYTES_PER_TOKEN, Refusal
+from streamrl.rollout.refusals import MALFORMED, REQUEST_BASE_BYTES, REQUEST_BYTES_PER_TOKEN, Refusal
+from streamrl.rollout.work import PromptWork
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.weights import WeightStore
 from tests.integration.connect_client import ConnectStream, hello, open_insecure
@@ -254,7 +254,7 @@ def trainer():
     c = server.coordinator
 
     def setup():
-        c.announce_weights(WeightsNotice(PUBLISHED, 1, 1, "00"))
+        c.announce(WeightsNotice(PUBLISHED, 1, 1, "00"))
         c.add_prompts(0, [PromptWork("known", 0, "7", (1, 5))], GROUP, min_policy_version=0)
         c.add_prompts(3, [PromptWork("late", 1, "7", (1, 6))], GROUP, min_policy_version=PUBLISHED)
 

@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamrl.trainer.groups import PromptWork
-from streamrl.trainer.intake import MAX_MALFORMED_IN_A_ROW
+from streamrl.rollout.refusals import MAX_MALFORMED_IN_A_ROW
+from streamrl.rollout.work import PromptWork
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.weights import WeightStore
 from tests.integration.connect_client import ConnectStream, hello, open_insecure

@@ -65,7 +65,7 @@ def test_generator_refuses_a_corrupt_version_and_keeps_serving_the_old_one(tiny_
         trainer.store.add(forged)
 
         async def announce():
-            trainer.coordinator.announce_weights(WeightsNotice(2, forged.size_bytes, forged.num_chunks, good.sha256))
+            trainer.coordinator.announce(WeightsNotice(2, forged.size_bytes, forged.num_chunks, good.sha256))
 
         trainer.call(announce())
         time.sleep(1.0)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from streamrl.generator.engine import observe_ptl
+from streamrl.latency import observe_ptl
 from streamrl.planning.decoding import Sequence, SimReplica
 from streamrl.planning.events import Simulation, Track
 from streamrl.planning.scenario import parse_scenario

@@ -10,8 +10,8 @@ import json
 
 from streamrl.planning.scenario import parse_scenario
 from streamrl.planning.simulate import simulate
+from streamrl.rollout.longtail import LongTailPlan
 from streamrl.scaling.policy import Decision
-from streamrl.trainer.longtail import LongTailPlan
 
 
 def _scenario(tmp_path, policy: str, iterations: int = 1, outputs=(2, 8, 3, 9), replicas: int = 2,
@@ -52,7 +52,7 @@ def test_oracle_and_a_perfect_ranker_send_the_longest_first_and_bind_late(tmp_pa
 
 
 def test_the_queue_order_is_the_products_dispatch_order(tmp_path, monkeypatch):
-    from streamrl.trainer import workqueue
+    from streamrl.rollout import workqueue
 
     monkeypatch.setattr(workqueue, "dispatch_order", lambda prompts: list(prompts))  # dataset order
     # 2 on g-0 (until 1), 8 on g-1 (until 7), 3 on g-0 (until 3), 9 on g-0 (until 11)
@@ -60,18 +60,18 @@ def test_the_queue_order_is_the_products_dispatch_order(tmp_path, monkeypatch):
 
 
 def test_in_replica_order_is_the_products_admission_key(tmp_path, monkeypatch):
-    from streamrl.generator import engine
+    from streamrl.rollout import workqueue
 
     # one replica decoding two at a time holds 9, 3 and 2 (queueFactor 4: all three at once);
     # longest first runs 9 and 3, then 2 from 2 to 3 beside 9, which ends at 8
     options = {"outputs": (2, 9, 3), "replicas": 1, "max_batch": 2, "queueFactor": 4}
     assert _generation_s(tmp_path, "oracle", **options) == 8.0
-    monkeypatch.setattr(engine, "admission_key", lambda priority, arrival: (priority, arrival))  # shortest first
+    monkeypatch.setattr(workqueue, "admission_key", lambda priority, arrival: (priority, arrival))  # shortest first
     assert _generation_s(tmp_path, "oracle", **options) == 9.0  # 2 and 3 first; 9 from 1 to 9
 
 
 def test_the_long_tail_split_is_the_products_planner(tmp_path, monkeypatch):
-    from streamrl.trainer import longtail
+    from streamrl.rollout import longtail
 
     calls = []
     real = longtail.plan_long_tail

@@ -5,10 +5,10 @@ import pytest
 from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.rewards import RewardError
+from streamrl.rollout.work import PromptWork
+from streamrl.rollout.workqueue import SamplingConfig
 from streamrl.samples import Sample
 from streamrl.trainer.coordinator import Coordinator
-from streamrl.trainer.groups import PromptWork
-from streamrl.trainer.workqueue import SamplingConfig
 
 
 def _coordinator(group_size=4):
@@ -113,7 +113,7 @@ def test_connect_validates_and_sends_latest_weights():
         with pytest.raises(KeyError, match="connected already"):
             c.connect(Hello("a", "p", 4, "torch", 0))
         notice = WeightsNotice(3, 100, 1, "ff")
-        c.announce_weights(notice)
+        c.announce(notice)
         late = c.connect(Hello("b", "p", 4, "torch", 0))
         assert _drain(late) == [notice]
 
@@ -161,7 +161,7 @@ def test_too_stale_sample_is_dropped_at_consumption_and_reissued():
     async def go():
         c = _coordinator(group_size=2)
         a = c.connect(Hello("a", "p", 8, "torch", 0))
-        c.announce_weights(WeightsNotice(2, 100, 1, "ff"))
+        c.announce(WeightsNotice(2, 100, 1, "ff"))
         c.add_prompts(3, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=1)
         _drain(a)
         c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 1, "stop", "a"))  # v1: fine on arrival
@@ -184,7 +184,7 @@ def test_sample_too_stale_on_arrival_is_refused_and_reissued_before_it_joins_a_g
     async def go():
         c = _coordinator(group_size=2)
         a = c.connect(Hello("a", "p", 8, "torch", 0))
-        c.announce_weights(WeightsNotice(2, 100, 1, "ff"))
+        c.announce(WeightsNotice(2, 100, 1, "ff"))
         c.add_prompts(3, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=2)
         _drain(a)
         assert c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 1, "stop", "a")) is False  # v1 < v2
@@ -210,11 +210,11 @@ def test_relay_pool_gets_one_copy_from_the_trainer_and_the_rest_from_the_seed():
                  for i in (1, 2)]
         local = c.connect(Hello("l0", "local", 4, "torch", 0))  # pool without relay
         notice = WeightsNotice(1, 100, 1, "ab")
-        c.announce_weights(notice)
+        c.announce(notice)
         assert _drain(seed) == [notice]  # from the trainer
         assert _drain(local) == [notice]
         assert all(_drain(p) == [] for p in peers)
-        c.on_loaded("r0", WeightsLoaded(1, 0.0, 0, "trainer"))
+        c.loaded("r0", WeightsLoaded(1, 0.0, 0, "trainer"))
         for p in peers:
             [told] = _drain(p)
             assert told.policy_version == 1 and told.source == "10.0.0.1:7000"
@@ -229,7 +229,7 @@ def test_relay_seed_that_dies_before_loading_is_replaced():
         c = _relay_coordinator()
         seed = c.connect(Hello("r0", "remote", 4, "torch", 0, weights_address="a:1"))
         peer = c.connect(Hello("r1", "remote", 4, "torch", 0, weights_address="b:1"))
-        c.announce_weights(WeightsNotice(1, 100, 1, "ab"))
+        c.announce(WeightsNotice(1, 100, 1, "ab"))
         _drain(seed)
         assert _drain(peer) == []
         c.disconnect("r0")
@@ -244,7 +244,7 @@ def test_long_tail_prompts_go_to_long_tail_replicas_longest_first():
         c = _coordinator(group_size=2)
         a = c.connect(Hello("a", "p", 8, "torch", 0))
         b = c.connect(Hello("b", "p", 8, "torch", 0))
-        c.set_long_tail_replicas({"a"}, batch_cap=2)
+        c.route_long_tail({"a"}, batch_cap=2)
         assert _drain(a) == [BatchCap(2)] and _drain(b) == []
         predicted = {"s1": (5.0, False), "L1": (90.0, True), "s2": (9.0, False), "L2": (60.0, True)}
         prompts = [PromptWork(pid, i, "7", (1,), length, long_tail)
@@ -253,7 +253,7 @@ def test_long_tail_prompts_go_to_long_tail_replicas_longest_first():
         to_a, to_b = _drain(a), _drain(b)
         assert [(w.prompt_id, w.priority) for w in to_a] == [("L1", 90.0), ("L2", 60.0)]
         assert [(w.prompt_id, w.priority) for w in to_b] == [("s2", 9.0), ("s1", 5.0)]
-        c.set_long_tail_replicas(set(), batch_cap=2)  # plan without a long tail: a back to full batch
+        c.route_long_tail(set(), batch_cap=2)  # plan without a long tail: a back to full batch
         assert _drain(a) == [BatchCap(0)]
 
     run(go())

@@ -10,13 +10,13 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.generator.worker import Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
+from streamrl.rollout.workqueue import SamplingConfig
 from streamrl.spec import AlgorithmSpec, load_job
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.loop import TrainLoop
 from streamrl.trainer.profile import synthetic_groups
 from streamrl.trainer.recorder import Recorder
-from streamrl.trainer.workqueue import SamplingConfig
 from streamrl.weights import WeightStore
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from streamrl.messages import WeightsNotice
-from streamrl.trainer.relay import WeightRelay
-from streamrl.trainer.replica import Replica
+from streamrl.rollout.relay import WeightRelay
+from streamrl.rollout.replica import Replica
 
 LATEST = WeightsNotice(12, 1000, 1, "aa" * 32)
 

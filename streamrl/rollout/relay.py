@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from streamrl.messages import WeightsLoaded, WeightsNotice
-from streamrl.trainer.replica import Replica
+from streamrl.rollout.replica import Replica
 
 KEEP_VERSIONS = 8
 """Versions whose per-replica syncs are kept (an iteration reads its own starting version's)."""

@@ -1,6 +1,6 @@
 import pytest
 
-from streamrl.trainer.longtail import (
+from streamrl.rollout.longtail import (
     LatencyProfile,
     LongTailDemand,
     ReplicaProfile,

@@ -1,13 +1,23 @@
-"""One connected generator replica as the coordinator tracks it: who it is, what it holds,
-what it was sent, and its queue of messages out (domain messages; the servicer converts)."""
+"""One connected generator replica as the rollout tracks it: who it is, what it holds, what it
+was sent, and its outbox of messages out (domain messages; whoever carries them converts: the
+trainer's servicer to gRPC, the simulator into its simulated engine)."""
 
 from __future__ import annotations
 
-import asyncio
+import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from streamrl.messages import LatencyPoints, LoadReport
+
+
+class Outbox(Protocol):
+    """Where messages for a replica go: an asyncio.Queue in the trainer (its stream's writer
+    awaits it), a direct delivery in the simulator."""
+
+    def put_nowait(self, item, /) -> None: ...
+
 
 SampleKey = tuple[str, int]
 """(prompt_id, sample_index): how a sample is identified, and accepted at most once."""
@@ -25,14 +35,14 @@ class Replica:
     """Where it relays the versions it holds to pool peers; empty = it does not."""
     latency_profile: LatencyPoints = ()
     """PTL(BS), from Hello, refreshed by load reports."""
-    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    outbox: Outbox = field(default_factory=queue.SimpleQueue)
     """Messages for it: Work, WeightsNotice, BatchCap; None ends its stream."""
     outstanding: set[SampleKey] = field(default_factory=set)
     """Samples assigned to it and not yet received."""
     num_samples: int = 0
     """Samples accepted from it."""
     malformed_in_a_row: int = 0
-    """Malformed samples it sent since its last accepted one (intake.MAX_MALFORMED_IN_A_ROW ends its stream)."""
+    """Malformed samples it sent since its last accepted one (refusals.MAX_MALFORMED_IN_A_ROW ends its stream)."""
     load: LoadReport | None = None
     """Its latest load report."""
     awaiting_weights: int | None = None

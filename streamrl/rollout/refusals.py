@@ -13,7 +13,7 @@ from streamrl.messages import LatencyPoints, LoadReport, WeightsLoaded
 from streamrl.samples import Sample
 
 if TYPE_CHECKING:
-    from streamrl.trainer.groups import InFlight
+    from streamrl.rollout.work import InFlight
 
 LOGPROB_TOLERANCE = 1e-3
 """A log-probability above this is a probability above 1 beyond float rounding (nats)."""

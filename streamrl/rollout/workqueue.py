@@ -10,9 +10,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from streamrl.messages import Work
-from streamrl.trainer.counters import RolloutCounters
-from streamrl.trainer.groups import InFlight, PromptWork
-from streamrl.trainer.replica import Replica
+from streamrl.rollout.counters import RolloutCounters
+from streamrl.rollout.replica import Replica
+from streamrl.rollout.work import InFlight, PromptWork
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,14 @@ def dispatch_order(prompts: list[PromptWork]) -> list[PromptWork]:
     return list(prompts)
 
 
+def admission_key(priority: float, arrival: int) -> tuple[float, int]:
+    """The order in which waiting requests join the running batch (smallest first): highest
+    priority first (the longest predicted output under ranked dispatch: longest-processing-
+    time first), then first come first served. Pure: the torch engine and the simulator's
+    replicas both order by it."""
+    return -priority, arrival
+
+
 class WorkQueue:
     def __init__(self, sampling: SamplingConfig, counters: RolloutCounters, queue_factor: float = 4.0):
         self.sampling = sampling
@@ -49,6 +57,10 @@ class WorkQueue:
     def requeue(self, task: InFlight, indices: list[int]) -> None:
         """Samples to generate again (their replica left, or they were stale or malformed): first in line."""
         self._pending.appendleft((task, sorted(indices)))
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
 
     @property
     def num_samples_pending(self) -> int:
@@ -68,22 +80,41 @@ class WorkQueue:
                 return i
         return None
 
+    @staticmethod
+    def routed(replicas: Collection[Replica]) -> bool:
+        """Long-tail work goes only to long-tail replicas: while both kinds exist."""
+        return any(r.long_tail for r in replicas) and any(not r.long_tail for r in replicas)
+
+    def _choice(self, replica: Replica, routed: bool) -> int | None:
+        """Index in the queue of the work dispatching would give this replica now: the first
+        it may take, unless that group does not fit its room whole while it could (a group
+        larger than a replica's whole allowance is split)."""
+        room = self.room(replica)
+        index = self._next_for(replica, routed) if room > 0 else None
+        if index is None:
+            return None
+        task, indices = self._pending[index]
+        if len(task.missing(indices)) > room and room < self.allowance(replica):
+            return None  # keep a group on one replica: wait until it fits whole
+        return index
+
+    def could_take(self, replica: Replica, routed: bool) -> bool:
+        """Whether dispatching now would give this replica work, without assigning it."""
+        return self._choice(replica, routed) is not None
+
     def dispatch(self, replicas: Collection[Replica]) -> None:
-        """Hand pending samples to the replicas with the most room, a whole prompt at a time
-        (a group larger than a replica's whole allowance is split)."""
-        routed = any(r.long_tail for r in replicas) and any(not r.long_tail for r in replicas)
+        """Hand pending samples to the replicas with the most room, a whole prompt at a time."""
+        routed = self.routed(replicas)
         progress = True
         while progress and self._pending and replicas:
             progress = False
             for replica in sorted(replicas, key=self.room, reverse=True):
-                room = self.room(replica)
-                index = self._next_for(replica, routed) if room > 0 else None
+                index = self._choice(replica, routed)
                 if index is None:
                     continue
+                room = self.room(replica)
                 task, indices = self._pending[index]
                 indices = task.missing(indices)
-                if len(indices) > room and room < self.allowance(replica):
-                    continue  # keep a group on one replica: wait until it fits whole
                 del self._pending[index]
                 take, rest = indices[:room], indices[room:]
                 if rest:

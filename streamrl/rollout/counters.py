@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from streamrl.metrics import ServiceMetrics
-from streamrl.trainer.intake import MALFORMED, Refusal
+from streamrl.rollout.refusals import MALFORMED, Refusal
 
 
 @dataclass
@@ -18,7 +18,7 @@ class RolloutCounters:
     num_samples_duplicate_dropped: int = 0
     num_samples_redispatched: int = 0
     num_samples_rejected: int = 0
-    """Malformed samples (intake.MALFORMED reasons); those of a prompt in flight are re-issued."""
+    """Malformed samples (refusals.MALFORMED reasons); those of a prompt in flight are re-issued."""
     num_samples_stale_dropped: int = 0
     num_samples_reward_failed: int = 0
     """Samples the reward function raised on, scored 0 (reward.onError zero)."""
@@ -26,7 +26,7 @@ class RolloutCounters:
     """Samples of work an earlier start of the trainer handed out, dropped (a resumed trainer
     issues those prompts again)."""
     num_samples_refused: dict[str, int] = field(default_factory=dict)
-    """Refused samples and Connect messages by reason (intake.Refusal values); the three
+    """Refused samples and Connect messages by reason (refusals.Refusal values); the three
     counts above are parts of it, kept for the run summary's readers."""
 
     def __post_init__(self) -> None:

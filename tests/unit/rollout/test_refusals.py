@@ -10,10 +10,7 @@ import pytest
 from streamrl.messages import Hello, LoadReport, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import SAMPLES_REFUSED, ServiceMetrics
 from streamrl.records import RunSummary
-from streamrl.samples import Sample
-from streamrl.trainer.coordinator import Coordinator
-from streamrl.trainer.groups import InFlight, PromptWork
-from streamrl.trainer.intake import (
+from streamrl.rollout.refusals import (
     MALFORMED,
     MAX_MALFORMED_IN_A_ROW,
     STREAM,
@@ -25,7 +22,10 @@ from streamrl.trainer.intake import (
     check_sample,
     check_weights_loaded,
 )
-from streamrl.trainer.workqueue import SamplingConfig
+from streamrl.rollout.work import InFlight, PromptWork
+from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.samples import Sample
+from streamrl.trainer.coordinator import Coordinator
 
 VOCAB = 50
 RULES = SampleRules(max_new_tokens=6, vocab_size=VOCAB, incarnation=2)
@@ -217,7 +217,7 @@ def test_samples_of_a_version_not_yet_published_are_refused_until_it_is():
         c.add_prompts(0, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=0)
         _drain(a)
         assert c.on_sample("a", _sample("p0", 0, policy_version=1)) is False
-        c.announce_weights(WeightsNotice(1, 10, 1, "ab"))
+        c.announce(WeightsNotice(1, 10, 1, "ab"))
         assert c.on_sample("a", _sample("p0", 0, policy_version=1)) is True
 
     asyncio.run(go())
