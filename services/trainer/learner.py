@@ -26,6 +26,7 @@ from streamrl.metrics import (
 from streamrl.records import StepStats
 from streamrl.samples import Group, Sample, ScoredSample, micro_batches_by_length
 from streamrl.spec import AlgorithmSpec
+from streamrl.trainer.commands import Accumulate, Command, Gather, Load, Save, Step, Stop
 from streamrl.trainer.ranks import Ranks, balance_by_tokens, full_state_dict, shard
 from streamrl.trainer.timings import RankTimings
 
@@ -133,18 +134,17 @@ class Learner:
         tokens = [len(p) + len(s.sample.completion_token_ids) for p, s in samples]
         shares = balance_by_tokens(samples, tokens, self.ranks.world_size)
         num_micro_batches = max(math.ceil(len(share) / self.algo.micro_batch_size) for share in shares)
-        _, share, n, m = self._send([("accumulate", share, num_samples_in_step, num_micro_batches)
-                                     for share in shares])
-        self._accumulate(share, n, m)
+        mine = self._send([Accumulate(share, num_samples_in_step, num_micro_batches) for share in shares])
+        self._accumulate(mine.share, mine.num_samples_in_step, mine.num_micro_batches)
 
     def step(self) -> StepStats:
         """Clip gradients, take the optimizer step on every rank, bump policy_version."""
-        self._send([("step",)] * self.ranks.world_size)
+        self._send([Step()] * self.ranks.world_size)
         return self._step()
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The parameters to publish, by name (tied weights once), gathered whole to this rank."""
-        self._send([("weights",)] * self.ranks.world_size)
+        self._send([Gather()] * self.ranks.world_size)
         return self._gather()
 
     def save(self, path: Path) -> Future | None:
@@ -152,20 +152,20 @@ class Learner:
         copied off the model before this returns, then written in the background; the
         returned future (rank 0's) completes once every rank's part is on disk. A save still
         being written is waited for first."""
-        self._send([("save", str(path))] * self.ranks.world_size)
+        self._send([Save(str(path))] * self.ranks.world_size)
         return self._save(Path(path))
 
     def load(self, path: Path) -> None:
         """Every rank takes its shard of the model and optimizer, its LR schedule, RNG state and
         the policy version from the checkpoint in `path` (written by any world size)."""
-        self._send([("load", str(path))] * self.ranks.world_size)
+        self._send([Load(str(path))] * self.ranks.world_size)
         self._load(Path(path))
 
     def stop(self) -> None:
         """Let the other ranks leave follow()."""
-        self._send([("stop",)] * self.ranks.world_size)
+        self._send([Stop()] * self.ranks.world_size)
 
-    def _send(self, per_rank: list) -> tuple:
+    def _send(self, per_rank: list[Command]) -> Command:
         with self.timings.collective(SCATTER):
             return self.ranks.send(per_rank)
 
@@ -178,21 +178,22 @@ class Learner:
             command = self.ranks.receive()
             if clock is not None:
                 clock.busy()
-            if command[0] == "accumulate":
-                self._accumulate(*command[1:])
-            elif command[0] == "step":
-                self._step()
-            elif command[0] == "weights":
-                self._gather()
-            elif command[0] == "save":
-                self._save(Path(command[1]))
-            elif command[0] == "load":
-                self._load(Path(command[1]))
-            elif command[0] == "stop":
-                self.wait_saved()  # its part of a checkpoint is on disk before it leaves
-                return
-            else:
-                raise ValueError(f"unknown command from rank 0: {command[0]!r}")
+            match command:
+                case Accumulate(share, num_samples_in_step, num_micro_batches):
+                    self._accumulate(share, num_samples_in_step, num_micro_batches)
+                case Step():
+                    self._step()
+                case Gather():
+                    self._gather()
+                case Save(path):
+                    self._save(Path(path))
+                case Load(path):
+                    self._load(Path(path))
+                case Stop():
+                    self.wait_saved()  # its part of a checkpoint is on disk before it leaves
+                    return
+                case _:
+                    raise ValueError(f"unknown command from rank 0: {command!r}")
 
     # ---- every rank -------------------------------------------------------------------
     def _accumulate(self, samples, num_samples_in_step: int, num_micro_batches: int) -> None:
