@@ -60,13 +60,12 @@ def cmd_trainer(args) -> int:
 def cmd_generator(args) -> int:
     import asyncio
 
-    from streamrl.models import resolve_model_dir
     from streamrl.spec import load_job
 
     job = load_job(args.job)
     pools = {p.name: p for p in job.spec.generators.pools}
     _threads(pools[args.pool].threads if args.pool in pools else 1)
-    model_dir = Path(args.model_dir) if args.model_dir else resolve_model_dir(job.spec)
+    model_dir = Path(args.model_dir) if args.model_dir else None  # None: it boots from the trainer
     from streamrl.generator.main import serve
 
     return asyncio.run(serve(job, args.pool, args.trainer, model_dir, args.id, args.host, args.admin_port,
@@ -449,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", required=True, help="trainer gRPC address host:port")
     p.add_argument("--pool", default="default", help="generator pool of this replica")
     p.add_argument("--id", help="replica id (default: <pool>-<host>-<pid>)")
-    p.add_argument("--model-dir", help="initial policy directory (default: resolved from the spec)")
+    p.add_argument("--model-dir", help="load the initial policy from this directory (default: boot from the "
+                                       "trainer: its config and tokenizer over FetchModel, its current weights "
+                                       "as a version)")
     p.add_argument("--host", default="127.0.0.1", help="admin HTTP address")
     p.add_argument("--admin-port", type=int, default=0, help="admin HTTP port (0 = any)")
     p.add_argument("--relay-port", type=int, default=0, help="port serving held weights to pool peers (0 = any)")

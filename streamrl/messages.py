@@ -31,6 +31,8 @@ class Hello:
     """When its process started (Unix seconds; 0 = unknown), for its time to join."""
     weights_sha256: str = ""
     """SHA-256 of the weights it holds as published (empty = the initial model)."""
+    without_weights: bool = False
+    """It booted from the trainer and holds no weights yet (policy_version names no model)."""
 
 
 @dataclass(frozen=True)

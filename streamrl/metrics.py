@@ -39,6 +39,7 @@ WEIGHT_SYNC_SECONDS = "streamrl_weight_sync_seconds"
 WEIGHT_FETCH_SECONDS = "streamrl_weight_fetch_seconds"
 WEIGHT_SYNC_BYTES = "streamrl_weight_sync_bytes"
 WEIGHT_SERVED_BYTES = "streamrl_weight_served_bytes"
+MODEL_READ_BYTES = "streamrl_model_read_bytes"
 WEIGHT_PUBLISH_SECONDS = "streamrl_weight_publish_seconds"
 CHECKPOINT_WAIT_SECONDS = "streamrl_trainer_checkpoint_wait_seconds"
 CHECKPOINT_ITERATION = "streamrl_trainer_checkpoint_iteration"
@@ -151,6 +152,9 @@ class ServiceMetrics:
             WEIGHT_SYNC_BYTES, "Generator: weight bytes received, by source (trainer|peer)", ["source"], registry=r
         )
         self.weight_served_bytes = Counter(WEIGHT_SERVED_BYTES, "Weight bytes served to generators", registry=r)
+        self.model_read_bytes = Counter(
+            MODEL_READ_BYTES, "Bytes of the checkpoint's weight files this process loaded from its model directory "
+            "(none for a replica that booted from the trainer)", registry=r)
         self.weight_publish_seconds = Histogram(
             WEIGHT_PUBLISH_SECONDS, "Trainer: seconds to serialize and publish a version", registry=r,
         )

@@ -121,6 +121,20 @@ def eos_token_id(path: str | Path) -> int:
     return load_tokenizer(path).eos_token_id
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".npz")
+"""Files that hold weights (with their shard indexes, `*.index.json`): a replica booting from the
+trainer is never sent them, it takes the weights as a published version."""
+
+
+def is_weight_file(name: str) -> bool:
+    return name.endswith(WEIGHT_SUFFIXES) or name.endswith(".index.json")
+
+
+def weight_bytes(path: str | Path) -> int:
+    """Bytes of the directory's weight files (not their indexes): what from_pretrained reads of it."""
+    return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """Load a causal LM with `from_pretrained` (safetensors), in eval mode."""
     import torch
@@ -129,6 +143,25 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     _quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
     return model.to(device).eval()
+
+
+def model_from_config(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """The architecture of the directory's config.json with every weight zero (no initialisation
+    is computed; buffers such as rotary frequencies are): what a replica booting from the
+    trainer holds until it loads a published version, in eval mode."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    _quiet_transformers()
+    config = AutoConfig.from_pretrained(str(path))
+    with no_init_weights(), torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.tie_weights()  # as from_pretrained leaves it (tied embeddings are one parameter, published once)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    return model.eval()
 
 
 def check_model_dir(path: str | Path) -> Path:

@@ -148,7 +148,7 @@ class GeneratorAgent:
             self.generator_id, self.pool, self.engine.stats().capacity, self.engine_type, self.engine.policy_version,
             self.relay.address if self.relay else "", tuple(self.engine.latency_profile()),
             0.0 if self.run_id else self.started_unix,  # a reconnect is no new process: no join time
-            self.fetcher.held_sha256()))
+            self.fetcher.held_sha256(), without_weights=not self.engine.holds_weights))
         while (msg := await outbox.get()) is not _CLOSE:
             yield request_to_pb(msg)
 
@@ -199,6 +199,8 @@ class GeneratorAgent:
         if restarted and self.relay:  # its versions above the trainer's may differ from the new trainer's
             self.relay.forget()
         fetch = "" if welcome.policy_version == held else f"; this replica holds v{held} and fetches the trainer's"
+        if not self.engine.holds_weights:
+            fetch = "; booted from the trainer, it fetches that version before taking work"
         if not self.run_id:
             log.info("connected to trainer run %s (incarnation %d, v%d)%s%s", welcome.run_id, welcome.incarnation,
                      welcome.policy_version, fetch, self._since_start())

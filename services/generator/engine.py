@@ -67,6 +67,9 @@ class Engine(ABC):
     """A continuous-batching generator of completions, stepped by its owner's thread."""
 
     policy_version: int = 0
+    holds_weights: bool = True
+    """False while a replica that booted from the trainer holds no version yet (its weights are
+    zeros: it takes no work until the first version loads)."""
     ptl_context: int = 0
     """Prompt tokens of each sequence measure_latency decodes (its context, plus the few generated)."""
 
@@ -131,15 +134,21 @@ class Engine(ABC):
         self.start_weight_update()
         self.update_weights(named_tensors)
         self.finish_weight_update(policy_version)
+        self.holds_weights = True
         self.resume_generation()
 
 
-def setup_engine(spec: EngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0) -> Engine:
-    """Build the engine a pool's spec names."""
+def setup_engine(spec: EngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0,
+                 weights: bool = True) -> Engine:
+    """Build the engine a pool's spec names; without `weights`, from the directory's config
+    alone (a replica booting from the trainer: holds_weights stays False until a version loads)."""
     if spec.type == "torch":
         from streamrl.generator.torch_engine import TorchEngine
-        from streamrl.models import load_model
+        from streamrl.models import load_model, model_from_config
 
-        model = load_model(model_dir, dtype=dtype, device=spec.device)
-        return TorchEngine(model, max_batch_size=spec.max_batch_size, eos_token_id=eos_token_id)
+        build = load_model if weights else model_from_config
+        engine = TorchEngine(build(model_dir, dtype=dtype, device=spec.device), max_batch_size=spec.max_batch_size,
+                             eos_token_id=eos_token_id)
+        engine.holds_weights = weights
+        return engine
     raise ValueError(f"engine.type {spec.type!r}: unknown engine")

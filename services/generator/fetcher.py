@@ -58,7 +58,7 @@ class WeightFetcher:
             self.inbox.put(TrainerVersion(version))
         held = self.engine.policy_version
         replace = version == held and self.sha256.get(version, notice.sha256) != notice.sha256
-        if version == held and not replace:
+        if version == held and not replace and self.engine.holds_weights:
             return
         if replace:
             log.warning("the trainer publishes v%d with other weights than those held (an earlier start of a resumed "

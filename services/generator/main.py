@@ -1,12 +1,17 @@
 """`streamrl generator`: one generator replica (engine + agent, and its relay on the shell's
-gRPC server) in the service shell. SIGTERM drains it (scale-down, pod deletion); a second
-one stops it at once. A trainer that goes away is dialled again (spec.generators.reconnect)."""
+gRPC server) in the service shell. It boots from the trainer: the model's config and
+tokenizer files come over FetchModel, the weights as the version the trainer tells it to
+fetch, so it needs no model directory (given one, it loads from it instead). SIGTERM drains
+it (scale-down, pod deletion); a second one stops it at once. A trainer that goes away is
+dialled again (spec.generators.reconnect)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,19 +19,22 @@ from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.engine import setup_engine
 from streamrl.generator.relay import Relay
 from streamrl.metrics import ServiceMetrics
-from streamrl.models import eos_token_id
+from streamrl.models import eos_token_id, weight_bytes
 from streamrl.service import Service, process_started_unix
 from streamrl.spec import RLJob
+from streamrl.wire.channels import open_channel
+from streamrl.wire.model_files import wait_for_model_files
 
 log = logging.getLogger("streamrl.generator")
 
 
-async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path, generator_id: str | None = None,
+async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Path | None,
+                generator_id: str | None = None,
                 host: str = "127.0.0.1", admin_port: int = 0, relay_port: int = 0, advertise_host: str | None = None,
                 endpoint_file: Path | None = None, timeline: Path | None = None) -> int:
     """Serve until the trainer closes the stream (exit 0), a drain completes (0), or the trainer
     refuses it or stays unreachable for spec.generators.reconnect.giveUpAfterSeconds after a
-    break (1)."""
+    break (1). Without `model_dir` it boots from the trainer."""
     started = process_started_unix()
     log.info("imports done %.1fs after the process started", time.time() - started)
     spec = job.spec
@@ -53,9 +61,20 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
     shell = Service("generator", metrics.registry, status, host, admin_port, endpoint_file, spec.security)
     shell.ready_when = lambda: "agent" in up and up["agent"].connected.is_set()
     shell.start_admin()  # scrapes see the replica while its model loads (and every counter from zero)
+    booted = None  # the directory of the model's files fetched from the trainer (removed on the way out)
     try:
-        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir))
-        log.info("engine loaded %.1fs after the process started", time.time() - started)
+        if model_dir is None:
+            booted = model_dir = Path(tempfile.mkdtemp(prefix="streamrl-model-"))
+            names = await wait_for_model_files(lambda address: open_channel(address, spec.security), model_dir,
+                                               trainer_address, spec.generators.reconnect.give_up_after_seconds)
+            log.info("booting from the trainer: %d model files (%s) %.1fs after the process started; the weights "
+                     "come as the trainer's current version", len(names), ", ".join(names), time.time() - started)
+        if booted is None:
+            metrics.model_read_bytes.inc(weight_bytes(model_dir))
+        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir),
+                              weights=booted is None)
+        log.info("engine %s %.1fs after the process started", "built (no weights yet)" if booted else "loaded",
+                 time.time() - started)
         relay = None
         if pool.weight_relay:
             relay = Relay(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
@@ -72,3 +91,5 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
     finally:
         metrics.clock.close()
         await shell.stop()
+        if booted is not None:
+            shutil.rmtree(booted, ignore_errors=True)

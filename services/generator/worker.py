@@ -140,7 +140,8 @@ class Worker(Executor):
         while not self._stopped.is_set():
             block = not self.engine.has_unfinished()
             if block:
-                clock.idle(WAITING_WEIGHTS if (self._deferred or self._waiting_weights()) else NO_WORK)
+                waiting = self._deferred or self._waiting_weights() or not self.engine.holds_weights
+                clock.idle(WAITING_WEIGHTS if waiting else NO_WORK)
             self._drain(block)
             if self._stopped.is_set() or not self.engine.has_unfinished():
                 continue
@@ -185,7 +186,8 @@ class Worker(Executor):
             self._deferred.append(msg)
         elif isinstance(msg, LoadWeights):
             held = self.engine.policy_version
-            if (msg.policy_version == held and not msg.replace) or (msg.policy_version < held and not msg.rollback):
+            stale = (msg.policy_version == held and not msg.replace) or (msg.policy_version < held and not msg.rollback)
+            if stale and self.engine.holds_weights:
                 return
             self.engine.load_weights(msg.tensors.items(), msg.policy_version)
             sync_s = time.monotonic() - msg.notice_at
@@ -215,6 +217,8 @@ class Worker(Executor):
 
     def _release_deferred(self) -> None:
         held, ceiling = self.engine.policy_version, self.version_ceiling
+        if not self.engine.holds_weights:
+            return  # booted from the trainer: no work before the first version is in
         if ceiling is not None and held > ceiling:
             return  # these weights are newer than the trainer's: wait for its version
         ready = [w for w in self._deferred if w.min_policy_version <= held]

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from streamrl import compute
 from streamrl.admin import merged_registry
 from streamrl.metrics import ServiceMetrics
-from streamrl.models import load_model, load_tokenizer
+from streamrl.models import load_model, load_tokenizer, weight_bytes
 from streamrl.records import CheckpointInfo, RunEvent, TrainerPhase, TrainerStatus, append_event
 from streamrl.rewards import sample_scorer
 from streamrl.rollout.workqueue import SamplingConfig
@@ -40,6 +40,7 @@ from streamrl.trainer.ranks import Ranks
 from streamrl.trainer.recorder import Recorder
 from streamrl.trainer.servicer import RolloutServicer
 from streamrl.weights import WeightStore
+from streamrl.wire.model_files import read_model_files
 
 log = logging.getLogger("streamrl.trainer")
 
@@ -113,6 +114,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay),
                               on_reward_error=spec.reward.on_error)
     device = ranks.device(spec.trainer.device)
+    metrics.model_read_bytes.inc(weight_bytes(model_dir))
     learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype,
                       metrics)
     coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
@@ -170,7 +172,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     if local is not None:
         local.start()
     else:
-        handler = RolloutServicer(coordinator, store, run_id).handler()
+        # Replicas boot from the trainer: the model's config and tokenizer files are served as read here once.
+        handler = RolloutServicer(coordinator, store, run_id, read_model_files(model_dir)).handler()
         await shell.start_grpc(lambda server: server.add_generic_rpc_handlers((handler,)), ("streamrl.v1.Rollout",),
                                spec.trainer.port)
     await shell.serving()
@@ -252,6 +255,7 @@ async def follow(job: RLJob, model_dir: Path, out_dir: Path, ranks: Ranks, host:
     spec = job.spec
     metrics = ServiceMetrics("trainer", timeline=out_dir / "timeline" / f"trainer-rank-{ranks.rank}.jsonl")
     device = ranks.device(spec.trainer.device)
+    metrics.model_read_bytes.inc(weight_bytes(model_dir))
     learner = Learner(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device, ranks,
                       spec.model.dtype, metrics)
 

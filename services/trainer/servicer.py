@@ -1,6 +1,7 @@
 """gRPC edge of the trainer: parses streamrl.v1 messages (streamrl.wire.convert), calls the
-coordinator and the weight store, maps refusals and errors to status codes. What a sample
-must satisfy is decided in intake.py, not here."""
+coordinator and the weight store (and serves the model's other files to replicas booting from
+it), maps refusals and errors to status codes. What a sample must satisfy is decided in
+streamrl/rollout/refusals.py, not here."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from streamrl.trainer.coordinator import Coordinator
 from streamrl.v1 import rollout_pb2 as pb
 from streamrl.weights import WeightStore
 from streamrl.wire.convert import GeneratorMessage, request_from_pb, response_to_pb
+from streamrl.wire.model_files import ModelFile, model_responses
 from streamrl.wire.transfer import rollout_handler, serve_version
 
 log = logging.getLogger(__name__)
@@ -49,13 +51,16 @@ class RolloutServicer:
     the trainer keeps serving; nothing refused reaches the learner.
     """
 
-    def __init__(self, coordinator: Coordinator, store: WeightStore, run_id: str):
+    def __init__(self, coordinator: Coordinator, store: WeightStore, run_id: str,
+                 model_files: list[ModelFile] | None = None):
         self.coordinator = coordinator
         self.store = store
         self.run_id = run_id
+        self.model_files = model_files
+        """The model's files other than weights, for replicas booting from the trainer (None: not served)."""
 
     def handler(self) -> grpc.GenericRpcHandler:
-        return rollout_handler(self.Connect, self.FetchWeights)
+        return rollout_handler(self.Connect, self.FetchWeights, self.FetchModel if self.model_files else None)
 
     def _parse(self, raw: bytes, generator_id: str) -> GeneratorMessage:
         """One Connect message as sent (bytes), in domain form; StreamRefused when it cannot be."""
@@ -142,4 +147,8 @@ class RolloutServicer:
 
     async def FetchWeights(self, request, context):
         async for response in serve_version(self.store.get(request.policy_version), request, context):
+            yield response
+
+    async def FetchModel(self, request, context):
+        for response in model_responses(self.model_files):
             yield response

@@ -36,9 +36,8 @@ class GeneratorLauncher:
     """Starts generator replicas of a running job: at start-up and whenever the supervisor
     or the autoscaler asks for one. Replica ids are <pool>-<n>, never reused within a run."""
 
-    def __init__(self, plan: RunPlan, model_dir: Path, trainer_address: str, cores: CorePlanner,
-                 zygote: Zygote | None = None):
-        self.plan, self.model_dir, self.trainer_address, self.cores = plan, model_dir, trainer_address, cores
+    def __init__(self, plan: RunPlan, trainer_address: str, cores: CorePlanner, zygote: Zygote | None = None):
+        self.plan, self.trainer_address, self.cores = plan, trainer_address, cores
         self.zygote = zygote
         """Where replicas are forked from (None: each starts a fresh interpreter)."""
         self.pools = {p.name: p for p in plan.job.spec.generators.pools}
@@ -57,7 +56,7 @@ class GeneratorLauncher:
         child = spawn(
             name,
             ["generator", str(self.plan.job_file), "--trainer", self.trainer_address, "--pool", pool.name,
-             "--id", labels["replica"], "--model-dir", str(self.model_dir), "--admin-port", str(admin_port),
+             "--id", labels["replica"], "--admin-port", str(admin_port),  # no model: it boots from the trainer
              "--endpoint-file", str(endpoint), "--timeline", str(out / "timeline" / f"{name}.jsonl")],
             pool.threads, self.cores.take(pool.threads), out / "logs", self.zygote)
         child.endpoint_file, child.admin_port, child.labels = endpoint, admin_port, labels
@@ -180,7 +179,7 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
                 str(threads), *(["--ranker", f"127.0.0.1:{ranker.wait_listening()['grpc_port']}"] if ranker else [])]
         group = TrainerGroup(plan, argv, threads, cores)
         endpoint = group.start(started).wait_listening()
-        launcher = GeneratorLauncher(plan, model_dir, f"127.0.0.1:{endpoint['grpc_port']}", cores, zygote)
+        launcher = GeneratorLauncher(plan, f"127.0.0.1:{endpoint['grpc_port']}", cores, zygote)
         for name, labels in plan.processes.items():  # none in colocated mode
             if labels["role"] == "generator":
                 started.append(launcher.start(labels["pool"], plan.admin_ports[name]))

@@ -38,18 +38,29 @@ class WeightRelay:
         if replica.pool not in self.relay_pools:
             return ""
         for r in replicas:
-            if r is not replica and r.pool == replica.pool and r.weights_address and r.policy_version == policy_version:
+            if r is not replica and r.pool == replica.pool and r.weights_address and \
+                    r.policy_version == policy_version and not r.without_weights:
                 return r.weights_address
         return ""
 
     def joined(self, replica: Replica, replicas: Iterable[Replica]) -> None:
-        """A new replica that holds another version is told to fetch the latest; so is one that
-        holds the latest version number with other weights (an earlier start of a resumed
-        trainer published it)."""
+        """A new replica that holds another version, or none (it booted from the trainer), is
+        told to fetch the latest; so is one that holds the latest version number with other
+        weights (an earlier start of a resumed trainer published it). In a relay pool, from a
+        peer that holds it; when none does yet but one is fetching it, once that one holds it
+        (replicas booting together fetch one copy from the trainer, then from each other)."""
         latest = self.latest
         other_weights = bool(replica.weights_sha256) and replica.weights_sha256 != (latest.sha256 if latest else "")
-        if latest and (latest.policy_version != replica.policy_version or other_weights):
-            replica.outbox.put_nowait(replace(latest, source=self._holder(replica, latest.policy_version, replicas)))
+        if not latest or not (replica.without_weights or latest.policy_version != replica.policy_version
+                              or other_weights):
+            return
+        source = self._holder(replica, latest.policy_version, replicas)
+        if not source and replica.pool in self.relay_pools and replica.weights_address and any(
+                r is not replica and r.pool == replica.pool and r.weights_address and r.awaiting_weights is None
+                and (r.without_weights or r.policy_version != latest.policy_version) for r in replicas):
+            replica.awaiting_weights = latest.policy_version  # a peer fetches it: told once that one holds it
+            return
+        replica.outbox.put_nowait(replace(latest, source=source))
 
     def announce(self, notice: WeightsNotice, replicas: Iterable[Replica]) -> None:
         """Tell every replica about a new version; in a relay pool only the seed fetches it
@@ -73,6 +84,7 @@ class WeightRelay:
         while len(self._syncs) > KEEP_VERSIONS:
             del self._syncs[min(self._syncs)]
         loader.policy_version = msg.policy_version
+        loader.without_weights = False
         if loader.awaiting_weights is not None and loader.awaiting_weights <= msg.policy_version:
             loader.awaiting_weights = None
         latest = self.latest
@@ -89,8 +101,8 @@ class WeightRelay:
         waiting = [r for r in replicas if r.pool == pool and r.awaiting_weights is not None]
         if not waiting or latest is None:
             return
-        fetching = any(r.pool == pool and r.awaiting_weights is None and r.policy_version != latest.policy_version
-                       for r in replicas)
+        fetching = any(r.pool == pool and r.awaiting_weights is None
+                       and (r.without_weights or r.policy_version != latest.policy_version) for r in replicas)
         if not fetching:
             seed = waiting[0]
             seed.awaiting_weights = None

@@ -61,6 +61,8 @@ class Replica:
     """Process start to its first accepted sample."""
     weights_sha256: str = ""
     """SHA-256 of the published weights it said it holds (empty: the initial model)."""
+    without_weights: bool = False
+    """It booted from the trainer and holds no weights until it loads the version it is told of."""
 
     def skewness_seconds(self) -> float:
         if self.skewness_bubble_s is not None:

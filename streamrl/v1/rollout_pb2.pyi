@@ -37,7 +37,7 @@ class Draining(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile", "started_unix", "weights_sha256")
+    __slots__ = ("generator_id", "pool", "capacity", "engine", "policy_version", "weights_address", "latency_profile", "started_unix", "weights_sha256", "without_weights")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class Hello(_message.Message):
     LATENCY_PROFILE_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     pool: str
     capacity: int
@@ -56,7 +57,8 @@ class Hello(_message.Message):
     latency_profile: _containers.RepeatedCompositeFieldContainer[LatencyPoint]
     started_unix: float
     weights_sha256: str
-    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ..., started_unix: _Optional[float] = ..., weights_sha256: _Optional[str] = ...) -> None: ...
+    without_weights: bool
+    def __init__(self, generator_id: _Optional[str] = ..., pool: _Optional[str] = ..., capacity: _Optional[int] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., weights_address: _Optional[str] = ..., latency_profile: _Optional[_Iterable[_Union[LatencyPoint, _Mapping]]] = ..., started_unix: _Optional[float] = ..., weights_sha256: _Optional[str] = ..., without_weights: _Optional[bool] = ...) -> None: ...
 
 class LatencyPoint(_message.Message):
     __slots__ = ("batch_size", "seconds_per_step")
@@ -209,3 +211,21 @@ class FetchWeightsResponse(_message.Message):
     sha256: str
     size_bytes: int
     def __init__(self, policy_version: _Optional[int] = ..., offset_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchModelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchModelResponse(_message.Message):
+    __slots__ = ("name", "size_bytes", "sha256", "offset_bytes", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size_bytes: int
+    sha256: str
+    offset_bytes: int
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -44,6 +44,11 @@ class RolloutStub:
                 request_serializer=streamrl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.SerializeToString,
                 response_deserializer=streamrl_dot_v1_dot_rollout__pb2.FetchWeightsResponse.FromString,
                 _registered_method=True)
+        self.FetchModel = channel.unary_stream(
+                '/streamrl.v1.Rollout/FetchModel',
+                request_serializer=streamrl_dot_v1_dot_rollout__pb2.FetchModelRequest.SerializeToString,
+                response_deserializer=streamrl_dot_v1_dot_rollout__pb2.FetchModelResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -80,6 +85,18 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchModel(self, request, context):
+        """Server stream of the policy model's files other than its weights (config.json, the
+        tokenizer's files, generation_config.json...), in chunks: how a replica boots from the
+        trainer with no model volume, no hub token and no download of its own. It then builds
+        the architecture from config.json, says Hello with without_weights set, and takes the
+        version the trainer tells it to fetch (FetchWeights, from a pool peer when one holds it).
+        Served by the trainer alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +109,11 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.FetchWeights,
                     request_deserializer=streamrl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.FromString,
                     response_serializer=streamrl_dot_v1_dot_rollout__pb2.FetchWeightsResponse.SerializeToString,
+            ),
+            'FetchModel': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchModel,
+                    request_deserializer=streamrl_dot_v1_dot_rollout__pb2.FetchModelRequest.FromString,
+                    response_serializer=streamrl_dot_v1_dot_rollout__pb2.FetchModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -148,6 +170,33 @@ class Rollout:
             '/streamrl.v1.Rollout/FetchWeights',
             streamrl_dot_v1_dot_rollout__pb2.FetchWeightsRequest.SerializeToString,
             streamrl_dot_v1_dot_rollout__pb2.FetchWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/streamrl.v1.Rollout/FetchModel',
+            streamrl_dot_v1_dot_rollout__pb2.FetchModelRequest.SerializeToString,
+            streamrl_dot_v1_dot_rollout__pb2.FetchModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

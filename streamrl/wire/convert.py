@@ -103,7 +103,7 @@ def request_to_pb(msg: GeneratorMessage) -> pb.ConnectRequest:
                 generator_id=msg.generator_id, pool=msg.pool, capacity=msg.capacity, engine=msg.engine,
                 policy_version=msg.policy_version, weights_address=msg.weights_address,
                 latency_profile=_points_to_pb(msg.latency_profile), started_unix=msg.started_unix,
-                weights_sha256=msg.weights_sha256))
+                weights_sha256=msg.weights_sha256, without_weights=msg.without_weights))
     raise TypeError(f"not a generator message: {msg!r}")
 
 
@@ -124,7 +124,7 @@ def request_from_pb(req: pb.ConnectRequest, generator_id: str) -> GeneratorMessa
     if kind == "hello":
         m = req.hello
         return Hello(m.generator_id, m.pool, m.capacity, m.engine, m.policy_version, m.weights_address,
-                     _points_from_pb(m.latency_profile), m.started_unix, m.weights_sha256)
+                     _points_from_pb(m.latency_profile), m.started_unix, m.weights_sha256, m.without_weights)
     raise ValueError("ConnectRequest carries no message (kind is empty)")
 
 

@@ -85,16 +85,22 @@ def chunk_responses(version: WeightVersion, offset_bytes: int) -> Iterator[bytes
     return (encode_chunk(version, offset, data, sha) for offset, data, sha in version.chunks(offset_bytes))
 
 
-def rollout_handler(connect, fetch_weights) -> grpc.GenericRpcHandler:
-    """The streamrl.v1.Rollout service from its two behaviours, FetchWeights sending the
+def rollout_handler(connect, fetch_weights, fetch_model=None) -> grpc.GenericRpcHandler:
+    """The streamrl.v1.Rollout service from its behaviours, FetchWeights sending the
     pre-encoded chunks as they are. Connect reads each ConnectRequest as the bytes that came,
-    so the servicer can refuse (and count) one too large or undecodable before parsing it."""
-    return grpc.method_handlers_generic_handler("streamrl.v1.Rollout", {
+    so the servicer can refuse (and count) one too large or undecodable before parsing it.
+    FetchModel only where given (the trainer; a relaying replica answers UNIMPLEMENTED)."""
+    methods = {
         "Connect": grpc.stream_stream_rpc_method_handler(
             connect, request_deserializer=None, response_serializer=pb.ConnectResponse.SerializeToString),
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
             fetch_weights, request_deserializer=pb.FetchWeightsRequest.FromString, response_serializer=None),
-    })
+    }
+    if fetch_model is not None:
+        methods["FetchModel"] = grpc.unary_stream_rpc_method_handler(
+            fetch_model, request_deserializer=pb.FetchModelRequest.FromString,
+            response_serializer=pb.FetchModelResponse.SerializeToString)
+    return grpc.method_handlers_generic_handler("streamrl.v1.Rollout", methods)
 
 
 async def serve_version(version: WeightVersion | None, request: pb.FetchWeightsRequest, context,

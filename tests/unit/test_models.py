@@ -23,3 +23,18 @@ def test_eos_id_falls_back_to_the_tokenizer_when_the_files_do_not_say_it(tiny_mo
     del config["eos_token"]
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     assert eos_token_id(tmp_path) == load_tokenizer(tmp_path).eos_token_id
+
+
+def test_a_model_from_its_config_holds_zeros_and_with_the_weights_computes_what_the_checkpoint_does(tiny_model_dir):
+    import torch
+
+    from streamrl.models import load_model, model_from_config
+
+    empty = model_from_config(tiny_model_dir)
+    assert all(not p.any() for p in empty.parameters())
+    loaded = load_model(tiny_model_dir)
+    assert [n for n, _ in empty.named_parameters()] == [n for n, _ in loaded.named_parameters()]  # tied alike
+    empty.load_state_dict(dict(loaded.named_parameters()), strict=False)
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(empty(ids).logits, loaded(ids).logits)

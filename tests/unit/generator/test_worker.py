@@ -146,3 +146,29 @@ def test_after_stop_calls_are_refused_and_queued_ones_fail(tiny_model_dir):
         queued.result(1)
     with pytest.raises(RuntimeError, match="g0: the engine thread has stopped"):
         w.submit(lambda: "late")
+
+
+def test_a_replica_booted_from_the_trainer_takes_no_work_before_its_first_version(tiny_model_dir):
+    from streamrl.generator.engine import setup_engine
+    from streamrl.spec import TorchEngineSpec
+
+    engine = setup_engine(TorchEngineSpec(max_batch_size=4), str(tiny_model_dir), "float32", -1,
+                          weights=False)
+    assert not engine.holds_weights and engine.policy_version == 0
+    samples: list[Sample] = []
+    w = Worker(engine, "g0", ServiceMetrics("generator"), on_sample=samples.append)
+    thread = threading.Thread(target=w.run, name="engine-under-test", daemon=True)
+    thread.start()
+    try:
+        w.inbox.put(_work("p", 2))  # min version 0, which its zero weights are not
+        time.sleep(0.5)
+        assert samples == [] and engine.stats().num_running == 0
+        real = {k: v.detach().clone() for k, v in load_model(tiny_model_dir).named_parameters()}
+        w.inbox.put(LoadWeights(0, real, time.monotonic()))  # v0 over "v0": loaded all the same
+        _wait(lambda: len(samples) == 2, "the held work to run once v0 is in")
+        assert engine.holds_weights
+        params = dict(engine.model.named_parameters())
+        assert all(torch.equal(params[k], t) for k, t in real.items())
+    finally:
+        w.stop()
+        thread.join(10)
