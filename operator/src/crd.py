@@ -51,12 +51,12 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
          "message": "pipeline.mode colocated runs generation and training in one process: trainer.nodes and "
                     "trainer.processesPerNode must be 1", "fieldPath": ".trainer.processesPerNode"},
     ],
-    "model": [
-        {"rule": "self.source != 'path' || has(self.path)", "message": "path is required when source is 'path'",
-         "fieldPath": ".path", "reason": "FieldValueRequired"},
-        {"rule": "self.source == 'path' || !has(self.path)", "message": "path is only used when source is 'path'",
-         "fieldPath": ".path", "reason": "FieldValueForbidden"},
-    ],
+    "model": [rule for name in ("path", "hf", "pvc", "image") for rule in (
+        {"rule": f"self.source != '{name}' || has(self.{name})", "message": f"{name} is required when source is "
+         f"'{name}'", "fieldPath": f".{name}", "reason": "FieldValueRequired"},
+        {"rule": f"self.source == '{name}' || !has(self.{name})", "message": f"{name} is only used when source is "
+         f"'{name}'", "fieldPath": f".{name}", "reason": "FieldValueForbidden"},
+    )],
     "task": [
         {"rule": "self.name != 'jsonl' || has(self.path)", "message": "path is required when name is 'jsonl'",
          "fieldPath": ".path", "reason": "FieldValueRequired"},

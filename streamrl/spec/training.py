@@ -10,16 +10,68 @@ from pydantic import Field, StrictBool, model_validator
 
 from streamrl.spec.base import SpecModel
 
+SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes object name (DNS-1123 subdomain: claims, Secrets)."""
+RELATIVE_PATH = r"^(([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)(/([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+))*)?$"
+"""A path inside a volume: relative, its parts neither empty nor `.` nor `..`."""
+
+
+class HfModelSource(SpecModel):
+    """A model on the Hugging Face Hub (or the mirror HF_ENDPOINT names), downloaded once into a
+    cache with huggingface_hub (the checkpoint volume's, in Kubernetes)."""
+
+    repo: str = Field(min_length=1, max_length=200,
+                      pattern=r"^[A-Za-z0-9][-A-Za-z0-9._]*(/[A-Za-z0-9][-A-Za-z0-9._]*)?$")
+    """Repository id, e.g. `Qwen/Qwen2.5-7B-Instruct`."""
+    revision: str = Field("main", min_length=1, max_length=200)
+    """Branch, tag or commit hash."""
+    token_secret: str | None = Field(None, min_length=1, max_length=253, pattern=SUBDOMAIN)
+    """Kubernetes: a Secret of the job's namespace whose key `token` is a hub token, mounted as
+    a file into the trainer's pods only (never an environment variable). Locally, huggingface_hub
+    finds the token itself (HF_TOKEN, or what `hf auth login` stored)."""
+
+
+class PvcModelSource(SpecModel):
+    """Kubernetes: a PersistentVolumeClaim of the job's namespace holding the model directory,
+    mounted read-only into the trainer's pods only."""
+
+    claim_name: str = Field(min_length=1, max_length=253, pattern=SUBDOMAIN)
+    sub_path: str = Field("", max_length=1024, pattern=RELATIVE_PATH)
+    """The model directory inside the claim (empty: its root)."""
+
+
+class ImageModelSource(SpecModel):
+    """Kubernetes: an OCI image holding the model directory, mounted read-only into the trainer's
+    pods as an image volume (the ImageVolume feature: alpha in 1.31, beta in 1.33, on by default
+    from 1.35; a `path` inside the image needs 1.33), or, with `mount: copy`, copied out by an
+    init container running the image, on any version."""
+
+    reference: str = Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")
+    """Image reference, e.g. `registry.example.com/models/qwen2.5-7b:v1` (a digest pins it)."""
+    path: str = Field("", max_length=1024, pattern=RELATIVE_PATH)
+    """The model directory inside the image (empty: its root)."""
+    mount: Literal["volume", "copy"] = "volume"
+    """`volume`: an image volume (no copy). `copy`: an init container running the image copies
+    `path` into an emptyDir (the image needs a `cp`)."""
+
 
 class ModelSpec(SpecModel):
-    """The policy model."""
+    """The policy model. Only the trainer loads it; generators boot from the trainer."""
 
-    source: Literal["builtin-tiny", "path"] = "builtin-tiny"
+    source: Literal["builtin-tiny", "path", "hf", "pvc", "image"] = "builtin-tiny"
     """`builtin-tiny`: a small Llama-architecture model with a character tokenizer, built
     locally and warm-started on the task (no downloads). `path`: a Hugging Face causal-LM
-    directory (config.json, safetensors, tokenizer) loaded with `from_pretrained`."""
+    directory (config.json, safetensors, tokenizer) loaded with `from_pretrained`. `hf`: a Hub
+    repository (`hf`), downloaded once. `pvc`, `image`: Kubernetes only, a claim (`pvc`) or an
+    OCI image (`image`) holding such a directory."""
     path: str | None = None
     """Directory of the Hugging Face model when source is `path`."""
+    hf: HfModelSource | None = None
+    """The repository when source is `hf`."""
+    pvc: PvcModelSource | None = None
+    """The claim when source is `pvc`."""
+    image: ImageModelSource | None = None
+    """The image when source is `image`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for generation and training."""
     warm_start_steps: int = Field(600, ge=0)
@@ -28,11 +80,13 @@ class ModelSpec(SpecModel):
     """Seed of the built-in model's initialisation and warm start."""
 
     @model_validator(mode="after")
-    def _path_matches_source(self) -> ModelSpec:
-        if self.source == "path" and not self.path:
-            raise ValueError("path is required when source is 'path'")
-        if self.source == "builtin-tiny" and self.path:
-            raise ValueError("path is only used when source is 'path'")
+    def _one_source(self) -> ModelSpec:
+        for name in ("path", "hf", "pvc", "image"):
+            given = getattr(self, name) is not None
+            if self.source == name and not given:
+                raise ValueError(f"{name} is required when source is '{name}'")
+            if self.source != name and given:
+                raise ValueError(f"{name} is only used when source is '{name}'")
         return self
 
 
