@@ -107,6 +107,20 @@ def cmd_render(args) -> int:
     return run(args.files, args.namespace, sys.stdout)
 
 
+def cmd_fetch_model(args) -> int:
+    from streamrl.models import resolve_model_dir
+    from streamrl.spec import load_job
+
+    job = load_job(args.job)
+    try:
+        path = resolve_model_dir(job.spec, log=lambda line: print(line, file=sys.stderr, flush=True))
+    except ValueError as err:
+        print(f"streamrl fetch-model: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def cmd_report(args) -> int:
     from streamrl.report import write_report
 
@@ -335,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+", metavar="FILE", help="RLJob YAML files (other kinds in them are skipped)")
     p.add_argument("--show-defaults", action="store_true", help="print each valid job with every default resolved")
     p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("fetch-model", help="put the job's model where the trainer finds it (an hf repository "
+                                           "downloaded into the Hugging Face cache; the built-in one built) and "
+                                           "print its directory: the trainer pods' init container")
+    p.add_argument("job", help="RLJob YAML file")
+    p.set_defaults(fn=cmd_fetch_model)
 
     p = sub.add_parser("render", help="print, as multi-document YAML, every object the operator creates for each "
                                       "RLJob (its own builders; for kubectl apply --dry-run=server -f - or a GitOps "

@@ -39,8 +39,9 @@ from streamrl.operator.names import (
     selector,
 )
 from streamrl.operator.perimeter import build_network_policies, build_token_secret
-from streamrl.operator.pods import JOB_FILE, OUT_MOUNT, check_devices, minted_token, pod_template
+from streamrl.operator.pods import CACHE_MOUNT, JOB_FILE, OUT_MOUNT, check_devices, minted_token, pod_template
 from streamrl.operator.settings import Settings
+from streamrl.operator.sources import apply_model_parts, model_parts
 from streamrl.spec import TOKEN_MOUNT, RLJob, SpecError, dump_job
 
 PREEMPTED_EXIT_CODE = 75
@@ -216,6 +217,7 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     template = pod_template(job, "trainer", trainer.placement, args, ports, settings, device=trainer.device,
                             restart_policy="Never", config_hash=config_hash(job), shm=True,
                             out_volume={"persistentVolumeClaim": {"claimName": claim}} if claim else None)
+    apply_model_parts(template["spec"], model_parts(job, OUT_MOUNT, CACHE_MOUNT, claim is not None, JOB_FILE), MAIN)
     template["metadata"].setdefault("annotations", {}).update(TRAINER_POD_ANNOTATIONS)
     if command:
         template["spec"]["containers"][0]["command"] = command

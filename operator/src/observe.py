@@ -87,7 +87,8 @@ def pod_problems(pods: list[dict], events: list[dict], job: str) -> list[tuple[s
     Job or ReplicaSet controllers could not create (FailedCreate Events: Pod Security admission,
     quota), pods the scheduler cannot place (no node with the GPUs, a claim that does not
     bind, a node selector no node has), containers that cannot start (image pulls, a missing
-    Secret, a crash loop). Repeated messages are said once."""
+    Secret, a crash loop), an init container that failed (the model's: its last line says
+    why). Repeated messages are said once."""
     out: list[tuple[str, str]] = []
     for event in events:
         involved = event.get("involvedObject") or {}
@@ -104,6 +105,12 @@ def pod_problems(pods: list[dict], events: list[dict], job: str) -> list[tuple[s
             if waiting.get("reason") in WAITING_PROBLEMS:
                 out.append((waiting["reason"], f"pod {pod_name} container {c.get('name')}: "
                                                f"{waiting.get('message') or waiting['reason']}"))
+        for c in status.get("initContainerStatuses") or []:  # the model's init container: a repository not found
+            ended = (c.get("state") or {}).get("terminated") or {}
+            if ended.get("exitCode", 0) != 0:
+                said = (ended.get("message") or ended.get("reason") or "").strip().splitlines()
+                out.append(("InitContainerFailed", f"pod {pod_name} init container {c.get('name')} exited with "
+                                                   f"{ended['exitCode']}: {said[-1] if said else 'no message'}"))
     unique: dict[str, tuple[str, str]] = {}
     for reason, message in out:  # the same refusal for every replica reads once
         unique.setdefault(f"{reason}:{message.split(': ', 1)[-1]}", (reason, message))

@@ -61,3 +61,17 @@ def test_kubernetes_only_sources_are_refused_on_this_machine(source, block):
 def test_a_bad_source_is_refused_naming_the_field(model, field):
     with pytest.raises(ValidationError, match=field):
         _spec(model)
+
+
+def test_fetch_model_prints_the_directory_or_says_why_not(hub_cache, tmp_path, capsys):
+    from streamrl.cli import main
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"apiVersion: streamrl.io/v1alpha1\nkind: RLJob\nmetadata: {{name: j}}\n"
+                   f"spec: {{model: {{source: hf, hf: {{repo: {REPO}}}}}}}\n")
+    assert main(["fetch-model", str(job)]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"snapshots/{COMMIT}")
+    job.write_text(job.read_text().replace(REPO, "streamrl-test/absent"))
+    assert main(["fetch-model", str(job)]) == 2
+    assert "streamrl fetch-model: model.hf streamrl-test/absent@main: not in the Hugging Face cache" in \
+        capsys.readouterr().err
