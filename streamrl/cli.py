@@ -107,17 +107,23 @@ def cmd_render(args) -> int:
     return run(args.files, args.namespace, sys.stdout)
 
 
-def cmd_fetch_model(args) -> int:
+def cmd_fetch(args) -> int:
     from streamrl.models import resolve_model_dir
-    from streamrl.spec import load_job
+    from streamrl.spec import TaskName, load_job
+    from streamrl.tasks import task_file
 
     job = load_job(args.job)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     try:
-        path = resolve_model_dir(job.spec, log=lambda line: print(line, file=sys.stderr, flush=True))
+        print(resolve_model_dir(job.spec, log=say))
+        if job.spec.task.name == TaskName.jsonl:
+            print(task_file(job.spec.task, log=say))
     except ValueError as err:
-        print(f"streamrl fetch-model: {err}", file=sys.stderr)
+        print(f"streamrl fetch: {err}", file=sys.stderr)
         return 2
-    print(path)
     return 0
 
 
@@ -350,11 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show-defaults", action="store_true", help="print each valid job with every default resolved")
     p.set_defaults(fn=cmd_validate)
 
-    p = sub.add_parser("fetch-model", help="put the job's model where the trainer finds it (an hf repository "
-                                           "downloaded into the Hugging Face cache; the built-in one built) and "
-                                           "print its directory: the trainer pods' init container")
+    p = sub.add_parser("fetch", help="put the job's model and task file where the trainer finds them (hf "
+                                     "downloads into the Hugging Face cache; the built-in model built) and print "
+                                     "their paths: the trainer pods' init container")
     p.add_argument("job", help="RLJob YAML file")
-    p.set_defaults(fn=cmd_fetch_model)
+    p.set_defaults(fn=cmd_fetch)
 
     p = sub.add_parser("render", help="print, as multi-document YAML, every object the operator creates for each "
                                       "RLJob (its own builders; for kubectl apply --dry-run=server -f - or a GitOps "

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamrl.spec import ModelSpec, RLJobSpec
-from streamrl.spec.training import HfModelSource
 
 if TYPE_CHECKING:  # heavy imports stay lazy
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -199,49 +198,15 @@ def _builtin_key(spec: RLJobSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
-"""What a download of an `hf` model takes: configs, safetensors weights and tokenizer files
-(not the .bin/.pt/.h5/.msgpack/.onnx copies many repositories also hold)."""
-
-
-def download_hf(source: HfModelSource, log=print) -> Path:
-    """The snapshot of an `hf` model in huggingface_hub's cache (HF_HUB_CACHE): downloaded once,
-    found there afterwards (and only there under HF_HUB_OFFLINE=1); ValueError naming
-    `model.hf.repo` or `model.hf.revision` when the hub or the cache does not hold it."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    where = f"model.hf {source.repo}@{source.revision}"
-    log(f"{where}: fetching into the Hugging Face cache (once; later starts find it there)")
-    try:
-        path = snapshot_download(source.repo, revision=source.revision, allow_patterns=HF_PATTERNS)
-    except GatedRepoError as err:
-        raise ValueError(f"model.hf.repo {source.repo}: gated; its terms must be accepted and a token given "
-                         f"(model.hf.tokenSecret in Kubernetes, HF_TOKEN here): {err}") from err
-    except RevisionNotFoundError as err:
-        raise ValueError(f"model.hf.revision {source.revision!r}: {source.repo} has no such branch, tag or "
-                         f"commit") from err
-    except RepositoryNotFoundError as err:
-        raise ValueError(f"model.hf.repo {source.repo}: no such repository (or it is private and no token "
-                         f"was given)") from err
-    except LocalEntryNotFoundError as err:
-        raise ValueError(f"{where}: not in the Hugging Face cache and the hub cannot be reached (offline: "
-                         f"HF_HUB_OFFLINE, or no network): {err}") from err
-    return check_model_dir(path)
-
-
 def resolve_model_dir(spec: RLJobSpec, log=print) -> Path:
     """The directory of the initial policy: the user's, the hub's snapshot in the cache, or the
     cached built-in one (built and warm-started on first use; concurrent builders do not clash)."""
     if spec.model.source == "path":
         return check_model_dir(spec.model.path)
     if spec.model.source == "hf":
-        return download_hf(spec.model.hf, log)
+        from streamrl.hub import download_model
+
+        return check_model_dir(download_model(spec.model.hf, log))
     if spec.model.source in ("pvc", "image"):
         what = "claim" if spec.model.source == "pvc" else "model image"
         raise ValueError(f"model.source {spec.model.source}: a {what} is mounted by the operator into the trainer's "

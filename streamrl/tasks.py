@@ -93,6 +93,19 @@ def jsonl_prompts(path: str | Path) -> list[Prompt]:
     return out
 
 
+def task_file(spec: TaskSpec, log=print) -> Path:
+    """The `jsonl` task's file: its path, or the Hub dataset file downloaded (once) into the
+    hub cache; ValueError for a claim (Kubernetes mounts it and names the path to the pods)."""
+    if spec.hf is not None:
+        from streamrl.hub import download_file
+
+        return download_file(spec.hf, log)
+    if spec.pvc is not None:
+        raise ValueError("task.pvc: a claim is mounted by the operator into the trainer's pods, in Kubernetes "
+                         "only; on this machine use task.path with the file")
+    return Path(spec.path)
+
+
 def load_prompts(spec: TaskSpec) -> list[Prompt]:
     if spec.name == TaskName.counting:
         return counting_prompts(spec.num_prompts, spec.seed)
@@ -100,7 +113,7 @@ def load_prompts(spec: TaskSpec) -> list[Prompt]:
         return counting_ramp_prompts(spec.num_prompts, spec.seed)
     if spec.name == TaskName.addition:
         return addition_prompts(spec.num_prompts, spec.seed)
-    return jsonl_prompts(spec.path)
+    return jsonl_prompts(task_file(spec))
 
 
 class PromptCursor:

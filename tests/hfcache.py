@@ -11,10 +11,10 @@ from pathlib import Path
 
 
 def cache_model(model_dir: Path, cache: Path, repo: str, revisions: tuple[str, ...] = ("main",),
-                commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
-    """Put model_dir's files into `cache` as repository `repo` at `commit`, named by every one of
-    `revisions`; returns the snapshot directory."""
-    root = cache / ("models--" + repo.replace("/", "--"))
+                commit: str = "0123456789abcdef0123456789abcdef01234567", kind: str = "model") -> Path:
+    """Put model_dir's files into `cache` as repository `repo` (of `kind` model or dataset) at
+    `commit`, named by every one of `revisions`; returns the snapshot directory."""
+    root = cache / (f"{kind}s--" + repo.replace("/", "--"))
     snapshot = root / "snapshots" / commit
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     snapshot.mkdir(parents=True, exist_ok=True)

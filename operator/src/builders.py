@@ -41,7 +41,7 @@ from streamrl.operator.names import (
 from streamrl.operator.perimeter import build_network_policies, build_token_secret
 from streamrl.operator.pods import CACHE_MOUNT, JOB_FILE, OUT_MOUNT, check_devices, minted_token, pod_template
 from streamrl.operator.settings import Settings
-from streamrl.operator.sources import apply_model_parts, model_parts
+from streamrl.operator.sources import apply_model_parts, model_parts, task_path
 from streamrl.spec import TOKEN_MOUNT, RLJob, SpecError, dump_job
 
 PREEMPTED_EXIT_CODE = 75
@@ -64,11 +64,14 @@ TOKEN_FILE = f"{TOKEN_MOUNT}/token"
 
 # ---- the spec the pods load ---------------------------------------------------------
 def service_spec(job: RLJob) -> RLJob:
-    """The spec the pods load: fixed ports (Services point at them), the minted token's file."""
+    """The spec the pods load: fixed ports (Services point at them), the minted token's file,
+    a task file on a claim named by its path in the trainer's pods."""
     spec = job.spec
     trainer = spec.trainer.model_copy(update={"port": TRAINER_GRPC_PORT, "admin_port": ADMIN_PORT})
     ranker = spec.ranker.model_copy(update={"port": RANKER_GRPC_PORT, "admin_port": ADMIN_PORT})
     update: dict[str, Any] = {"trainer": trainer, "ranker": ranker}
+    if (path := task_path(job)) is not None:  # the task's file on its claim, as mounted in the trainer's pods
+        update["task"] = spec.task.model_copy(update={"path": path, "pvc": None})
     if minted_token(job):
         update["security"] = spec.security.model_copy(update={"token_file": TOKEN_FILE})
     return job.model_copy(update={"spec": spec.model_copy(update=update), "status": None})

@@ -58,8 +58,13 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
          f"'{name}'", "fieldPath": f".{name}", "reason": "FieldValueForbidden"},
     )],
     "task": [
-        {"rule": "self.name != 'jsonl' || has(self.path)", "message": "path is required when name is 'jsonl'",
-         "fieldPath": ".path", "reason": "FieldValueRequired"},
+        {"rule": "self.name != 'jsonl' || has(self.path) || has(self.hf) || has(self.pvc)",
+         "message": "path, hf or pvc is required when name is 'jsonl'", "fieldPath": ".path",
+         "reason": "FieldValueRequired"},
+        {"rule": "(has(self.path) ? 1 : 0) + (has(self.hf) ? 1 : 0) + (has(self.pvc) ? 1 : 0) <= 1",
+         "message": "a task's file comes from one of path, hf and pvc", "fieldPath": ".path"},
+        {"rule": "self.name == 'jsonl' || (!has(self.hf) && !has(self.pvc))",
+         "message": "hf and pvc are only used when name is 'jsonl'", "fieldPath": ".name"},
     ],
     "generators": [
         {"rule": "!has(self.pools) || self.pools.all(p, self.pools.exists_one(q, q.name == p.name))",

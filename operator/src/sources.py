@@ -1,11 +1,13 @@
-"""Where the trainer's pods find the policy model (spec.model.source), as pod parts: volumes,
-mounts, an init container, environment and the trainer's `--model-dir`. Only trainer pods get
-them: generators boot from the trainer and mount no model. Pure: no I/O.
+"""Where the trainer's pods find the policy model (spec.model.source) and a `jsonl` task's file
+(spec.task.hf, spec.task.pvc), as pod parts: volumes, mounts, an init container, environment
+and the trainer's `--model-dir`. Only trainer pods get them: generators boot from the trainer
+and mount no model. Pure: no I/O.
 
-- `hf`: an init container (`streamrl fetch-model`) downloads the repository once into the
+- `hf` (model or task file): an init container (`streamrl fetch`) downloads it once into the
   Hugging Face cache on the checkpoint claim (the pod's cache emptyDir without one); the
   trainer then reads that cache offline. A token Secret is mounted as a file, for these two
   containers only (HF_TOKEN_PATH), never an environment variable.
+- task `pvc`: the claim, read-only; the spec the pods load names the file's path in it.
 - `pvc`: the claim, read-only.
 - `image`: an image volume (Kubernetes 1.31+ with the ImageVolume feature; on by default from
   1.35), or with `mount: copy` an init container running the model image copies it into an
@@ -17,12 +19,13 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from streamrl.spec import RLJob
+from streamrl.spec import RLJob, SpecError
 
 MODEL_MOUNT = "/var/lib/streamrl/model"
+DATA_MOUNT = "/var/lib/streamrl/data"
 HF_TOKEN_MOUNT = "/var/run/secrets/streamrl/hf"
-FETCH_CONTAINER = "model"
-"""The init container that puts the model in place (hf download, image copy)."""
+FETCH_CONTAINER, COPY_CONTAINER = "fetch", "model-copy"
+"""The init containers that download from the hub (`streamrl fetch`) and copy a model image out."""
 
 
 @dataclass
@@ -31,8 +34,9 @@ class ModelParts:
     mounts: list[dict] = field(default_factory=list)
     """Of the trainer's container (and of the init container, which mounts them too)."""
     env: list[dict] = field(default_factory=list)
-    init_container: dict | None = None
-    """Without its image, mounts, env and security context: the pod builder completes it."""
+    init_containers: list[dict] = field(default_factory=list)
+    """Without their image (unless they name one), mounts, env and security context:
+    apply_model_parts completes them."""
     model_dir: str | None = None
     """The trainer's --model-dir (None: it resolves the spec's source itself)."""
 
@@ -41,22 +45,42 @@ def _inside(root: str, sub: str) -> str:
     return str(PurePosixPath(root) / sub) if sub else root
 
 
+def hub_token_secret(job: RLJob) -> str | None:
+    """The one Secret holding the job's hub token (model.hf and task.hf may both name it);
+    SpecError when they name two."""
+    model, task = job.spec.model, job.spec.task
+    names = {s for s in (model.hf.token_secret if model.hf else None, task.hf.token_secret if task.hf else None) if s}
+    if len(names) > 1:
+        raise SpecError(f"spec.task.hf.tokenSecret: {' and '.join(sorted(names))}: the trainer's pods mount one hub "
+                        "token; name the same Secret in model.hf and task.hf")
+    return names.pop() if names else None
+
+
+def task_path(job: RLJob) -> str | None:
+    """The task file's path in the trainer's pods when it is on a claim (the spec they load says it)."""
+    pvc = job.spec.task.pvc
+    return _inside(DATA_MOUNT, pvc.path) if pvc else None
+
+
 def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, job_file: str) -> ModelParts:
-    """The pod parts for the job's model source (empty for builtin-tiny and path: the built-in
-    model is built in the pod, a path is the user's to mount through the pod template)."""
-    model = job.spec.model
+    """The pod parts for the job's model source and task file (empty for a built-in model and
+    task: built in the pod; a path is the user's to mount through the pod template)."""
+    model, task = job.spec.model, job.spec.task
     parts = ModelParts()
-    if model.source == "hf":
+    if model.source == "hf" or task.hf:
         cache = f"{out_mount}/hf-cache" if on_claim else f"{cache_mount}/hf"
         parts.env.append({"name": "HF_HUB_CACHE", "value": cache})
-        if model.hf.token_secret:
-            secret = {"secretName": model.hf.token_secret, "defaultMode": 0o440,
-                      "items": [{"key": "token", "path": "token"}]}
+        if (token := hub_token_secret(job)) is not None:
+            secret = {"secretName": token, "defaultMode": 0o440, "items": [{"key": "token", "path": "token"}]}
             parts.volumes.append({"name": "hf-token", "secret": secret})
             parts.mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True})
             parts.env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_MOUNT}/token"})
-        parts.init_container = {"name": FETCH_CONTAINER, "args": ["fetch-model", job_file]}
-    elif model.source == "pvc":
+        parts.init_containers.append({"name": FETCH_CONTAINER, "args": ["fetch", job_file]})
+    if task.pvc:
+        parts.volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": task.pvc.claim_name,
+                                                                         "readOnly": True}})
+        parts.mounts.append({"name": "data", "mountPath": DATA_MOUNT, "readOnly": True})
+    if model.source == "pvc":
         parts.volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model.pvc.claim_name,
                                                                           "readOnly": True}})
         parts.mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
@@ -71,8 +95,8 @@ def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, jo
         else:
             parts.volumes.append({"name": "model", "emptyDir": {}})
             parts.mounts.append({"name": "model", "mountPath": MODEL_MOUNT})
-            parts.init_container = {"name": FETCH_CONTAINER, "image": source.reference,
-                                    "command": ["cp", "-R", f"{_inside('/', source.path).rstrip('/')}/.", MODEL_MOUNT]}
+            copy_out = ["cp", "-R", f"{_inside('/', source.path).rstrip('/')}/.", MODEL_MOUNT]
+            parts.init_containers.insert(0, {"name": COPY_CONTAINER, "image": source.reference, "command": copy_out})
             parts.model_dir = MODEL_MOUNT
     return parts
 
@@ -86,19 +110,18 @@ def apply_model_parts(pod_spec: dict, parts: ModelParts, main: str) -> None:
     container["env"] = [*container["env"], *copy.deepcopy(parts.env)]
     if parts.model_dir:
         container["args"] = [*container["args"], "--model-dir", parts.model_dir]
-    if parts.init_container is None:
-        return
-    init = {"image": container["image"], "imagePullPolicy": container.get("imagePullPolicy", "IfNotPresent"),
-            **copy.deepcopy(parts.init_container),
-            "env": copy.deepcopy(container["env"]), "volumeMounts": copy.deepcopy(container["volumeMounts"]),
-            "securityContext": copy.deepcopy(container["securityContext"]),
-            # its last lines become the pod's message when it fails (a repository that does not exist)
-            "terminationMessagePolicy": "FallbackToLogsOnError"}
     plain = {kind: {k: v for k, v in values.items() if k in ("cpu", "memory", "ephemeral-storage")}
              for kind, values in (container.get("resources") or {}).items()}
-    if any(plain.values()):  # the pod's CPU and memory (its GPUs are the trainer's alone)
-        init["resources"] = {kind: values for kind, values in plain.items() if values}
-    pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), init]
-    if parts.env and any(e["name"] == "HF_HUB_CACHE" for e in parts.env):
+    for part in parts.init_containers:
+        init = {"image": container["image"], "imagePullPolicy": container.get("imagePullPolicy", "IfNotPresent"),
+                **copy.deepcopy(part),
+                "env": copy.deepcopy(container["env"]), "volumeMounts": copy.deepcopy(container["volumeMounts"]),
+                "securityContext": copy.deepcopy(container["securityContext"]),
+                # its last lines become the pod's message when it fails (a repository that does not exist)
+                "terminationMessagePolicy": "FallbackToLogsOnError"}
+        if any(plain.values()):  # the pod's CPU and memory (its GPUs are the trainer's alone)
+            init["resources"] = {kind: values for kind, values in plain.items() if values}
+        pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), init]
+    if any(e["name"] == "HF_HUB_CACHE" for e in parts.env):
         # the init container filled the cache: the trainer reads it, and never the hub
         container["env"].append({"name": "HF_HUB_OFFLINE", "value": "1"})

@@ -69,9 +69,44 @@ def test_fetch_model_prints_the_directory_or_says_why_not(hub_cache, tmp_path, c
     job = tmp_path / "job.yaml"
     job.write_text(f"apiVersion: streamrl.io/v1alpha1\nkind: RLJob\nmetadata: {{name: j}}\n"
                    f"spec: {{model: {{source: hf, hf: {{repo: {REPO}}}}}}}\n")
-    assert main(["fetch-model", str(job)]) == 0
+    assert main(["fetch", str(job)]) == 0
     assert capsys.readouterr().out.strip().endswith(f"snapshots/{COMMIT}")
     job.write_text(job.read_text().replace(REPO, "streamrl-test/absent"))
-    assert main(["fetch-model", str(job)]) == 2
-    assert "streamrl fetch-model: model.hf streamrl-test/absent@main: not in the Hugging Face cache" in \
+    assert main(["fetch", str(job)]) == 2
+    assert "streamrl fetch: model.hf streamrl-test/absent@main: not in the Hugging Face cache" in \
         capsys.readouterr().err
+
+
+def test_a_jsonl_task_file_from_a_hub_dataset_resolves_in_the_cache(hub_cache, tmp_path):
+    from streamrl.spec import TaskSpec
+    from streamrl.tasks import load_prompts
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
+    cache_model(data, hub_cache, "streamrl-test/sums", kind="dataset")
+    task = TaskSpec.model_validate({"name": "jsonl", "hf": {"repo": "streamrl-test/sums", "file": "train.jsonl"}})
+    assert [(p.text, p.answer) for p in load_prompts(task)] == [("1+1=", "2"), ("2+2=", "4")]
+    missing = TaskSpec.model_validate({"name": "jsonl", "hf": {"repo": "streamrl-test/sums", "file": "test.jsonl"}})
+    with pytest.raises(ValueError, match=r"task\.hf"):
+        load_prompts(missing)
+
+
+def test_a_task_file_on_a_claim_is_refused_on_this_machine():
+    from streamrl.spec import TaskSpec
+    from streamrl.tasks import load_prompts
+
+    task = TaskSpec.model_validate({"name": "jsonl", "pvc": {"claimName": "data", "path": "train.jsonl"}})
+    with pytest.raises(ValueError, match=r"task\.pvc: .*Kubernetes only.*task\.path"):
+        load_prompts(task)
+
+
+@pytest.mark.parametrize("task, message", [
+    ({"name": "jsonl"}, "path, hf or pvc is required when name is 'jsonl'"),
+    ({"name": "jsonl", "path": "a.jsonl", "hf": {"repo": "o/d", "file": "a.jsonl"}}, "path and hf"),
+    ({"name": "counting", "pvc": {"claimName": "data", "path": "a.jsonl"}}, "pvc is only used when name is 'jsonl'"),
+    ({"name": "jsonl", "pvc": {"claimName": "data", "path": "/etc/passwd"}}, r"task\.pvc\.path"),
+])
+def test_a_bad_task_source_is_refused_naming_the_field(task, message):
+    with pytest.raises(ValidationError, match=message):
+        RLJobSpec.model_validate({"task": task})

@@ -47,7 +47,7 @@ def test_hf_downloads_once_into_the_claim_by_an_init_container_and_the_trainer_r
                                                                 "tokenSecret": "hub-token"}})
     [init] = pod["initContainers"]
     [main_c] = pod["containers"]
-    assert init["name"] == "model" and init["args"] == ["fetch-model", "/etc/streamrl/job/job.yaml"]
+    assert init["name"] == "fetch" and init["args"] == ["fetch", "/etc/streamrl/job/job.yaml"]
     assert init["image"] == main_c["image"] and init["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert _env(init)["HF_HUB_CACHE"] == _env(main_c)["HF_HUB_CACHE"] == "/var/lib/streamrl/out/hf-cache"
     assert "HF_HUB_OFFLINE" not in _env(init) and _env(main_c)["HF_HUB_OFFLINE"] == "1"
@@ -97,9 +97,50 @@ def test_an_image_is_a_volume_or_copied_by_an_init_container(tmp_path, capsys, m
 
 def test_a_failed_model_init_container_is_what_the_status_says():
     pod = {"metadata": {"name": "grpo-7b-trainer-0-x"}, "status": {"initContainerStatuses": [
-        {"name": "model", "state": {"terminated": {"exitCode": 2, "reason": "Error", "message":
-                                                   "fetching\nstreamrl fetch-model: model.hf.repo org/m: no such "
+        {"name": "fetch", "state": {"terminated": {"exitCode": 2, "reason": "Error", "message":
+                                                   "fetching\nstreamrl fetch: model.hf.repo org/m: no such "
                                                    "repository (or it is private and no token was given)\n"}}}]}}
     assert pod_problems([pod], [], "grpo-7b") == [(
-        "InitContainerFailed", "pod grpo-7b-trainer-0-x init container model exited with 2: streamrl fetch-model: "
+        "InitContainerFailed", "pod grpo-7b-trainer-0-x init container fetch exited with 2: streamrl fetch: "
         "model.hf.repo org/m: no such repository (or it is private and no token was given)")]
+
+
+def test_a_task_file_on_a_claim_is_mounted_in_the_trainers_pods_and_named_by_its_path(tmp_path, capsys):
+    job = {**BASE, "spec": {**BASE["spec"], "model": {"source": "builtin-tiny"},
+                            "task": {"name": "jsonl", "pvc": {"claimName": "datasets", "path": "math/train.jsonl"}}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["render", str(path)]) == 0
+    objects = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    [trainer] = [o for o in objects if o["kind"] == "Job"]
+    pod = trainer["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "data"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+    [config] = [o for o in objects if o["kind"] == "ConfigMap"]
+    loaded = yaml.safe_load(config["data"]["job.yaml"])["spec"]["task"]
+    assert loaded["path"] == "/var/lib/streamrl/data/math/train.jsonl" and "pvc" not in loaded
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        assert "data" not in {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_a_copied_model_image_and_a_hub_task_file_run_two_init_containers_in_order(tmp_path, capsys):
+    job = {**BASE, "spec": {**BASE["spec"], "model": {"source": "image", "image": {
+        "reference": "r.example.com/m:v1", "mount": "copy"}}, "task": {"name": "jsonl", "hf": {
+            "repo": "org/data", "file": "train.jsonl"}}}}
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["render", str(path)]) == 0
+    [trainer] = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d and d["kind"] == "Job"]
+    inits = trainer["spec"]["template"]["spec"]["initContainers"]
+    assert [(c["name"], c["image"]) for c in inits] == [("model-copy", "r.example.com/m:v1"),
+                                                         ("fetch", trainer["spec"]["template"]["spec"]
+                                                          ["containers"][0]["image"])]
+
+
+def test_two_hub_token_secrets_are_refused_naming_the_field(tmp_path, capsys):
+    job = {**BASE, "spec": {**BASE["spec"], "model": {"source": "hf", "hf": {"repo": "o/m", "tokenSecret": "a"}},
+                            "task": {"name": "jsonl", "hf": {"repo": "o/d", "file": "t.jsonl", "tokenSecret": "b"}}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["render", str(path)]) == 1
+    assert "spec.task.hf.tokenSecret: a and b" in capsys.readouterr().err
