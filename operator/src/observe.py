@@ -15,6 +15,7 @@ from streamrl.operator.builders import uses_ranker
 from streamrl.operator.kube import KubeError, path_of
 from streamrl.operator.names import ADMIN_PORT, generator_selector, name, selector, serialized
 from streamrl.operator.phases import JobPhase, Observed, TrainerGroup
+from streamrl.operator.sources import COPY_CONTAINER, FETCH_CONTAINER
 from streamrl.records import TrainerStatus
 from streamrl.spec import RLJob
 
@@ -77,6 +78,9 @@ async def _ready_replicas(client, path: str, seen: dict[str, dict]) -> int:
     return int(((d or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
+FETCHING = {FETCH_CONTAINER: "model and task file (from the Hugging Face Hub)",
+            COPY_CONTAINER: "model (copied out of its image)"}
+"""The trainer's init containers (sources.py) and what a running one is doing."""
 WAITING_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                     "CreateContainerError", "CrashLoopBackOff", "RunContainerError")
 """A container waiting for one of these reasons will not start by waiting longer."""
@@ -105,12 +109,17 @@ def pod_problems(pods: list[dict], events: list[dict], job: str) -> list[tuple[s
             if waiting.get("reason") in WAITING_PROBLEMS:
                 out.append((waiting["reason"], f"pod {pod_name} container {c.get('name')}: "
                                                f"{waiting.get('message') or waiting['reason']}"))
-        for c in status.get("initContainerStatuses") or []:  # the model's init container: a repository not found
-            ended = (c.get("state") or {}).get("terminated") or {}
-            if ended.get("exitCode", 0) != 0:
+        for c in status.get("initContainerStatuses") or []:  # the model's init containers (sources.py)
+            state = c.get("state") or {}
+            ended = state.get("terminated") or {}
+            if ended.get("exitCode", 0) != 0:  # a repository that does not exist, an image without `cp`...
                 said = (ended.get("message") or ended.get("reason") or "").strip().splitlines()
                 out.append(("InitContainerFailed", f"pod {pod_name} init container {c.get('name')} exited with "
                                                    f"{ended['exitCode']}: {said[-1] if said else 'no message'}"))
+            elif "running" in state and c.get("name") in FETCHING:
+                out.append(("FetchingModel", f"pod {pod_name}: init container {c['name']} is putting the "
+                                             f"{FETCHING[c['name']]} in place, since "
+                                             f"{state['running'].get('startedAt', 'its start')}"))
     unique: dict[str, tuple[str, str]] = {}
     for reason, message in out:  # the same refusal for every replica reads once
         unique.setdefault(f"{reason}:{message.split(': ', 1)[-1]}", (reason, message))

@@ -144,3 +144,15 @@ def test_two_hub_token_secrets_are_refused_naming_the_field(tmp_path, capsys):
     path.write_text(yaml.safe_dump(job))
     assert main(["render", str(path)]) == 1
     assert "spec.task.hf.tokenSecret: a and b" in capsys.readouterr().err
+
+
+def test_a_running_fetch_is_what_a_pending_job_says():
+    from streamrl.operator.phases import JobPhase, Observed, _phase
+
+    pod = {"metadata": {"name": "grpo-7b-trainer-0-x"}, "status": {"initContainerStatuses": [
+        {"name": "fetch", "state": {"running": {"startedAt": "2026-12-05T08:00:00Z"}}}]}}
+    problems = pod_problems([pod], [], "grpo-7b")
+    assert problems == [("FetchingModel", "pod grpo-7b-trainer-0-x: init container fetch is putting the model and "
+                                          "task file (from the Hugging Face Hub) in place, since 2026-12-05T08:00:00Z")]
+    phase, message = _phase(Observed(generation=1, pod_problems=tuple(problems)))
+    assert phase == JobPhase.PENDING and message.startswith("FetchingModel: pod grpo-7b-trainer-0-x: init container")
