@@ -35,7 +35,7 @@ def test_dump_then_parse_round_trips():
         ({"pipeline": {"mode": "fast"}},
          "spec.pipeline.mode: Input should be 'colocated', 'batch', 'stream-sync' or 'stream-async'"),
         ({"model": {"source": "path"}}, "spec.model: path is required when source is 'path'"),
-        ({"task": {"name": "jsonl"}}, "spec.task: path is required when name is 'jsonl'"),
+        ({"task": {"name": "jsonl"}}, "spec.task: path, hf or pvc is required when name is 'jsonl'"),
         ({"generators": {"pools": [{"name": "a"}, {"name": "a"}]}},
          "spec.generators: pool names must be unique; repeated: a"),
         ({"generators": {"pools": [{"name": "Bad_Name"}]}},

@@ -160,7 +160,7 @@ INVALID = [
      "generators.dispatch.oracleLengths: oracleLengths is required when policy is 'oracle'"),
     (_with("model", {"source": "path"}), "model.path: path is required when source is 'path'"),
     (_with("model", {"path": "/models/x"}), "model.path: path is only used when source is 'path'"),
-    (_with("task", {"name": "jsonl"}), "task.path: path is required when name is 'jsonl'"),
+    (_with("task", {"name": "jsonl"}), "task.path: path, hf or pvc is required when name is 'jsonl'"),
     (_with("ranker", {"predictor": "causal-lm"}), "ranker.modelPath: modelPath is required when predictor is"),
     (_with("trainer", {"device": "cuda", "processesPerNode": 4, "placement": {"gpus": 2}}),
      "trainer.processesPerNode: processesPerNode is more than the GPUs of a trainer pod"),
