@@ -200,7 +200,12 @@ async def test_generation_bound_job_gains_a_replica_then_loses_it_when_generator
     assert get(k8s, RLJOB, "elastic")["spec"]["generators"]["replicas"] == 1
     await wait_for(lambda: get(k8s, DEPLOYMENTS, "elastic-gen-default")["spec"]["replicas"] == 1, what="applied")
     await wait_for(lambda: [e for e in events(k8s, "elastic") if e[1] == "ScaledDown"], what="ScaledDown Event")
-    assert "idle for lack of work" in [e for e in events(k8s, "elastic") if e[1] == "ScaledDown"][0][2]
+    # Which rule says so depends on how much of the rate window the new playback fills by then (a
+    # round over the change still sees some of the old, shorter training): either is a spare replica;
+    # the idle rule itself is tested as a value in tests/unit/scaling/test_policy.py.
+    [(_, _, down)] = [e for e in events(k8s, "elastic") if e[1] == "ScaledDown"]
+    assert down.startswith("scaled pool default from 2 to 1: "), down
+    assert "idle for lack of work" in down or "training-bound: with one default replica fewer" in down, down
 
     # ...where, once that replica has left, the trainer is the bottleneck: a warning, and limited.
     run.play(connected=1)
