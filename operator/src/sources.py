@@ -39,6 +39,8 @@ class ModelParts:
     apply_model_parts completes them."""
     model_dir: str | None = None
     """The trainer's --model-dir (None: it resolves the spec's source itself)."""
+    from_hub: bool = False
+    """The fetch init container fills the Hugging Face cache: the trainer then reads it offline."""
 
 
 def _inside(root: str, sub: str) -> str:
@@ -76,6 +78,7 @@ def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, jo
             parts.mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_MOUNT, "readOnly": True})
             parts.env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_MOUNT}/token"})
         parts.init_containers.append({"name": FETCH_CONTAINER, "args": ["fetch", job_file]})
+        parts.from_hub = True
     if task.pvc:
         parts.volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": task.pvc.claim_name,
                                                                          "readOnly": True}})
@@ -122,6 +125,5 @@ def apply_model_parts(pod_spec: dict, parts: ModelParts, main: str) -> None:
         if any(plain.values()):  # the pod's CPU and memory (its GPUs are the trainer's alone)
             init["resources"] = {kind: values for kind, values in plain.items() if values}
         pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), init]
-    if any(e["name"] == "HF_HUB_CACHE" for e in parts.env):
-        # the init container filled the cache: the trainer reads it, and never the hub
+    if parts.from_hub:  # the init container filled the cache: the trainer reads it, and never the hub
         container["env"].append({"name": "HF_HUB_OFFLINE", "value": "1"})

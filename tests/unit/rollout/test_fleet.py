@@ -11,6 +11,7 @@ from streamrl.rollout.replica import Replica
 from streamrl.rollout.work import InFlight, PromptWork
 from streamrl.rollout.workqueue import SamplingConfig, WorkQueue
 from streamrl.spec import DispatchSpec
+from tests.outbox import sent
 
 
 class _RecordingFleet(Fleet):
@@ -29,13 +30,6 @@ def _replica(gid, capacity=4, profile=((1, 0.011), (64, 0.074))):
 
 def _task(prompt_id, group_size=4, long_tail=False):
     return InFlight(PromptWork(prompt_id, 0, "", (1,), long_tail=long_tail), 0, group_size, 0, 0)
-
-
-def _messages(replica):
-    out = []
-    while not replica.outbox.empty():
-        out.append(replica.outbox.get_nowait())
-    return out
 
 
 def test_could_take_says_what_dispatch_then_does():
@@ -73,13 +67,13 @@ def test_the_long_tail_plan_routes_and_caps_and_the_barrier_is_seen():
                                 DispatchSpec(long_tail_batch_cap=8, objective="max"))
     assert plan.long_replicas == ("fast",)
     assert fleet.routed and fast.long_tail and not slow.long_tail
-    assert [m for m in _messages(fast) if isinstance(m, BatchCap)] == [BatchCap(8)]
-    assert [m for m in _messages(slow) if isinstance(m, BatchCap)] == []
+    assert [m for m in sent(fast) if isinstance(m, BatchCap)] == [BatchCap(8)]
+    assert [m for m in sent(slow) if isinstance(m, BatchCap)] == []
     fleet.barriers.clear()
     fleet.queue_work([_task("long", long_tail=True), _task("short")])
     long_replica, other = fast, slow
-    assert [m.prompt_id for m in _messages(long_replica) if isinstance(m, Work)] == ["long"]
-    assert [m.prompt_id for m in _messages(other) if isinstance(m, Work)] == ["short"]
+    assert [m.prompt_id for m in sent(long_replica) if isinstance(m, Work)] == ["long"]
+    assert [m.prompt_id for m in sent(other) if isinstance(m, Work)] == ["short"]
     assert fleet.barriers[-1] is False  # work is out
     long_replica.outstanding.clear()
     other.outstanding.clear()

@@ -6,6 +6,7 @@ first is replaced."""
 from streamrl.messages import WeightsLoaded, WeightsNotice
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
+from tests.outbox import sent
 
 V0 = WeightsNotice(0, 1000, 1, "ab")
 
@@ -14,22 +15,15 @@ def _booting(gid, address=""):
     return Replica(gid, "default", 8, "torch", 0, weights_address=address, without_weights=True)
 
 
-def _notices(replica):
-    out = []
-    while not replica.outbox.empty():
-        out.append(replica.outbox.get_nowait())
-    return out
-
-
 def test_outside_a_relay_pool_a_booting_replica_fetches_the_latest_from_the_trainer_even_at_v0():
     relay = WeightRelay()
     relay.announce(V0, [])
     a = _booting("a")
     relay.joined(a, [a])
-    assert _notices(a) == [V0]  # it claims v0, but holds nothing: told all the same
+    assert sent(a) == [V0]  # it claims v0, but holds nothing: told all the same
     holding = Replica("h", "default", 8, "torch", 0)
     relay.joined(holding, [a, holding])
-    assert _notices(holding) == []  # one that holds v0 is told nothing
+    assert sent(holding) == []  # one that holds v0 is told nothing
 
 
 def test_in_a_relay_pool_booting_replicas_take_one_copy_from_the_trainer_then_from_each_other():
@@ -37,14 +31,14 @@ def test_in_a_relay_pool_booting_replicas_take_one_copy_from_the_trainer_then_fr
     relay.announce(V0, [])
     a, b, c = _booting("a", "a:1"), _booting("b", "b:1"), _booting("c", "c:1")
     relay.joined(a, [a])
-    assert [n.source for n in _notices(a)] == [""]  # the first fetches from the trainer
+    assert [n.source for n in sent(a)] == [""]  # the first fetches from the trainer
     relay.joined(b, [a, b])
-    assert _notices(b) == [] and b.awaiting_weights == 0  # a fetches it: b waits, a booting peer is no source
+    assert sent(b) == [] and b.awaiting_weights == 0  # a fetches it: b waits, a booting peer is no source
     relay.loaded(a, WeightsLoaded(0, 0.1, 1000, "trainer"), [a, b])
-    assert [n.source for n in _notices(b)] == ["a:1"]
+    assert [n.source for n in sent(b)] == ["a:1"]
     assert not a.without_weights and a.policy_version == 0
     relay.joined(c, [a, b, c])
-    assert [n.source for n in _notices(c)] == ["a:1"]  # a holds it now: straight from a
+    assert [n.source for n in sent(c)] == ["a:1"]  # a holds it now: straight from a
 
 
 def test_a_booting_seed_that_leaves_before_it_holds_the_version_is_replaced():
@@ -53,6 +47,6 @@ def test_a_booting_seed_that_leaves_before_it_holds_the_version_is_replaced():
     a, b = _booting("a", "a:1"), _booting("b", "b:1")
     relay.joined(a, [a])
     relay.joined(b, [a, b])
-    assert _notices(b) == []
+    assert sent(b) == []
     relay.left("default", [b])  # a is gone
-    assert [n.source for n in _notices(b)] == [""] and b.awaiting_weights is None
+    assert [n.source for n in sent(b)] == [""] and b.awaiting_weights is None

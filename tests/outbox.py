@@ -1,0 +1,11 @@
+"""What a replica was sent: the messages in its outbox (a queue.SimpleQueue by default), in order."""
+
+from __future__ import annotations
+
+
+def sent(replica) -> list:
+    """Take every message out of the replica's outbox."""
+    out = []
+    while not replica.outbox.empty():
+        out.append(replica.outbox.get_nowait())
+    return out
