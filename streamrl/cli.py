@@ -10,12 +10,17 @@ import sys
 from pathlib import Path
 
 
-def _setup_logging(level: str = "INFO") -> None:
+def _setup_logging(level: str = "INFO", offline: bool = True) -> None:
+    """Logging to stderr, and the Hugging Face libraries quiet and, unless `offline` is False
+    (fetch: downloading is its job) or the user said otherwise, off the network: every other
+    command reads the cache that fetch filled."""
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for noisy in ("httpx", "httpx2"):  # a line per request (httpx2: huggingface_hub's)
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if offline:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _threads(n: int) -> None:
@@ -118,7 +123,7 @@ def cmd_fetch(args) -> int:
         print(line, file=sys.stderr, flush=True)
 
     try:
-        print(resolve_model_dir(job.spec, log=say))
+        print(resolve_model_dir(job.spec, log=say, progress_every_s=args.progress_every))
         if job.spec.task.name == TaskName.jsonl:
             print(task_file(job.spec.task, log=say))
     except ValueError as err:
@@ -360,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "downloads into the Hugging Face cache; the built-in model built) and print "
                                      "their paths: the trainer pods' init container")
     p.add_argument("job", help="RLJob YAML file")
+    p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
+                   help="how often a download says how many bytes it has (default 10; the operator shows the "
+                        "last such line in the job's status)")
     p.set_defaults(fn=cmd_fetch)
 
     p = sub.add_parser("render", help="print, as multi-document YAML, every object the operator creates for each "
@@ -494,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_ranker)
 
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, offline=args.fn is not cmd_fetch)
     from streamrl.spec import SpecError
 
     try:

@@ -198,15 +198,16 @@ def _builtin_key(spec: RLJobSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def resolve_model_dir(spec: RLJobSpec, log=print) -> Path:
-    """The directory of the initial policy: the user's, the hub's snapshot in the cache, or the
+def resolve_model_dir(spec: RLJobSpec, log=print, progress_every_s: float | None = None) -> Path:
+    """The directory of the initial policy: the user's, the hub's snapshot in the cache (its
+    download's progress said every `progress_every_s`, default hub.PROGRESS_EVERY_S), or the
     cached built-in one (built and warm-started on first use; concurrent builders do not clash)."""
     if spec.model.source == "path":
         return check_model_dir(spec.model.path)
     if spec.model.source == "hf":
-        from streamrl.hub import download_model
+        from streamrl.hub import PROGRESS_EVERY_S, download_model
 
-        return check_model_dir(download_model(spec.model.hf, log))
+        return check_model_dir(download_model(spec.model.hf, log, progress_every_s or PROGRESS_EVERY_S))
     if spec.model.source in ("pvc", "image"):
         what = "claim" if spec.model.source == "pvc" else "model image"
         raise ValueError(f"model.source {spec.model.source}: a {what} is mounted by the operator into the trainer's "

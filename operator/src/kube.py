@@ -144,14 +144,7 @@ class KubeClient:
         resp = await self._http.request(method, path, **kw)
         if resp.status_code == 404 and method in ("GET", "DELETE"):
             return None
-        if resp.status_code >= 400:
-            reason = ""
-            try:
-                body = resp.json()
-                message, reason = body.get("message", resp.text), body.get("reason", "")
-            except (ValueError, AttributeError):
-                message = resp.text
-            raise KubeError(resp.status_code, f"{method} {path}: {message}", reason)
+        _raise_for(resp, method, path)
         return resp.json() if resp.content else {}
 
     async def get(self, path: str) -> dict | None:
@@ -188,11 +181,33 @@ class KubeClient:
         reply = await self._request("GET", path_of(api_version, kind, namespace), params=params)
         return (reply or {}).get("items", [])
 
+    async def log_tail(self, namespace: str, pod: str, container: str, lines: int = 1) -> str:
+        """The last `lines` lines a pod's container wrote ("" when the pod is gone)."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
+        resp = await self._http.get(path, params={"container": container, "tailLines": lines})
+        if resp.status_code == 404:
+            return ""
+        _raise_for(resp, "GET", path)
+        return resp.text
+
     async def version(self) -> dict:
         return await self._request("GET", "/version") or {}
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def _raise_for(resp: httpx.Response, method: str, path: str) -> None:
+    """KubeError with the API server's message and reason for an error response."""
+    if resp.status_code < 400:
+        return
+    reason = ""
+    try:
+        body = resp.json()
+        message, reason = body.get("message", resp.text), body.get("reason", "")
+    except (ValueError, AttributeError):
+        message = resp.text
+    raise KubeError(resp.status_code, f"{method} {path}: {message}", reason)
 
 
 def _current(config: dict) -> tuple[dict, dict]:

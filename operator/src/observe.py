@@ -86,13 +86,15 @@ WAITING_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Cre
 """A container waiting for one of these reasons will not start by waiting longer."""
 
 
-def pod_problems(pods: list[dict], events: list[dict], job: str) -> list[tuple[str, str]]:
+def pod_problems(pods: list[dict], events: list[dict], job: str,
+                 progress: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """(reason, message) of what keeps the job's pods from running, refusals first: pods the
     Job or ReplicaSet controllers could not create (FailedCreate Events: Pod Security admission,
     quota), pods the scheduler cannot place (no node with the GPUs, a claim that does not
     bind, a node selector no node has), containers that cannot start (image pulls, a missing
     Secret, a crash loop), an init container that failed (the model's: its last line says
-    why). Repeated messages are said once."""
+    why) or still runs (`progress`: by pod, the last line its download wrote). Repeated
+    messages are said once."""
     out: list[tuple[str, str]] = []
     for event in events:
         involved = event.get("involvedObject") or {}
@@ -117,9 +119,11 @@ def pod_problems(pods: list[dict], events: list[dict], job: str) -> list[tuple[s
                 out.append(("InitContainerFailed", f"pod {pod_name} init container {c.get('name')} exited with "
                                                    f"{ended['exitCode']}: {said[-1] if said else 'no message'}"))
             elif "running" in state and c.get("name") in FETCHING:
+                said = (progress or {}).get(pod_name, "")
                 out.append(("FetchingModel", f"pod {pod_name}: init container {c['name']} is putting the "
                                              f"{FETCHING[c['name']]} in place, since "
-                                             f"{state['running'].get('startedAt', 'its start')}"))
+                                             f"{state['running'].get('startedAt', 'its start')}"
+                                             + (f"; {said}" if said else "")))
     unique: dict[str, tuple[str, str]] = {}
     for reason, message in out:  # the same refusal for every replica reads once
         unique.setdefault(f"{reason}:{message.split(': ', 1)[-1]}", (reason, message))
@@ -134,7 +138,26 @@ async def _pod_problems(runtime: Runtime, job: str, namespace: str) -> tuple[tup
         log.warning("RLJob %s/%s: cannot read its pods and Events (%s): a Pending job is not explained", namespace,
                     job, err)
         return ()
-    return tuple(pod_problems(pods, events, job))
+    return tuple(pod_problems(pods, events, job, await _download_progress(runtime, namespace, pods)))
+
+
+async def _download_progress(runtime: Runtime, namespace: str, pods: list[dict]) -> dict[str, str]:
+    """By pod, the last line of its running `fetch` init container: how far the model's
+    download got (streamrl fetch says its bytes every 10 s)."""
+    out: dict[str, str] = {}
+    for pod in pods:
+        statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+        if not any(c.get("name") == FETCH_CONTAINER and "running" in (c.get("state") or {}) for c in statuses):
+            continue
+        name = pod["metadata"]["name"]
+        try:
+            lines = (await runtime.kube.log_tail(namespace, name, FETCH_CONTAINER)).strip().splitlines()
+        except (KubeError, httpx.HTTPError) as err:  # an operator without pods/log: progress is not shown
+            log.debug("pod %s/%s: cannot read its fetch container's log (%s)", namespace, name, err)
+            continue
+        if lines:
+            out[name] = lines[-1][:300]
+    return out
 
 
 async def observe(runtime: Runtime, job: RLJob, namespace: str, generation: int, cluster_problem: str | None,

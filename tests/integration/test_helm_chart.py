@@ -319,11 +319,14 @@ def test_rbac_is_least_privilege():
     # Checkpoint claims: created, never deleted by the operator (a claim not retained goes with its job).
     [claims] = [r for r in rules if "persistentvolumeclaims" in r["resources"]]
     assert "create" in claims["verbs"] and "delete" not in claims["verbs"]
-    # The job's NetworkPolicy is the operator's; pods are only read (a Pending job explained).
+    # The job's NetworkPolicy is the operator's; pods are only read (a Pending job explained, a
+    # model download's last log line shown).
     [policies] = [r for r in rules if "networkpolicies" in r["resources"]]
     assert policies["apiGroups"] == ["networking.k8s.io"] and {"create", "patch", "delete"} <= set(policies["verbs"])
     [pods] = [r for r in rules if "pods" in r["resources"]]
     assert pods["verbs"] == ["get", "list"]
+    [pod_logs] = [r for r in rules if "pods/log" in r["resources"]]
+    assert pod_logs["resources"] == ["pods/log"] and pod_logs["verbs"] == ["get"]
     # Watching chosen namespaces: namespaced Roles there, no cluster-wide rights over jobs.
     scoped = by_kind(render("operator.watchNamespaces={team-a,team-b}"))
     job_roles = [r for r in scoped["Role"] if any("deployments" in x["resources"] for x in r["rules"])]

@@ -21,6 +21,7 @@ replays watches without resourceVersion semantics; this subclass adds, per reque
 | a Job's template, completions, mode are immutable      | 422                                           |
 | garbage collection of dependents (ownerReferences)     | at once when the owner goes                   |
 | label selectors on list and watch                      | equality and existence terms                  |
+| `pods/<pod>/log?container=&tailLines=`                 | what the test wrote in `pod_logs`             |
 
 Still not modelled: defaulting of pod fields, CRD schema validation and CEL (checked offline,
 `streamrl validate`), admission (PSA, quota, webhooks), RBAC, the Job and Deployment
@@ -146,6 +147,8 @@ class Emulator(kmock.KubernetesEmulator):
         """(method, path) of every request that changed a stored object."""
         self.denied: set[tuple[str, str, str | None]] = set()
         """(verb, resource, namespace or None for every namespace) SelfSubjectAccessReviews deny."""
+        self.pod_logs: dict[tuple[str, str, str], str] = {}
+        """(namespace, pod, container) -> what GET pods/<pod>/log answers (the tests write it)."""
         self.fail_once: dict[tuple[str, str], int] = {}
         """(method, path) -> an HTTP status the next such request gets instead of being served
         (a server that fails between two of the operator's writes)."""
@@ -164,6 +167,8 @@ class Emulator(kmock.KubernetesEmulator):
             if request.resource is not None and request.resource.plural == "selfsubjectaccessreviews":
                 return self._access_review(request)
             if request.resource is not None:
+                if request.subresource == "log" and request.resource.plural == "pods":
+                    return self._pod_log(request)
                 if request.subresource == "scale" and (request.resource.group, request.resource.plural) == \
                         ("streamrl.io", "rljobs"):
                     return await self._scale(request)
@@ -425,6 +430,16 @@ class Emulator(kmock.KubernetesEmulator):
             await self._buses[request.resource].put({"type": "MODIFIED", "object": self._objects[key].raw})
         return aiohttp.web.json_response({"apiVersion": "autoscaling/v1", "kind": "Scale",
                                           "spec": {"replicas": patched}})
+
+    # ---- pods/log ----------------------------------------------------------------------
+    def _pod_log(self, request):
+        """A container's log, its last tailLines lines; 404 for a pod or container without one."""
+        text = self.pod_logs.get((request.namespace, request.name, request.params.get("container", "")))
+        if text is None:
+            raise kmock.KubernetesError(status=404, reason="NotFound", message=f"pods {request.name!r} not found")
+        lines = text.splitlines(keepends=True)
+        tail = int(request.params.get("tailLines", len(lines)))
+        return aiohttp.web.Response(text="".join(lines[-tail:] if tail else []), content_type="text/plain")
 
     # ---- authorization ------------------------------------------------------------------
     def _access_review(self, request):

@@ -290,6 +290,34 @@ async def test_a_pending_job_says_why_its_pods_do_not_run(k8s, operator):
     assert pods_ready["reason"] == "Unschedulable"
 
 
+async def test_a_model_download_shows_its_progress_in_the_status(k8s, operator):
+    body = example("hub")
+    body["spec"]["model"] = {"source": "hf", "hf": {"repo": "Qwen/Qwen2.5-7B"}}
+    await create(k8s, body)
+    await wait_for(lambda: exists(k8s, JOBS_RES, "hub-trainer"), what="trainer Job")
+    pod_name = "hub-trainer-0-abcde"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": pod_name, "namespace": NS,
+                        "labels": {"streamrl.io/job": "hub", "streamrl.io/role": "trainer"}},
+           "spec": {"initContainers": [{"name": "fetch", "image": "streamrl:test"}],
+                    "containers": [{"name": "main", "image": "streamrl:test"}]}}
+    assert (await k8s.post(f"/api/v1/namespaces/{NS}/pods", json=pod)).status in (200, 201)
+    running = {"initContainerStatuses": [{"name": "fetch",
+                                          "state": {"running": {"startedAt": "2026-12-05T08:00:00Z"}}}]}
+    resp = await k8s.patch(f"/api/v1/namespaces/{NS}/pods/{pod_name}/status", json={"status": running})
+    assert resp.status == 200
+    head = (f"FetchingModel: pod {pod_name}: init container fetch is putting the model and task file (from the "
+            "Hugging Face Hub) in place, since 2026-12-05T08:00:00Z")
+    await wait_for(lambda: status(k8s, "hub")["message"] == head, what="the download said, before its first line")
+    said = ["model.hf Qwen/Qwen2.5-7B@main: fetching 15.2 GB into the Hugging Face cache (once; later starts find it "
+            "there)", "model.hf Qwen/Qwen2.5-7B@main: 1.2 GB of 15.2 GB (8%), 45.0 MB/s, about 5 min left"]
+    k8s.pod_logs[NS, pod_name, "fetch"] = "\n".join(said[:1]) + "\n"
+    await wait_for(lambda: status(k8s, "hub")["message"] == f"{head}; {said[0]}", what="the download's first line")
+    k8s.pod_logs[NS, pod_name, "fetch"] = "\n".join(said) + "\n"
+    await wait_for(lambda: status(k8s, "hub")["message"] == f"{head}; {said[1]}", what="the download's progress")
+    assert status(k8s, "hub")["phase"] == "Pending"
+
+
 async def test_a_restart_is_counted_once_even_when_the_operator_fails_between_counting_and_deleting(k8s, operator):
     body = example("once")
     body["spec"]["trainer"] = {"nodes": 2, "restartLimit": 3}
