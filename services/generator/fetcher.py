@@ -9,11 +9,12 @@ import asyncio
 import logging
 import queue
 import time
+from collections.abc import Callable
 
 import grpc
 
 from streamrl.generator.engine import Engine
-from streamrl.generator.relay import Relay
+from streamrl.generator.relay import Incoming, Relay
 from streamrl.generator.worker import LoadWeights, TrainerVersion
 from streamrl.messages import WeightsNotice
 from streamrl.metrics import ServiceMetrics
@@ -23,6 +24,16 @@ from streamrl.wire.channels import open_channel
 from streamrl.wire.transfer import WeightSource, fetch_blob
 
 log = logging.getLogger("streamrl.generator")
+
+
+def _after(offset: int, add: Callable[[int, memoryview, str], None]) -> Callable[[int, memoryview, str], None]:
+    """`add` for the chunks past `offset` (a fetch that starts over from 0 after a peer failed)."""
+
+    def relay(at: int, data: memoryview, sha256: str) -> None:
+        if at >= offset:
+            add(at, data, sha256)
+
+    return relay
 
 
 class WeightFetcher:
@@ -76,14 +87,17 @@ class WeightFetcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _fetch(self, notice: WeightsNotice, source: WeightSource) -> tuple[bytes, str]:
+    async def _fetch(self, notice: WeightsNotice, source: WeightSource, incoming: Incoming | None) -> tuple[bytes, str]:
         """The version's bytes from the named peer, or from the trainer when there is none
-        or it fails; returns (blob, "peer" | "trainer")."""
+        or it fails; returns (blob, "peer" | "trainer"). Each verified chunk goes to
+        `incoming` (this replica's relay serves it to its own peers as it arrives)."""
+        relayed = incoming.add if incoming is not None else None
         if notice.source:
             peer_name = self.security.tls.generator_server_name if self.security.tls else None
             channel = open_channel(notice.source, self.security, server_name=peer_name)  # a generator, not the trainer
             try:
-                return await fetch_blob(WeightSource(channel), notice, max_attempts=2, stopping=self.stopping), "peer"
+                return await fetch_blob(WeightSource(channel), notice, max_attempts=2, stopping=self.stopping,
+                                        on_chunk=relayed), "peer"
             except grpc.aio.AioRpcError as err:
                 if self.stopping.is_set():
                     raise
@@ -91,7 +105,9 @@ class WeightFetcher:
                             notice.policy_version, err.code().name)
             finally:
                 await channel.close()
-        return await fetch_blob(source, notice, stopping=self.stopping), "trainer"
+            if incoming is not None and incoming.chunks:  # resumes where the peer left off
+                relayed = _after(incoming.received, incoming.add)
+        return await fetch_blob(source, notice, stopping=self.stopping, on_chunk=relayed), "trainer"
 
     def held_sha256(self) -> str:
         """SHA-256 of the weights the engine holds as they were published ("": the initial model)."""
@@ -99,10 +115,12 @@ class WeightFetcher:
 
     async def _fetch_and_load(self, notice: WeightsNotice, source: WeightSource, t0: float, rollback: bool,
                               replace: bool = False) -> None:
+        incoming = self.relay.begin(notice) if self.relay else None
+        blob = None
         try:
-            blob, where = await self._fetch(notice, source)
+            blob, where = await self._fetch(notice, source, incoming)
             if self.relay:
-                self.relay.hold(await asyncio.to_thread(self.relay.chunked, notice.policy_version, blob))
+                await self.relay.end(incoming, blob)
             self.metrics.weight_sync_bytes.labels(where).inc(len(blob))
             self.metrics.weight_fetch_seconds.labels(where).observe(time.monotonic() - t0)
             tensors = await asyncio.to_thread(deserialize, blob)
@@ -113,4 +131,6 @@ class WeightFetcher:
                 log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
                           self.engine.policy_version, err)
         finally:
+            if incoming is not None and blob is None:  # peers being served fetch from the trainer
+                await self.relay.end(incoming, None)
             self.fetching.discard(notice.policy_version)

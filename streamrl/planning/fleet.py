@@ -74,6 +74,9 @@ class SimulatedFleet(Fleet):
         """Slowest replica's notice-to-swap seconds per version."""
         self.bytes_by_link = {"local": 0.0, "cross": 0.0}
         self._free_at: dict[str, float] = {}
+        self._copy_at: dict[tuple[str, int], float] = {}
+        """(replica, version) -> when its copy from the trainer is in (its peers' copies, relayed
+        as the chunks arrive, cannot be in before it)."""
         self._notices: dict[int, float] = {}
         self._pool_of = {p.name: p for p in scenario.generators}
         self._counter = 0
@@ -231,7 +234,8 @@ class SimulatedFleet(Fleet):
         return self.scenario.network.cross_datacenter if far else self.scenario.network.local
 
     def _fetch(self, engine: SimReplica, notice: WeightsNotice) -> None:
-        """One copy over one link: transfers from one source (or over the cross link) queue behind each other."""
+        """One copy over one link: transfers from one source (or over the cross link) queue behind
+        each other; a copy from a pool peer ends no earlier than the peer's own copy (cut-through)."""
         if notice.source:  # a pool peer, in the replica's own datacenter
             link, resource, kind = self.scenario.network.local, f"peer:{notice.source}", "local"
         else:
@@ -242,11 +246,16 @@ class SimulatedFleet(Fleet):
         latency = 0.0 if self.in_process else link.latency_ms / 1e3
         start = max(self.sim.now, self._free_at.get(resource, 0.0))
         self._free_at[resource] = start + seconds
+        done = start + seconds + latency
+        if notice.source:
+            done = max(done, self._copy_at.get((notice.source, notice.policy_version), 0.0))
+        else:
+            self._copy_at[(engine.generator_id, notice.policy_version)] = done
         engine.fetching = True
         if engine.idle and not engine.running:
             engine.track.set("idle", WAITING_WEIGHTS)
         source = "peer" if notice.source else "trainer"
-        self.sim.at(start + seconds + latency, self._fetched, engine, notice.policy_version, source,
+        self.sim.at(done, self._fetched, engine, notice.policy_version, source,
                     0 if self.in_process else notice.size_bytes, kind)
 
     def _fetched(self, engine: SimReplica, policy_version: int, source: str, size_bytes: int, kind: str) -> None:

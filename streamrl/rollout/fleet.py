@@ -32,7 +32,7 @@ class Fleet:
         """Forget a replica (what it still held is the caller's to re-issue)."""
         replica = self.replicas.pop(generator_id, None)
         if replica is not None:
-            self.relay.left(replica.pool, list(self.replicas.values()))
+            self.relay.left(replica, list(self.replicas.values()))
         return replica
 
     def live(self, pool: str | None = None) -> list[Replica]:

@@ -1,6 +1,8 @@
-"""Which replica fetches a new weight version from where: in a relay pool one replica (the
-seed) fetches it from the trainer and its pool peers fetch it from the seed once it holds
-it, so one copy crosses the link to a pool. Records how each version reached the replicas."""
+"""Which replica fetches a new weight version from where. In a relay pool one replica (the
+seed) fetches it from the trainer and its pool peers fetch it from the seed at once: the seed
+serves each chunk as soon as it has verified it (cut-through, services/generator/relay.py), so
+one copy crosses the link to a pool and the pool holds the version about one transfer after
+the notice, not two. Records how each version reached the replicas."""
 
 from __future__ import annotations
 
@@ -33,80 +35,72 @@ class WeightRelay:
         self.bytes_by_source: dict[str, int] = {}
         """Weight bytes the replicas received, by source (trainer|peer|local), whole run."""
 
-    def _holder(self, replica: Replica, policy_version: int, replicas: Iterable[Replica]) -> str:
-        """A pool peer of `replica` that holds the version and relays it; "" = the trainer."""
+    def _source(self, replica: Replica, policy_version: int, replicas: Iterable[Replica]) -> str:
+        """Where `replica` fetches the version: in a relay pool, a peer that holds it, else a
+        peer fetching it from the trainer (it relays each chunk as it arrives); "" = the trainer.
+        A peer booting without weights is a source only once it holds them."""
         if replica.pool not in self.relay_pools:
             return ""
+        seed = ""
         for r in replicas:
-            if r is not replica and r.pool == replica.pool and r.weights_address and \
-                    r.policy_version == policy_version and not r.without_weights:
+            if r is replica or r.pool != replica.pool or not r.weights_address:
+                continue
+            if r.policy_version == policy_version and not r.without_weights and r.told is None:
                 return r.weights_address
-        return ""
+            if r.told == (policy_version, "") and not seed:
+                seed = r.weights_address
+        return seed
+
+    def _tell(self, replica: Replica, notice: WeightsNotice, source: str) -> None:
+        replica.told = (notice.policy_version, source)
+        replica.outbox.put_nowait(replace(notice, source=source))
 
     def joined(self, replica: Replica, replicas: Iterable[Replica]) -> None:
         """A new replica that holds another version, or none (it booted from the trainer), is
         told to fetch the latest; so is one that holds the latest version number with other
         weights (an earlier start of a resumed trainer published it). In a relay pool, from a
-        peer that holds it; when none does yet but one is fetching it, once that one holds it
-        (replicas booting together fetch one copy from the trainer, then from each other)."""
+        peer that holds it or is fetching it (replicas booting together take one copy from the
+        trainer, relayed through the first of them)."""
         latest = self.latest
         other_weights = bool(replica.weights_sha256) and replica.weights_sha256 != (latest.sha256 if latest else "")
         if not latest or not (replica.without_weights or latest.policy_version != replica.policy_version
                               or other_weights):
             return
-        source = self._holder(replica, latest.policy_version, replicas)
-        if not source and replica.pool in self.relay_pools and replica.weights_address and any(
-                r is not replica and r.pool == replica.pool and r.weights_address and r.awaiting_weights is None
-                and (r.without_weights or r.policy_version != latest.policy_version) for r in replicas):
-            replica.awaiting_weights = latest.policy_version  # a peer fetches it: told once that one holds it
-            return
-        replica.outbox.put_nowait(replace(latest, source=source))
+        self._tell(replica, latest, self._source(replica, latest.policy_version, replicas))
 
     def announce(self, notice: WeightsNotice, replicas: Iterable[Replica]) -> None:
-        """Tell every replica about a new version; in a relay pool only the seed fetches it
-        from the trainer, the others wait until it holds the version."""
+        """Tell every replica about a new version: in a relay pool the first replica that
+        relays (the seed) fetches it from the trainer, the others from the seed, at once."""
         self.latest = notice
-        seeded: set[str] = set()
+        seeds: dict[str, str] = {}
         for r in replicas:
-            if r.pool in self.relay_pools and r.weights_address:
-                if r.pool in seeded:
-                    r.awaiting_weights = notice.policy_version
-                    continue
-                seeded.add(r.pool)
-            r.awaiting_weights = None
-            r.outbox.put_nowait(notice)
+            source = seeds.get(r.pool, "") if r.pool in self.relay_pools else ""
+            if r.pool in self.relay_pools and not source and r.weights_address:
+                seeds[r.pool] = r.weights_address
+            self._tell(r, notice, source)
 
     def loaded(self, loader: Replica, msg: WeightsLoaded, replicas: Iterable[Replica]) -> None:
-        """A replica swapped in a version: record it, and let its pool peers waiting for the
-        version fetch it from this replica."""
+        """A replica swapped in a version: record it (it is now a source of that version)."""
         self._syncs.setdefault(msg.policy_version, {})[loader.generator_id] = msg
         self.bytes_by_source[msg.source] = self.bytes_by_source.get(msg.source, 0) + msg.size_bytes
         while len(self._syncs) > KEEP_VERSIONS:
             del self._syncs[min(self._syncs)]
         loader.policy_version = msg.policy_version
         loader.without_weights = False
-        if loader.awaiting_weights is not None and loader.awaiting_weights <= msg.policy_version:
-            loader.awaiting_weights = None
+        if loader.told is not None and loader.told[0] <= msg.policy_version:
+            loader.told = None
+
+    def left(self, gone: Replica, replicas: list[Replica]) -> None:
+        """A replica left: its pool peers still fetching the latest version from it are told
+        another source (a peer that holds or fetches it, else the trainer; a replica already
+        fetching keeps its own fallback, the trainer)."""
         latest = self.latest
-        if latest is None or latest.policy_version != msg.policy_version or not loader.weights_address:
+        if latest is None or not gone.weights_address:
             return
         for r in replicas:
-            if r.pool == loader.pool and r.awaiting_weights == msg.policy_version:
-                r.awaiting_weights = None
-                r.outbox.put_nowait(replace(latest, source=loader.weights_address))
-
-    def left(self, pool: str, replicas: list[Replica]) -> None:
-        """The pool's seed may have left before its peers were told where to fetch: appoint another."""
-        latest = self.latest
-        waiting = [r for r in replicas if r.pool == pool and r.awaiting_weights is not None]
-        if not waiting or latest is None:
-            return
-        fetching = any(r.pool == pool and r.awaiting_weights is None
-                       and (r.without_weights or r.policy_version != latest.policy_version) for r in replicas)
-        if not fetching:
-            seed = waiting[0]
-            seed.awaiting_weights = None
-            seed.outbox.put_nowait(replace(latest, source=self._holder(seed, latest.policy_version, replicas)))
+            if r.pool == gone.pool and r.told == (latest.policy_version, gone.weights_address):
+                r.told = None
+                self._tell(r, latest, self._source(r, latest.policy_version, replicas))
 
     def version_sync(self, policy_version: int) -> VersionSync:
         syncs = self._syncs.get(policy_version, {}).values()

@@ -45,8 +45,9 @@ class Replica:
     """Malformed samples it sent since its last accepted one (refusals.MAX_MALFORMED_IN_A_ROW ends its stream)."""
     load: LoadReport | None = None
     """Its latest load report."""
-    awaiting_weights: int | None = None
-    """A version it will be told about once a pool peer holds it (relay)."""
+    told: tuple[int, str] | None = None
+    """(version, source address; "" = the trainer) it was told to fetch and has not loaded yet
+    (the relay names it as a source of that version meanwhile when it fetches from the trainer)."""
     long_tail: bool = False
     """Serves the long tail (at a small batch cap) under skewness-aware dispatch."""
     draining: bool = False

@@ -60,8 +60,9 @@ class GeneratorPoolSpec(SpecModel):
     default)."""
     weight_relay: StrictBool = True
     """Replicas serve the weight versions they hold to the other replicas of this pool:
-    one replica fetches each version from the trainer and the rest fetch from it, so a
-    pool behind a slow link receives one copy per version, not one per replica."""
+    one replica fetches each version from the trainer and the rest fetch from it as it
+    arrives (cut-through), so a pool behind a slow link receives one copy per version, not
+    one per replica."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     """Kubernetes: node pool, tolerations, GPUs and pod template of these replicas."""
     cluster_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -33,21 +33,30 @@ class WeightSource:
 
 
 async def fetch_blob(source: WeightSource, notice: WeightsNotice, max_attempts: int = 5, backoff_s: float = 0.2,
-                     stopping: asyncio.Event | None = None) -> bytes:
+                     stopping: asyncio.Event | None = None,
+                     on_chunk: Callable[[int, memoryview, str], None] | None = None) -> bytes:
     """One version's verified bytes from `source`, resuming from the last good chunk after
     a broken stream. Raises WeightsCorruptError on a bad checksum (nothing of it may be
     used) and grpc.aio.AioRpcError when the source stays unreachable or does not hold the
     version. Chunks are checked on a worker thread while the next ones arrive (hashing
-    releases the GIL), so verification costs little wall time."""
+    releases the GIL), so verification costs little wall time; `on_chunk(offset, data,
+    sha256)` is called on the event loop with each chunk once verified, in order (a relay
+    serving the version as it arrives)."""
     asm = WeightAssembler(notice.policy_version, notice.size_bytes, notice.sha256)
     loop = asyncio.get_running_loop()
+
+    def verify(offset: int, data: memoryview, sha256: str) -> None:
+        asm.add_chunk(offset, data, sha256)
+        if on_chunk is not None:
+            loop.call_soon_threadsafe(on_chunk, offset, data, sha256)
+
     attempt = 0
     with futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as verifier:
         while not asm.complete:
             checks: list[asyncio.Future] = []
             try:
                 async for chunk in source.fetch(notice.policy_version, asm.next_offset):
-                    checks.append(loop.run_in_executor(verifier, asm.add_chunk, chunk.offset_bytes, chunk.data,
+                    checks.append(loop.run_in_executor(verifier, verify, chunk.offset_bytes, chunk.data,
                                                        chunk.sha256))
                     if checks[-1].done():
                         checks.pop().result()  # surface a bad chunk early

@@ -107,7 +107,7 @@ async def test_relay_applies_the_same_authentication(ca):
     server = await serve_relay(relay, ca.security("gen-1"))
     try:
         version = WeightStore(1, 4096).publish(3, WEIGHTS)
-        relay.hold(relay.chunked(3, version.blob))
+        relay.hold(version)
         notice = WeightsNotice(3, version.size_bytes, version.num_chunks, version.sha256)
         async with open_channel(relay.address, ca.security("gen-2")) as channel:
             got = deserialize(await fetch_blob(WeightSource(channel), notice))
@@ -186,7 +186,7 @@ async def test_a_generators_certificate_cannot_pass_for_the_trainer_but_serves_i
     server = await serve_relay(relay, security("gen-1", "streamrl-generator"))
     try:
         version = WeightStore(1, 4096).publish(3, WEIGHTS)
-        relay.hold(relay.chunked(3, version.blob))
+        relay.hold(version)
         notice = WeightsNotice(3, version.size_bytes, version.num_chunks, version.sha256)
         async with open_channel(relay.address, generator, server_name="streamrl-generator") as channel:
             assert torch.equal(deserialize(await fetch_blob(WeightSource(channel), notice))["w"], WEIGHTS["w"])

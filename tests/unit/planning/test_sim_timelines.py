@@ -2,7 +2,8 @@
 batch, prompts of 0 tokens, output lengths [4, 10] (prompt p0) and [6, 6] (p1) in every
 iteration, training 0.1 s per padded token and a 1 s optimizer step, a weight version taking
 1 s over the link (1.25 GB at 10 Gbit/s), relayed: replica g-0 fetches it from the trainer,
-g-1 from g-0 once it holds it. random-fifo hands p0 to g-0 and p1 to g-1.
+g-1 from g-0 at the same time, each chunk as g-0 has it (cut-through), so both hold it 1 s
+after the notice. random-fifo hands p0 to g-0 and p1 to g-1.
 
 g-0 decodes p0's two samples together: the first token comes from prefill, so the 4-token
 sample is done after 3 steps and the 10-token one after 9; from step 3 on it runs one sequence
@@ -37,7 +38,8 @@ def test_padded_tokens_pad_each_micro_batch_to_its_longest_sample():
 def test_batch_mode_waits_for_the_whole_batch_and_the_relayed_weights(tmp_path):
     run = simulate(parse_scenario(hand_scenario(tmp_path, "batch")))
     # iteration 0: the batch is complete at 9; 40 padded tokens train in 4 s, the step takes 1 s.
-    # iteration 1 starts at 14: g-0 holds version 1 at 15, g-1 (from g-0) at 16; p0 ends at 15 + 9.
+    # iteration 1 starts at 14: g-0 holds version 1 at 15, g-1 (relayed through g-0) at 15 too; p0
+    # ends at 15 + 9.
     assert _timeline(run) == _expect([
         (0.0, 14.0, 9.0, 5.0, 9 / 14, 6 / (2 * 14)),
         (14.0, 15.0, 10.0, 5.0, 10 / 15, 6 / (2 * 15)),
@@ -45,7 +47,7 @@ def test_batch_mode_waits_for_the_whole_batch_and_the_relayed_weights(tmp_path):
     ])
     s = run.summary
     assert s.samples_per_s == pytest.approx(12 / 44)
-    assert [r.weight_sync_s_max for r in run.iterations] == pytest.approx([0.0, 2.0, 2.0])
+    assert [r.weight_sync_s_max for r in run.iterations] == pytest.approx([0.0, 1.0, 1.0])
     # relayed: one copy from the trainer and one from g-0 for each version used (the third, published
     # as the run ends, is still on its way and not counted)
     assert s.weight_bytes_local == pytest.approx(2 * 2 * 1.25e9)
