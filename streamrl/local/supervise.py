@@ -22,8 +22,9 @@ MAX_REPLICA_RESTARTS = 3
 local run replaces before it stops replacing them; a replica that was serving is always
 replaced, as a Deployment would replace its pod."""
 CRASH_LOOP_S = 30.0
-"""Without an endpoint file to tell, a replica that dies within this many seconds of its
-start counts toward the crash loop."""
+"""A replica that dies within this many seconds of its start counts toward the crash loop,
+even when it had written its endpoint file: one that crashes once listening, on its first
+weights or first batch, would otherwise be replaced without end."""
 TRAINER_RESTART_LIMIT = 3
 """Trainer restarts of `streamrl run` when spec.trainer.restartLimit is unset."""
 FINISHED = (0, 130)
@@ -117,11 +118,10 @@ class ReplicaRestarts:
         """Names of the replicas seen crashed, in order (replaced or not)."""
 
     def _was_serving(self, child: Child) -> bool:
-        """It had written its endpoint file (listening, engine loaded); without one to read, it
-        had lived crash_loop_s."""
-        if child.endpoint_file is not None:
-            return child.endpoint_file.exists()
-        return child.seconds() >= self.crash_loop_s
+        """It had lived crash_loop_s and, where it has one, written its endpoint file
+        (listening, engine loaded)."""
+        listening = child.endpoint_file is None or child.endpoint_file.exists()
+        return listening and child.seconds() >= self.crash_loop_s
 
     def tick(self, say: Callable[[str], None]) -> None:
         """Replace every replica that crashed since the last tick, unless they crash-loop."""

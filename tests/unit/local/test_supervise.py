@@ -81,20 +81,37 @@ def test_a_crash_loop_stops_being_replaced_and_the_run_fails_with_no_replica_lef
     assert restarts.crashed == ["generator-a-0", "generator-a-1", "generator-a-2", "generator-a-3"]
 
 
-@pytest.mark.parametrize("serving", ["endpoint file", "lived long enough"])
-def test_a_replica_that_was_serving_is_always_replaced(tmp_path, serving):
+def _listening(launcher, tmp_path) -> None:
+    """Every replica wrote its endpoint file (as each does once listening)."""
+    for child in launcher.children:
+        child.endpoint_file = tmp_path / f"{child.name}.json"
+        child.endpoint_file.write_text("{}")
+
+
+@pytest.mark.parametrize("endpoint_file", [True, False])
+def test_a_replica_that_was_serving_is_always_replaced(tmp_path, endpoint_file):
     launcher = _FakeLauncher(tmp_path, [-9] * 8 + [0])
     launcher.start("a")
     said: list[str] = []
-    restarts = ReplicaRestarts(launcher, max_restarts=3, crash_loop_s=0.0 if serving != "endpoint file" else 30.0)
+    restarts = ReplicaRestarts(launcher, max_restarts=3, crash_loop_s=0.0)  # each lived long enough
     for _ in range(9):
-        if serving == "endpoint file":  # each wrote it once listening
-            for child in launcher.children:
-                child.endpoint_file = tmp_path / f"{child.name}.json"
-                child.endpoint_file.write_text("{}")
+        if endpoint_file:
+            _listening(launcher, tmp_path)
         restarts.tick(said.append)
     assert len(launcher.children) == 9 and restarts.quick_crashes == 0  # eight kills, eight replacements
     assert said[-1] == "generator-a-7 exited with -9; started generator-a-8 in its place"
+
+
+def test_replicas_that_crash_soon_after_they_listen_are_a_crash_loop_too(tmp_path):
+    launcher = _FakeLauncher(tmp_path, [1] * 8)
+    launcher.start("a")
+    said: list[str] = []
+    restarts = ReplicaRestarts(launcher, max_restarts=3, crash_loop_s=30.0)
+    with pytest.raises(RunFailed, match="no generator replica is left running"):
+        for _ in range(8):
+            _listening(launcher, tmp_path)  # listening, then dead on its first weights or batch
+            restarts.tick(said.append)
+    assert len(launcher.children) == 4 and restarts.quick_crashes == 4
 
 
 class _FakeGroup:
