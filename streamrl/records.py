@@ -57,6 +57,8 @@ class StepStats:
     """Total gradient norm before clipping."""
     forward_backward_s: float
     optimizer_s: float
+    value_loss: float = 0.0
+    """ppo: sum of the micro-batches' critic losses (0 under grpo)."""
 
     @property
     def train_s(self) -> float:
@@ -118,6 +120,8 @@ class IterationRecord(Record):
     clip_fraction: float
     kl: float
     grad_norm: float
+    value_loss: float = 0.0
+    """ppo: the critic's loss over the iteration's samples (0 under grpo)."""
     num_micro_batches: int
     staleness_mean: float
     staleness_max: int

@@ -27,8 +27,8 @@ NAME_CEL = {"rule": f"!has(self.metadata) || !has(self.metadata.name) || "
                     f"(self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {NAME_MAX})",
             "message": f"metadata.name {NAME_RULE}", "fieldPath": ".metadata.name"}
 """On the RLJob itself: a name every child's name can be made from (the spec model says the same)."""
-IMMUTABLE = ("algorithm.groupSize", "algorithm.promptsPerStep", "algorithm.seed", "task.name", "task.seed",
-             "task.numPrompts", "task.curriculum")
+IMMUTABLE = ("algorithm.type", "algorithm.groupSize", "algorithm.promptsPerStep", "algorithm.seed", "task.name",
+             "task.seed", "task.numPrompts", "task.curriculum")
 """What a checkpoint must match to be resumed (the trainer's JobIdentity, model shape aside):
 changing it on a running job would make the rolled trainer refuse its own checkpoint and
 spend the restart budget, so the API server refuses the change (CEL transition rules)."""

@@ -1,5 +1,6 @@
 """The RL learner: PPO-clip policy loss on scored groups, optional KL to the initial
-policy, AdamW. Accumulates gradients over micro-batches; one optimizer step per batch.
+policy, AdamW; under `ppo`, a critic valued and trained beside the policy, each token's
+advantage its GAE. Accumulates gradients over micro-batches; one optimizer step per batch.
 Knows tensors and groups, nothing of gRPC or dispatch."""
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from streamrl.metrics import (
 )
 from streamrl.records import StepStats
 from streamrl.samples import Group, Sample, ScoredSample, micro_batches_by_length
-from streamrl.spec import AlgorithmSpec
+from streamrl.spec import AlgorithmSpec, TrainerMemorySpec
 from streamrl.trainer.commands import Accumulate, Command, Gather, Load, Save, Step, Stop
-from streamrl.trainer.ranks import Ranks, balance_by_tokens, full_state_dict, shard
+from streamrl.trainer.critic import Critic, gae
+from streamrl.trainer.ranks import Ranks, balance_by_tokens, checkpoint_activations, full_state_dict, shard
 from streamrl.trainer.timings import RankTimings
 
 
@@ -56,12 +58,13 @@ def ppo_clip_loss(
     """PPO-clip objective summed over samples times `weight`; each sample contributes its
     token-mean loss, or its token-sum / token_normalizer when that is given.
 
-    logp, behaviour_logp, ref_logp, mask: [B, T]; advantages: [B]. The importance ratio
-    is exp(logp - behaviour_logp), clipped to [1 - clip_eps, 1 + clip_eps_high].
+    logp, behaviour_logp, ref_logp, mask: [B, T]; advantages: [B] (one per sample) or [B, T]
+    (one per token). The importance ratio is exp(logp - behaviour_logp), clipped to
+    [1 - clip_eps, 1 + clip_eps_high].
     """
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - behaviour_logp)
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
@@ -81,6 +84,16 @@ def ppo_clip_loss(
     )
 
 
+def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, weight: float = 1.0,
+               token_normalizer: float | None = None) -> torch.Tensor:
+    """The critic's loss: half the squared error to the returns, aggregated over tokens and
+    samples as the policy's loss is (values, returns, mask: [B, T])."""
+    mask = mask.to(values.dtype)
+    per_token = 0.5 * (values - returns) ** 2
+    denom = mask.sum(-1).clamp(min=1) if token_normalizer is None else token_normalizer
+    return ((per_token * mask).sum(-1) / denom).sum() * weight
+
+
 @dataclass
 class _Accumulated:
     """Sums over the micro-batches since the last optimizer step."""
@@ -92,6 +105,7 @@ class _Accumulated:
     """Clip fraction x samples."""
     kl: float = 0.0
     """KL x samples."""
+    value_loss: float = 0.0
     forward_backward_s: float = 0.0
 
 
@@ -103,25 +117,31 @@ class Learner:
     the leader stops them. At world size 1 a command is a local call."""
 
     def __init__(self, model: torch.nn.Module, algo: AlgorithmSpec, device: str = "cpu", ranks: Ranks | None = None,
-                 dtype: str = "float32", metrics: ServiceMetrics | None = None):
+                 dtype: str = "float32", metrics: ServiceMetrics | None = None,
+                 memory: TrainerMemorySpec | None = None):
         self.ranks = ranks or Ranks()
         self.timings = RankTimings(metrics, self.ranks)
         """This rank's forward/backward and collective seconds, onto `metrics` (None: not measured)."""
         self.algo = algo
         self.device = device
+        memory = memory or TrainerMemorySpec()
         model = model.to(device).train()
         reference = copy.deepcopy(model).eval().requires_grad_(False) if algo.kl_coef > 0 else None
-        self.model = shard(model, self.ranks, dtype)
-        self.ref_model = shard(reference, self.ranks, dtype) if reference is not None else None
-        self.timings.watch_all_gathers(self.model)
-        self.timings.watch_all_gathers(self.ref_model)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=algo.learning_rate, weight_decay=algo.weight_decay
-        )
-        warmup = algo.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        critic = Critic(model) if algo.type == "ppo" else None  # from the policy's weights, before sharding
+        if memory.activation_checkpointing:
+            for module in (model, critic and critic.model):
+                if module is not None:
+                    checkpoint_activations(module)  # the reference runs without gradients: nothing to recompute
+        self.model = shard(model, self.ranks, dtype, memory.cpu_offload)
+        self.ref_model = shard(reference, self.ranks, dtype, memory.cpu_offload) if reference is not None else None
+        self.critic = shard(critic, self.ranks, dtype, memory.cpu_offload) if critic is not None else None
+        for module in (self.model, self.ref_model, self.critic):
+            self.timings.watch_all_gathers(module)
+        self.optimizer, self.scheduler = _adamw(self.model, algo.learning_rate, algo)
+        self.critic_optimizer = self.critic_scheduler = None
+        if self.critic is not None:
+            self.critic_optimizer, self.critic_scheduler = _adamw(
+                self.critic, algo.critic_learning_rate or algo.learning_rate, algo)
         self.policy_version = 0
         self._acc = _Accumulated()
         self._saving: Future | None = None
@@ -219,16 +239,25 @@ class Learner:
         behaviour = torch.zeros_like(batch.completion_mask, dtype=torch.float32)
         for i, (p, s) in enumerate(items):
             behaviour[i, len(p) - 1 : len(p) - 1 + len(s.sample.logprobs)] = torch.tensor(s.sample.logprobs)
-        advantages = torch.tensor([s.advantage for _, s in items], dtype=torch.float32, device=self.device)
+        normalizer = self.algo.max_new_tokens if self.algo.loss_aggregation == "token-sum" else None
+        critic_loss = None
+        if self.critic is None:
+            advantages = torch.tensor([s.advantage for _, s in items], dtype=torch.float32, device=self.device)
+        else:  # each token's GAE from the critic's values; the critic learns the returns
+            values = self.critic(batch)
+            rewards = torch.tensor([s.reward for _, s in items], dtype=torch.float32, device=self.device)
+            with torch.no_grad():
+                advantages, returns = gae(values.detach(), rewards, batch.completion_mask, self.algo.gamma,
+                                          self.algo.gae_lambda)
+            critic_loss = value_loss(values, returns, batch.completion_mask, weight, normalizer)
         logp = token_logprobs(self.model, batch, self.algo.temperature)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = token_logprobs(self.ref_model, batch, self.algo.temperature)
         terms = ppo_clip_loss(logp, behaviour, advantages, batch.completion_mask, self.algo.clip_eps,
-                              self.algo.clip_eps_high, ref, self.algo.kl_coef, weight,
-                              self.algo.max_new_tokens if self.algo.loss_aggregation == "token-sum" else None)
-        terms.loss.backward()
+                              self.algo.clip_eps_high, ref, self.algo.kl_coef, weight, normalizer)
+        (terms.loss if critic_loss is None else terms.loss + critic_loss).backward()
         self.timings.forward_backward(time.monotonic() - t0)
         if weight == 0.0:
             return  # padding: nothing to count
@@ -239,6 +268,7 @@ class Learner:
         acc.loss += terms.loss.item() / self.ranks.world_size
         acc.clipped += terms.clip_fraction * n
         acc.kl += terms.kl * n
+        acc.value_loss += critic_loss.item() / self.ranks.world_size if critic_loss is not None else 0.0
         acc.forward_backward_s += time.monotonic() - t0
 
     def _step(self) -> StepStats:
@@ -250,15 +280,20 @@ class Learner:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.critic is not None:
+                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.algo.max_grad_norm)
+                self.critic_optimizer.step()
+                self.critic_scheduler.step()
+                self.critic_optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
         acc, self._acc = self._acc, _Accumulated()
         with self.timings.collective(ALL_REDUCE):
-            num_samples, num_micro_batches, loss, clipped, kl = self.ranks.sum(
-                [acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl])
+            num_samples, num_micro_batches, loss, clipped, kl, critic_loss = self.ranks.sum(
+                [acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl, acc.value_loss])
             forward_backward_s = self.ranks.maximum(acc.forward_backward_s)
         n = max(num_samples, 1)
         return StepStats(int(num_samples), int(num_micro_batches), loss, clipped / n, kl / n, float(grad_norm),
-                         forward_backward_s, time.monotonic() - t0)
+                         forward_backward_s, time.monotonic() - t0, critic_loss)
 
     def wait_saved(self) -> float:
         """Wait for this rank's checkpoint save to be on disk; the seconds waited."""
@@ -270,33 +305,47 @@ class Learner:
 
     def _save(self, path: Path) -> Future:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         self.wait_saved()
         path.mkdir(parents=True, exist_ok=True)
         torch.save({"policy_version": self.policy_version, "scheduler": self.scheduler.state_dict(),
+                    "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
                     "rng": torch.get_rng_state(),
                     "cuda_rng": torch.cuda.get_rng_state() if str(self.device).startswith("cuda") else None},
                    path / rank_file(self.ranks.rank))
-        model, optimizer = get_state_dict(self.model, self.optimizer)
-        self._saving = dcp.async_save({"model": model, "optimizer": optimizer}, checkpoint_id=str(path),
+        self._saving = dcp.async_save(self._state(), checkpoint_id=str(path),
                                       process_group=self.ranks.checkpoints, no_dist=self.ranks.world_size == 1)
         return self._saving
 
-    def _load(self, path: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    def _state(self) -> dict:
+        """The sharded state a checkpoint holds: the policy and its optimizer, and under ppo the
+        critic and its optimizer."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model, optimizer = get_state_dict(self.model, self.optimizer)
         state = {"model": model, "optimizer": optimizer}
+        if self.critic is not None:
+            state["critic"], state["critic_optimizer"] = get_state_dict(self.critic, self.critic_optimizer)
+        return state
+
+    def _load(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
         dcp.load(state, checkpoint_id=str(path), process_group=self.ranks.checkpoints,
                  no_dist=self.ranks.world_size == 1)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
+        if self.critic is not None:
+            set_state_dict(self.critic, self.critic_optimizer, model_state_dict=state["critic"],
+                           optim_state_dict=state["critic_optimizer"])
         own = path / rank_file(self.ranks.rank)
         extra = torch.load(own if own.exists() else path / rank_file(0), weights_only=False)
         self.policy_version = extra["policy_version"]
         self.scheduler.load_state_dict(extra["scheduler"])
+        if self.critic_scheduler is not None:
+            self.critic_scheduler.load_state_dict(extra["critic_scheduler"])
         torch.set_rng_state(extra["rng"])
         if extra.get("cuda_rng") is not None and str(self.device).startswith("cuda"):
             torch.cuda.set_rng_state(extra["cuda_rng"])
@@ -304,6 +353,15 @@ class Learner:
     def _gather(self) -> dict[str, torch.Tensor]:
         with self.timings.collective(GATHER_WEIGHTS):
             return full_state_dict(self.model, self.ranks)
+
+
+def _adamw(module: torch.nn.Module, learning_rate: float, algo: AlgorithmSpec):
+    """AdamW over the module's parameters and its linear warm-up schedule."""
+    optimizer = torch.optim.AdamW(module.parameters(), lr=learning_rate, weight_decay=algo.weight_decay)
+    warmup = algo.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
 
 
 def rank_file(rank: int) -> str:

@@ -326,6 +326,7 @@ class TrainLoop:
             clip_fraction=stats.clip_fraction,
             kl=stats.kl,
             grad_norm=stats.grad_norm,
+            value_loss=stats.value_loss,
             num_micro_batches=stats.num_micro_batches,
             num_samples_stale_dropped=self.coordinator.counters.num_samples_stale_dropped,
             **self._length_prediction_record(),

@@ -75,7 +75,8 @@ def job_identity(job: RLJob, model_dir: Path) -> JobIdentity:
     algo, task = job.spec.algorithm, job.spec.task
     return JobIdentity(model={k: config[k] for k in shape if k in config},
                        algorithm={"groupSize": algo.group_size, "promptsPerStep": algo.prompts_per_step,
-                                  "seed": algo.seed},
+                                  "seed": algo.seed,
+                                  **({"type": algo.type} if algo.type != "grpo" else {})},  # a ppo one holds a critic
                        task={"name": task.name.value,
                              "seed": task.seed, "numPrompts": task.num_prompts, "curriculum": task.curriculum})
 
@@ -116,7 +117,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     device = ranks.device(spec.trainer.device)
     metrics.model_read_bytes.inc(weight_bytes(model_dir))
     learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype,
-                      metrics)
+                      metrics, spec.trainer.memory)
     coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
     identity = job_identity(job, model_dir)
@@ -257,7 +258,7 @@ async def follow(job: RLJob, model_dir: Path, out_dir: Path, ranks: Ranks, host:
     device = ranks.device(spec.trainer.device)
     metrics.model_read_bytes.inc(weight_bytes(model_dir))
     learner = Learner(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device, ranks,
-                      spec.model.dtype, metrics)
+                      spec.model.dtype, metrics, spec.trainer.memory)
 
     def status() -> dict:
         return {"rank": ranks.rank, "world_size": ranks.world_size, "policy_version": learner.policy_version}

@@ -92,21 +92,36 @@ class Ranks:
             dist.destroy_process_group()
 
 
-def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32") -> torch.nn.Module:
+def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32", cpu_offload: bool = False) -> torch.nn.Module:
     """FSDP2 over every rank: each decoder layer a unit, then the root (the embeddings and the
-    head); on CUDA, compute in the spec's dtype and reduce in float32. One rank: unchanged."""
+    head); on CUDA, compute in the spec's dtype and reduce in float32; with `cpu_offload`, the
+    shards, their gradients and the optimizer state in host memory (CPUOffloadPolicy). One
+    rank: unchanged."""
     if ranks.world_size == 1:
+        if cpu_offload:
+            raise ValueError("trainer.memory.cpuOffload needs the trainer sharded over two ranks or more")
         return model
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mp = None
-    if next(model.parameters()).is_cuda and dtype != "float32":
-        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
-    kwargs = {"mp_policy": mp} if mp is not None else {}
+    kwargs = {}
+    on_gpu = next(model.parameters()).is_cuda
+    if on_gpu and dtype != "float32":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
+    if cpu_offload:  # pinned host memory for the copies to a GPU (a CPU build has none to pin)
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=on_gpu)
     for layer in _layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (torch.utils.checkpoint,
+    non-reentrant, through the model's own per-layer hook: parameter names are unchanged, so
+    checkpoints and published weights are those of the plain model)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"trainer.memory.activationCheckpointing: {type(model).__name__} does not support it")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:

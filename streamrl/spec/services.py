@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from streamrl.spec.base import SpecModel
 from streamrl.spec.generators import PlacementSpec
@@ -22,6 +22,21 @@ class TrainerServiceSpec(SpecModel):
     """CIDRs allowed to reach a LoadBalancer (e.g. the other datacenter's egress addresses); empty = any."""
     load_balancer_class: str | None = Field(None, max_length=253)
     """The load balancer implementation (spec.loadBalancerClass), unset = the cluster's default."""
+
+
+class TrainerMemorySpec(SpecModel):
+    """What the trainer trades for memory, each from torch itself; neither changes what it
+    learns (the parameters after each step are the same with and without)."""
+
+    activation_checkpointing: StrictBool = False
+    """Keep only each decoder layer's input in the forward pass and recompute the layer's
+    activations in the backward pass (torch.utils.checkpoint, non-reentrant): activation
+    memory of one layer at a time instead of all of them, for about one more forward pass."""
+    cpu_offload: StrictBool = False
+    """FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients and the optimizer
+    state live in host memory and the optimizer steps there; each layer's parameters are
+    copied to the device for its forward and backward. Needs the trainer sharded over two
+    ranks or more (FSDP2 over a process group)."""
 
 
 class TrainerSpec(SpecModel):
@@ -63,10 +78,19 @@ class TrainerSpec(SpecModel):
     address, or a gateway in front of them); they dial it on the Service's node port."""
     service: TrainerServiceSpec = Field(default_factory=TrainerServiceSpec)
     """Kubernetes: annotations, source ranges and class of the trainer's Service."""
+    memory: TrainerMemorySpec = Field(default_factory=TrainerMemorySpec)
+    """Activation checkpointing and CPU offload of the sharded model."""
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
+
+    @model_validator(mode="after")
+    def _offload_shards(self) -> TrainerSpec:
+        if self.memory.cpu_offload and self.world_size < 2:
+            raise ValueError("memory.cpuOffload: needs the trainer sharded over two ranks or more (nodes x "
+                             f"processesPerNode is {self.world_size}); FSDP2 offloads the shards of a process group")
+        return self
 
     @field_validator("processes_per_node")
     @classmethod

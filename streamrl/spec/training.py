@@ -168,8 +168,14 @@ class RewardSpec(SpecModel):
 
 
 class AlgorithmSpec(SpecModel):
-    """GRPO hyper-parameters."""
+    """The RL algorithm and its hyper-parameters."""
 
+    type: Literal["grpo", "ppo"] = "grpo"
+    """`grpo`: each sample's advantage is its reward against its group's (no critic). `ppo`: a
+    critic (a value head on the policy's architecture, started from the policy's weights,
+    sharded and stepped beside it) values every completion token, and each token's advantage
+    is its generalised advantage estimate (GAE, gamma and gaeLambda) from the sample's reward
+    at its last token; the critic learns the returns."""
     num_iterations: int = Field(20, ge=1)
     """Optimizer steps (= iterations) of the run."""
     prompts_per_step: int = Field(16, ge=1)
@@ -206,6 +212,12 @@ class AlgorithmSpec(SpecModel):
     """Maximum samples per forward/backward pass of the learner."""
     seed: int = 0
     """Seed of sampling and training."""
+    gamma: float = Field(1.0, gt=0, le=1)
+    """ppo: discount per token (1 = the reward counts fully at every token)."""
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    """ppo: GAE's lambda (1 = Monte-Carlo returns less the values; 0 = one-step TD)."""
+    critic_learning_rate: float | None = Field(None, gt=0)
+    """ppo: AdamW learning rate of the critic (unset = learningRate)."""
 
 
 class PipelineMode(StrEnum):

@@ -1,7 +1,8 @@
-"""Checkpoints restore the learner exactly: on 1 rank and on 2 FSDP2 ranks (gloo), saving
-after two steps, loading (into the same learner, and into a fresh one as a restarted trainer
-would) and taking a third step on the same groups gives parameters and optimizer state
-bit-identical to taking that step without the save and load."""
+"""Checkpoints restore the learner exactly: on 1 rank and on 2 FSDP2 ranks (gloo), under grpo
+and under ppo (whose checkpoints hold the critic and its optimizer too), saving after two
+steps, loading (into the same learner, and into a fresh one as a restarted trainer would) and
+taking a third step on the same groups gives parameters and optimizer state bit-identical to
+taking that step without the save and load."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from streamrl.trainer.learner import Learner
 from streamrl.trainer.ranks import Ranks, balance_by_tokens
 from tests.integration.test_ranks import _free_port, _groups
 
-ALGO = AlgorithmSpec(microBatchSize=4, learningRate=1e-3, warmupSteps=3)
+ALGOS = {"grpo": AlgorithmSpec(microBatchSize=4, learningRate=1e-3, warmupSteps=3),
+         "ppo": AlgorithmSpec(type="ppo", microBatchSize=4, learningRate=1e-3, warmupSteps=3,
+                              criticLearningRate=5e-3)}
 
 
 def _step(learner: Learner, step: int) -> None:
@@ -29,7 +32,7 @@ def _step(learner: Learner, step: int) -> None:
     for groups in arrivals:
         samples = [(g.prompt_token_ids, s) for g in groups for s in g.samples]
         shares = balance_by_tokens(samples, [len(p) + len(s.sample.completion_token_ids) for p, s in samples], world)
-        micro = max(-(-len(share) // ALGO.micro_batch_size) for share in shares)
+        micro = max(-(-len(share) // learner.algo.micro_batch_size) for share in shares)
         learner._accumulate(shares[learner.ranks.rank], total, micro)
     learner._step()
 
@@ -39,21 +42,26 @@ def _state(learner: Learner) -> dict[str, torch.Tensor]:
     def whole(t):
         return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
 
-    out = {f"param/{n}": whole(p) for n, p in learner.model.named_parameters()}
-    for i, p in enumerate(learner.model.parameters()):
-        for key, value in learner.optimizer.state[p].items():
-            out[f"optim/{i}/{key}"] = whole(value)
-    out["lr"] = torch.tensor(learner.scheduler.get_last_lr())
+    out = {}
+    parts = [("", learner.model, learner.optimizer, learner.scheduler)]
+    if learner.critic is not None:
+        parts.append(("critic/", learner.critic, learner.critic_optimizer, learner.critic_scheduler))
+    for prefix, model, optimizer, scheduler in parts:
+        out |= {f"{prefix}param/{n}": whole(p) for n, p in model.named_parameters()}
+        for i, p in enumerate(model.parameters()):
+            for key, value in optimizer.state[p].items():
+                out[f"{prefix}optim/{i}/{key}"] = whole(value)
+        out[f"{prefix}lr"] = torch.tensor(scheduler.get_last_lr())
     out["version"] = torch.tensor(learner.policy_version)
     return out
 
 
-def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: str) -> None:
+def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: str, algo: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     ranks = Ranks.from_environment(timeout_s=60)
-    learner = Learner(load_model(model_dir), ALGO, ranks=ranks)
+    learner = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks)
     for step in range(2):
         _step(learner, step)
     saved = _state(learner)
@@ -65,7 +73,7 @@ def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: 
     reloaded = _state(learner)
     _step(learner, 2)
     again = _state(learner)
-    fresh = Learner(load_model(model_dir), ALGO, ranks=ranks)  # a restarted trainer: initial weights, then load
+    fresh = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks)  # a restarted trainer: initial weights, then load
     fresh._load(Path(ckpt))
     _step(fresh, 2)
     restarted = _state(fresh)
@@ -76,15 +84,19 @@ def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_save_load_and_a_step_is_bit_identical_to_the_step_alone(tiny_model_dir, tmp_path, world_size):
+@pytest.mark.parametrize("world_size, algo", [(1, "grpo"), (2, "grpo"), (1, "ppo"), (2, "ppo")])
+def test_save_load_and_a_step_is_bit_identical_to_the_step_alone(tiny_model_dir, tmp_path, world_size, algo):
     out = tmp_path / "states.pt"
-    mp.spawn(_run, args=(world_size, _free_port(), str(tiny_model_dir), str(tmp_path / "ckpt"), str(out)),
+    mp.spawn(_run, args=(world_size, _free_port(), str(tiny_model_dir), str(tmp_path / "ckpt"), str(out), algo),
              nprocs=world_size, join=True)
     states = torch.load(out)
     saved, straight = states["saved"], states["straight"]
     assert int(saved["version"]) == 2 and int(straight["version"]) == 3
     assert any(not torch.equal(saved[k], straight[k]) for k in saved if k.startswith("optim/"))  # it moved
+    critic = [k for k in saved if k.startswith("critic/")]
+    assert bool(critic) == (algo == "ppo")
+    if critic:  # the critic learnt too, and its state is in the checkpoint (compared below with the rest)
+        assert any(not torch.equal(saved[k], straight[k]) for k in critic if k.startswith("critic/param/"))
     for name in ("reloaded",):
         for key, value in saved.items():
             assert torch.equal(states[name][key], value), (name, key)

@@ -1,7 +1,8 @@
 """The trainer's ranks on real torch.distributed (gloo): the same scored groups trained by
-one rank and by two FSDP2-sharded ranks give the same parameters and the same published
-weights after three optimizer steps, and what is published is exactly the shards put
-together."""
+one rank and by two FSDP2-sharded ranks, with and without each memory feature (activation
+checkpointing, CPU offload of the shards and optimizer state), give the same parameters and
+the same published weights after three optimizer steps, and what is published is exactly the
+shards put together."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.multiprocessing as mp
 
 from streamrl.models import load_model
 from streamrl.samples import Group, Sample, ScoredSample
-from streamrl.spec import AlgorithmSpec
+from streamrl.spec import AlgorithmSpec, TrainerMemorySpec
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.ranks import Ranks
 
@@ -42,15 +43,17 @@ def _groups(step: int) -> list[list[Group]]:
     return arrivals
 
 
-def _train(rank: int, world_size: int, port: int, model_dir: str, out: str) -> None:
+def _train(rank: int, world_size: int, port: int, model_dir: str, out: str, memory: dict, algo: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     ranks = Ranks.from_environment(timeout_s=60)
-    learner = Learner(load_model(model_dir), AlgorithmSpec(microBatchSize=4, learningRate=1e-3), ranks=ranks)
+    learner = Learner(load_model(model_dir), AlgorithmSpec(microBatchSize=4, learningRate=1e-3, **algo), ranks=ranks,
+                      memory=TrainerMemorySpec.model_validate(memory))
     if not ranks.is_leader:
         learner.follow()
-        _full_parameters(learner)  # the check below is a collective too
+        _full_parameters(learner)  # the checks below are collectives too
+        _full_parameters(learner, critic=True)
         ranks.close()
         return
     stats = []
@@ -62,17 +65,28 @@ def _train(rank: int, world_size: int, port: int, model_dir: str, out: str) -> N
         stats.append(learner.step())
     weights = learner.weights()
     learner.stop()
+    # the features asked for are in force: each layer recomputed, each unit's shards offloaded
+    layers = list(learner.model.model.layers)
+    assert all(layer.gradient_checkpointing for layer in layers) == bool(memory.get("activationCheckpointing"))
+    if world_size > 1:
+        units = [*layers, learner.model]
+        policies = {type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__ for m in units}
+        assert policies == {"CPUOffloadPolicy" if memory.get("cpuOffload") else "OffloadPolicy"}
     # What is published is what the shards hold, put together.
     for name, full in _full_parameters(learner).items():
         assert torch.equal(weights[name], full), name
-    torch.save({"weights": weights, "loss": [s.loss for s in stats], "samples": [s.num_samples for s in stats]}, out)
+    critic = _full_parameters(learner, critic=True)
+    torch.save({"weights": weights, "critic": critic, "loss": [s.loss for s in stats],
+                "value_loss": [s.value_loss for s in stats], "samples": [s.num_samples for s in stats]}, out)
     ranks.close()
 
 
-def _full_parameters(learner: Learner) -> dict[str, torch.Tensor]:
-    """Every parameter put together from the ranks' shards (a collective on every rank)."""
+def _full_parameters(learner: Learner, critic: bool = False) -> dict[str, torch.Tensor]:
+    """Every parameter of the policy (or the critic) put together from the ranks' shards (a
+    collective on every rank; {} for a learner without a critic)."""
+    module = learner.critic if critic else learner.model
     return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
-            for name, p in learner.model.named_parameters()}
+            for name, p in (module.named_parameters() if module is not None else ())}
 
 
 def _free_port() -> int:
@@ -81,18 +95,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _trained(world_size: int, memory: dict, model_dir, out, algo: dict | None = None) -> dict:
+    mp.spawn(_train, args=(world_size, _free_port(), str(model_dir), str(out), memory, algo or {}),
+             nprocs=world_size, join=True)
+    return torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def one_plain_rank(tiny_model_dir, tmp_path_factory) -> dict:
+    """What one rank without any memory feature trains: the reference."""
+    return _trained(1, {}, tiny_model_dir, tmp_path_factory.mktemp("plain") / "ws1.pt")
+
+
 @pytest.mark.slow
-def test_one_rank_and_two_sharded_ranks_train_the_same_parameters(tiny_model_dir, tmp_path):
-    results = {}
-    for world_size in (1, 2):
-        out = str(tmp_path / f"ws{world_size}.pt")
-        mp.spawn(_train, args=(world_size, _free_port(), str(tiny_model_dir), out), nprocs=world_size, join=True)
-        results[world_size] = torch.load(out)
-    one, two = results[1], results[2]
-    assert one["samples"] == two["samples"] == [24] * STEPS
-    assert one["loss"] == pytest.approx(two["loss"], rel=1e-4)
+@pytest.mark.parametrize("world_size, memory", [
+    (2, {}),
+    (1, {"activationCheckpointing": True}),
+    (2, {"cpuOffload": True}),
+    (2, {"activationCheckpointing": True, "cpuOffload": True}),
+], ids=["sharded", "checkpointed", "sharded-offloaded", "sharded-checkpointed-offloaded"])
+def test_sharding_and_memory_features_train_the_same_parameters_as_one_plain_rank(
+        one_plain_rank, tiny_model_dir, tmp_path, world_size, memory):
+    one, other = one_plain_rank, _trained(world_size, memory, tiny_model_dir, tmp_path / "other.pt")
+    assert one["samples"] == other["samples"] == [24] * STEPS
+    assert one["loss"] == pytest.approx(other["loss"], rel=1e-4)
     initial = dict(load_model(tiny_model_dir).named_parameters())
-    assert one["weights"].keys() == two["weights"].keys() == initial.keys()  # tied weights once
+    assert one["weights"].keys() == other["weights"].keys() == initial.keys()  # tied weights once
     for name, weight in one["weights"].items():
         assert not torch.equal(weight, initial[name].detach()) or "norm" in name  # they trained
-        torch.testing.assert_close(two["weights"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(other["weights"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_ppo_on_two_sharded_ranks_trains_the_policy_and_the_critic_as_one_rank(tiny_model_dir, tmp_path):
+    algo = {"type": "ppo", "criticLearningRate": 5e-3}
+    one, two = (_trained(n, {}, tiny_model_dir, tmp_path / f"ppo-{n}.pt", algo) for n in (1, 2))
+    assert one["loss"] == pytest.approx(two["loss"], rel=1e-4)
+    assert one["value_loss"] == pytest.approx(two["value_loss"], rel=1e-4) and one["value_loss"][0] > 0
+    initial = load_model(tiny_model_dir)
+    assert one["critic"].keys() == two["critic"].keys() == \
+        {f"model.{k}" for k, _ in initial.get_decoder().named_parameters()} | {"value_head.weight", "value_head.bias"}
+    assert torch.count_nonzero(one["critic"]["value_head.weight"]) > 0  # it learnt from 0
+    # the critic's learning rate, 5x the policy's, magnifies the ranks' different summation
+    # order: ~1e-6 on weights of ~0.1 after three steps
+    for part, atol in (("weights", 1e-6), ("critic", 1e-5)):
+        for name, weight in one[part].items():
+            torch.testing.assert_close(two[part][name], weight, rtol=1e-5, atol=atol, msg=f"{part} {name}")
