@@ -186,7 +186,8 @@ def cmd_plan(args) -> int:
     if spec.model.dtype == "float32" and assumptions.weight_bytes_per_param == 2:
         print("note: the plan assumes BF16 weights (weight_bytes_per_param 2); spec.model.dtype is float32",
               file=sys.stderr)
-    estimates = Estimates(shape, plan_job, workload, args.algorithm, spec.algorithm.kl_coef > 0, assumptions,
+    algorithm = args.algorithm or spec.algorithm.type  # ppo: the critic's passes and model state too
+    estimates = Estimates(shape, plan_job, workload, algorithm, spec.algorithm.kl_coef > 0, assumptions,
                           profiles_by_type(args.profile, catalog))
     links = Links(args.network_gb_s, args.cross_dc_gb_s, args.cross_dc_latency_s)
     plan = Planner(catalog, estimates, plan_job, workload, links, args.tolerance).plan(budget, args.objective)
@@ -419,8 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=512, help="mean prompt length, tokens (default 512)")
     p.add_argument("--model", help="model shape: a catalog name (deploy/catalog/models.yaml), a config.json or a "
                                    "model directory (default: the job's model)")
-    p.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo",
-                   help="training passes: grpo (policy; a reference forward when klCoef > 0) or ppo (plus a critic)")
+    p.add_argument("--algorithm", choices=["grpo", "ppo"],
+                   help="training passes: grpo (policy; a reference forward when klCoef > 0) or ppo (plus a critic); "
+                        "default: the job's algorithm.type")
     p.add_argument("--profile", action="append", metavar="[TYPE=]FILE",
                    help="a measured profile (streamrl profile) replaces the roofline for its GPU type (repeatable)")
     p.add_argument("--catalog", action="append", metavar="DIR",

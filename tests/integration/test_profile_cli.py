@@ -63,3 +63,13 @@ def test_plan_errors_name_the_flag_and_the_problem(write_job):
     # 72.7 B x 16 B over 24 GPUs is 48.5 GB, plus a 32-sample micro-batch's activations (32 x 608 tokens x
     # 8192 x (2 x 80 + 34) B = 30.9 GB) is more than 72 GB usable; over 32 GPUs it fits.
     assert "at least 32 x H100 would hold it" in done.stderr
+
+
+def test_plan_prices_the_jobs_own_algorithm_a_ppo_critic_included(write_job):
+    grpo, ppo = write_job({}, "grpo.yaml"), write_job({"spec": {"algorithm": {"type": "ppo"}}}, "ppo.yaml")
+    args = ("--gpus", "H100=48", "--model", "qwen2.5-72b", "--lognormal", "6,1")
+    assert _cli("plan", grpo, *args).returncode == 0  # 32 of them hold the 72B policy (above), 16 generate
+    done = _cli("plan", ppo, *args)  # a critic's model state as well: twice the sharded state
+    assert done.returncode == 2
+    assert "budget too small for qwen2.5-72b (72.71 B parameters): the trainer fits nowhere" in done.stderr
+    assert _cli("plan", ppo, *args, "--algorithm", "grpo").returncode == 0  # the flag still overrides
