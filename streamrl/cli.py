@@ -152,7 +152,7 @@ def cmd_plan(args) -> int:
     from streamrl.planning.planned import format_table, planned_yaml
     from streamrl.planning.planner import Links, PlanJob, Planner
     from streamrl.planning.profile import load_profile
-    from streamrl.planning.roofline import Assumptions
+    from streamrl.planning.roofline import Assumptions, TrainerMemory
     from streamrl.spec import load_job
 
     job = load_job(args.job)
@@ -187,8 +187,9 @@ def cmd_plan(args) -> int:
         print("note: the plan assumes BF16 weights (weight_bytes_per_param 2); spec.model.dtype is float32",
               file=sys.stderr)
     algorithm = args.algorithm or spec.algorithm.type  # ppo: the critic's passes and model state too
+    memory = TrainerMemory(spec.trainer.memory.activation_checkpointing, spec.trainer.memory.cpu_offload)
     estimates = Estimates(shape, plan_job, workload, algorithm, spec.algorithm.kl_coef > 0, assumptions,
-                          profiles_by_type(args.profile, catalog))
+                          profiles_by_type(args.profile, catalog), memory)
     links = Links(args.network_gb_s, args.cross_dc_gb_s, args.cross_dc_latency_s)
     plan = Planner(catalog, estimates, plan_job, workload, links, args.tolerance).plan(budget, args.objective)
     table = format_table(plan, shape.describe(), workload)

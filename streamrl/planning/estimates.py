@@ -1,6 +1,7 @@
 """The planner's cost source: for each GPU type, a measured profile where one was given for
 that type, the analytic roofline otherwise; the memory check always (a profile measured one
-configuration, not what fits elsewhere)."""
+configuration, not what fits elsewhere). The trainer's memory features are the job's, plus
+whichever of activation checkpointing and CPU offload make it fit fastest where it does not."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from streamrl.planning.costs import GenerationCost, TrainingCost
 from streamrl.planning.demand import Workload
 from streamrl.planning.planner import PlanJob
 from streamrl.planning.profile import Profile
-from streamrl.planning.roofline import Algorithm, Assumptions, analytic_generation_cost, analytic_training_cost
+from streamrl.planning.roofline import (
+    MEMORY_CHOICES,
+    Algorithm,
+    AnalyticTrainingCost,
+    Assumptions,
+    TrainerMemory,
+    analytic_generation_cost,
+    analytic_training_cost,
+)
 from streamrl.planning.shape import ModelShape
 
 
@@ -20,8 +29,10 @@ class Estimates:
 
     def __init__(self, shape: ModelShape, job: PlanJob, workload: Workload, algorithm: Algorithm = "grpo",
                  reference: bool = False, assumptions: Assumptions | None = None,
-                 profiles: dict[str, tuple[Path, Profile]] | None = None):
+                 profiles: dict[str, tuple[Path, Profile]] | None = None, memory: TrainerMemory | None = None):
         self.shape, self.job, self.workload = shape, job, workload
+        self.memory = memory or TrainerMemory()
+        """The job's own `trainer.memory`: always on; the planner may add the others."""
         self.algorithm, self.reference = algorithm, reference
         self.assumptions = assumptions or Assumptions()
         self.profiles = {k.lower(): v for k, v in (profiles or {}).items()}
@@ -50,12 +61,31 @@ class Estimates:
         return measured[1].generation_cost()
 
     def training(self, gpu: GpuType, num_gpus: int) -> TrainingCost | str:
-        analytic = analytic_training_cost(
+        """The fastest trainer of `num_gpus` x `gpu` that fits, with the job's memory features and
+        what else it needs (an AnalyticTrainingCost says which in its `memory`); else why not."""
+        choices = [self._analytic_training(gpu, num_gpus, m) for m in MEMORY_CHOICES
+                   if m.covers(self.memory) and (num_gpus > 1 or not m.cpu_offload)]  # offload shards over ranks
+        fits = [c for c in choices if c.memory_problem() is None]
+        if not fits:
+            return choices[-1].memory_problem() or ""  # the most memory-saving choice's arithmetic
+        best = min(fits, key=self._busy_s)
+        measured = self.profiles.get(gpu.name.lower())
+        if measured and best.memory == self.memory:  # the profile measured the job's own trainer
+            return measured[1].training_cost(num_gpus)
+        return best
+
+    def memory_problem(self, gpu: GpuType, num_gpus: int) -> str | None:
+        """Why the trainer with only the job's own memory features does not fit (None: it does)."""
+        return self._analytic_training(gpu, num_gpus, self.memory).memory_problem()
+
+    def _analytic_training(self, gpu: GpuType, num_gpus: int, memory: TrainerMemory) -> AnalyticTrainingCost:
+        return analytic_training_cost(
             self.shape, gpu, num_gpus, self.workload.prompt_tokens + self.workload.mean_output,
             self.job.micro_batch_size, self.workload.prompt_tokens + self.job.max_new_tokens, self.algorithm,
-            self.reference, self.assumptions)
-        problem = analytic.memory_problem()
-        if problem:
-            return problem
-        measured = self.profiles.get(gpu.name.lower())
-        return measured[1].training_cost(num_gpus) if measured else analytic
+            self.reference, self.assumptions, memory)
+
+    def _busy_s(self, cost: AnalyticTrainingCost) -> float:
+        """The trainer's seconds per iteration: forward/backward, optimizer step, publishing."""
+        samples = self.job.samples_per_iteration
+        tokens = round(samples * (self.workload.prompt_tokens + self.workload.mean_output))
+        return cost.train_s(tokens, -(-samples // self.job.micro_batch_size)) + cost.step_s() + cost.publish_s()

@@ -77,6 +77,10 @@ class StagePlan:
     tp: int = 1
     replicas: int = 0
     max_batch: int = 0
+    memory: tuple[str, ...] = ()
+    """Training: the memory features the trainer runs with (`activation checkpointing`, `CPU offload`)."""
+    memory_reason: str = ""
+    """Training: why the job's own memory features were not enough, where the plan adds some."""
 
     @property
     def cost(self) -> float:
@@ -132,6 +136,8 @@ class _Training:
     micro_batch_s: float
     step_s: float
     publish_s: float
+    memory: tuple[str, ...] = ()
+    memory_reason: str = ""
 
     @property
     def busy_s(self) -> float:
@@ -262,8 +268,11 @@ class Planner:
                 tokens = round(self.job.samples_per_iteration * sample_tokens)
                 micro = round(min(self.job.micro_batch_size * num_gpus, self.job.samples_per_iteration) * sample_tokens)
                 batches = -(-self.job.samples_per_iteration // self.job.micro_batch_size)  # over every rank
+                memory = getattr(cost, "memory", None)  # an analytic cost says which features it priced
+                own = getattr(self.costs, "memory_problem", lambda *_: None)(gpu, num_gpus)
                 self._train[key] = _Training(cost.train_s(tokens, batches), cost.train_s(micro, min(num_gpus, batches)),
-                                             cost.step_s(), cost.publish_s())
+                                             cost.step_s(), cost.publish_s(), tuple(memory.names()) if memory else (),
+                                             own or "")
         return self._train[key]
 
     def _why_nothing_fits(self, budget: Budget) -> str:
@@ -297,7 +306,7 @@ class Planner:
         gen = StagePlan("generation", c.gen_dc, c.gen_gpu, c.replicas * c.tp, c.gen_s,
                         self.costs.describe(c.gen_gpu), c.tp, c.replicas, self._max_batch(c))
         train = StagePlan("training", c.train_dc, c.train_gpu, c.train_gpus, c.train.busy_s,
-                          self.costs.describe(c.train_gpu))
+                          self.costs.describe(c.train_gpu), memory=c.train.memory, memory_reason=c.train.memory_reason)
         released: Budget = {dc: dict(types) for dc, types in budget.items()}
         released[c.gen_dc][c.gen_gpu.name] -= gen.num_gpus
         released[c.train_dc][c.train_gpu.name] -= train.num_gpus

@@ -68,8 +68,16 @@ class Assumptions(BaseModel):
     """Activation bytes per token per hidden unit of the one layer being recomputed
     (Korthikanti et al. 2022's 34·s·b·h, attention's s² term gone with flash attention)."""
     host_copy_gb_s: float = Field(25.0, gt=0)
-    """GB/s of copying the gathered weights to host memory when publishing (PCIe Gen4 x16,
-    32 GB/s peak, ~25 achieved)."""
+    """GB/s between a GPU and host memory: publishing's copy of the gathered weights, and with
+    CPU offload each layer's parameters in and gradients out (PCIe Gen4 x16, 32 GB/s peak, ~25
+    achieved)."""
+    host_memory_gb_per_gpu: float = Field(256.0, gt=0)
+    """Host memory per GPU, GB, that CPU offload may fill (NVIDIA DGX H100 datasheet: 2 TB of
+    system memory for 8 GPUs)."""
+    host_optimizer_gb_s: float = Field(20.0, gt=0)
+    """GB/s per GPU at which the optimizer step streams its state when it runs on the host (CPU
+    offload): an assumption, a fraction of a node's DDR5 bandwidth (2 sockets x 8 channels of
+    DDR5-4800: 614 GB/s, 77 GB/s per GPU of 8) that torch's multi-tensor CPU AdamW reaches."""
 
 
 def _tp_allreduce_s(gpu: GpuType, tp: int, tokens: float, hidden: int, num_layers: int, a: Assumptions) -> float:
@@ -140,11 +148,43 @@ class AnalyticGenerationCost:
         return max(compute_s, memory_s) + _tp_allreduce_s(self.gpu, self.tp, tokens, s.hidden_size, s.num_layers, a)
 
 
-def forward_passes(algorithm: Algorithm, reference: bool) -> float:
+@dataclass(frozen=True)
+class TrainerMemory:
+    """What the trainer trades for memory (`spec.trainer.memory`), as the planner prices it."""
+
+    activation_checkpointing: bool = False
+    """Each decoder layer's input kept, its activations recomputed in the backward: one more
+    forward of every trained model (policy, critic)."""
+    cpu_offload: bool = False
+    """FSDP2's CPUOffloadPolicy: sharded state in host memory, each layer's parameters copied in
+    for its forward and backward, gradients copied out, the optimizer step on the host."""
+
+    def names(self) -> list[str]:
+        return (["activation checkpointing"] if self.activation_checkpointing else []) + \
+            (["CPU offload"] if self.cpu_offload else [])
+
+    def covers(self, other: TrainerMemory) -> bool:
+        """Whether every feature of `other` is on here too."""
+        return (self.activation_checkpointing or not other.activation_checkpointing) and \
+            (self.cpu_offload or not other.cpu_offload)
+
+
+MEMORY_CHOICES = (TrainerMemory(), TrainerMemory(activation_checkpointing=True), TrainerMemory(cpu_offload=True),
+                  TrainerMemory(activation_checkpointing=True, cpu_offload=True))
+
+
+def trained_models(algorithm: Algorithm) -> int:
+    """Models with an optimizer: the policy, and PPO's critic."""
+    return 2 if algorithm == "ppo" else 1
+
+
+def forward_passes(algorithm: Algorithm, reference: bool, activation_checkpointing: bool = False) -> float:
     """Training FLOPs per token in units of one forward pass (2N): the policy's forward and
     backward are 3 (backward = 2 forwards, Kaplan et al. 2020's 6N), a reference forward 1, a
-    critic's value forward and its own forward/backward 1 + 3."""
-    return 3.0 + (1.0 if reference else 0.0) + (4.0 if algorithm == "ppo" else 0.0)
+    critic's value forward and its own forward/backward 1 + 3; activation checkpointing
+    recomputes each trained model's forward in its backward, 1 more each."""
+    recompute = trained_models(algorithm) if activation_checkpointing else 0
+    return 3.0 + (1.0 if reference else 0.0) + (4.0 if algorithm == "ppo" else 0.0) + recompute
 
 
 @dataclass(frozen=True)
@@ -164,20 +204,38 @@ class AnalyticTrainingCost:
     reference: bool = False
     """A reference model's forward (the KL term, `algorithm.klCoef` > 0)."""
     assumptions: Assumptions = Assumptions()
+    memory: TrainerMemory = TrainerMemory()
 
     @property
     def flops_per_token(self) -> float:
         mean_context = self.mean_sequence_tokens / 2  # causal: a token attends to half the sequence on average
-        return forward_passes(self.algorithm, self.reference) * self.shape.forward_flops_per_token(mean_context)
+        passes = forward_passes(self.algorithm, self.reference, self.memory.activation_checkpointing)
+        return passes * self.shape.forward_flops_per_token(mean_context)
+
+    @property
+    def _sharded_params(self) -> float:
+        """Parameters of every model (policy, critic, reference) one GPU holds a shard of."""
+        return self.shape.num_params * (trained_models(self.algorithm) + (1 if self.reference else 0)) / self.num_gpus
+
+    def offload_s_per_micro_batch(self) -> float:
+        """CPU offload: each rank copies its FP32 parameter shards in for the forward and again for
+        the backward (the reference: forward only), and its gradient shards out."""
+        if not self.memory.cpu_offload:
+            return 0.0
+        trained = self.shape.num_params * trained_models(self.algorithm) / self.num_gpus
+        reference = self.shape.num_params / self.num_gpus if self.reference else 0.0
+        return (trained * 3 * 4 + reference * 4) / (self.assumptions.host_copy_gb_s * 1e9)
 
     def train_s(self, tokens: int, micro_batches: int = 0) -> float:
         compute = self.num_gpus * self.gpu.bf16_tflops * 1e12 * self.assumptions.train_mfu
-        return tokens * self.flops_per_token / compute
+        per_rank = -(-micro_batches // self.num_gpus)
+        return tokens * self.flops_per_token / compute + per_rank * self.offload_s_per_micro_batch()
 
     def step_s(self) -> float:
         a = self.assumptions
-        touched = self.shape.num_params * (2 if self.algorithm == "ppo" else 1) * a.optimizer_bytes_touched_per_param
-        return touched / self.num_gpus / (self.gpu.hbm_gb_s * 1e9 * a.decode_bandwidth_efficiency)
+        touched = self.shape.num_params * trained_models(self.algorithm) * a.optimizer_bytes_touched_per_param
+        gb_s = a.host_optimizer_gb_s if self.memory.cpu_offload else self.gpu.hbm_gb_s * a.decode_bandwidth_efficiency
+        return touched / self.num_gpus / (gb_s * 1e9)
 
     def publish_s(self) -> float:
         """Gather the full weights to rank 0 over the interconnect, then copy them to host memory."""
@@ -186,24 +244,52 @@ class AnalyticTrainingCost:
         gather = size * (self.num_gpus - 1) / self.num_gpus / (self.gpu.interconnect_gb_s * 1e9 / 2)
         return gather + size / (a.host_copy_gb_s * 1e9)
 
-    def memory_bytes_per_gpu(self) -> float:
-        """Sharded model state (policy, a critic's, a reference's weights) plus one micro-batch's activations."""
+    def activation_bytes(self) -> float:
+        """One micro-batch of the longest samples: every layer's activations (Korthikanti et al.'s
+        34 bytes per token per hidden unit), or with checkpointing each layer's input and one
+        layer's activations."""
         a, s = self.assumptions, self.shape
-        states = s.num_params * a.optimizer_bytes_per_param * (2 if self.algorithm == "ppo" else 1)
-        states += s.num_params * a.weight_bytes_per_param if self.reference else 0.0
         tokens = self.micro_batch_size * (self.max_sequence_tokens or self.mean_sequence_tokens)
-        activations = tokens * s.hidden_size * (a.checkpoint_bytes_per_token_per_hidden * s.num_layers
-                                                + a.layer_working_bytes_per_token_per_hidden)
-        return states / self.num_gpus + activations
+        per_layer = a.layer_working_bytes_per_token_per_hidden
+        if self.memory.activation_checkpointing:
+            return tokens * s.hidden_size * (a.checkpoint_bytes_per_token_per_hidden * s.num_layers + per_layer)
+        return tokens * s.hidden_size * per_layer * s.num_layers
+
+    def memory_bytes_per_gpu(self) -> float:
+        """Device bytes: the sharded model state (policy, a critic's, a reference's weights) unless
+        offloaded, two FSDP units unsharded (the one computing and the one prefetched, BF16
+        weights and FP32 gradients), and one micro-batch's activations."""
+        a, s = self.assumptions, self.shape
+        unit = 2 * s.num_params / s.num_layers * (a.weight_bytes_per_param + 4)
+        return (0.0 if self.memory.cpu_offload else self._state_bytes_per_gpu()) + unit + self.activation_bytes()
+
+    def _state_bytes_per_gpu(self) -> float:
+        a, s = self.assumptions, self.shape
+        states = s.num_params * a.optimizer_bytes_per_param * trained_models(self.algorithm)
+        states += s.num_params * a.weight_bytes_per_param if self.reference else 0.0
+        return states / self.num_gpus
+
+    def host_bytes_per_gpu(self) -> float:
+        """Host bytes per GPU with CPU offload: the sharded model state (0 without)."""
+        return self._state_bytes_per_gpu() if self.memory.cpu_offload else 0.0
 
     def memory_problem(self) -> str | None:
         """Why this trainer does not fit (None: it does)."""
-        need, usable = self.memory_bytes_per_gpu(), self.gpu.memory_gb * 1e9 * self.assumptions.memory_utilization
-        if need <= usable:
-            return None
-        return (f"training {self.shape.name} on {self.num_gpus} x {self.gpu.name} needs {need / 1e9:.1f} GB per GPU "
-                f"({self.assumptions.optimizer_bytes_per_param:g} B/parameter of model state sharded, plus "
-                f"activations), {usable / 1e9:.1f} GB usable")
+        a = self.assumptions
+        need, usable = self.memory_bytes_per_gpu(), self.gpu.memory_gb * 1e9 * a.memory_utilization
+        using = f" with {' and '.join(self.memory.names())}" if self.memory.names() else ""
+        if need > usable:
+            state = ("model state offloaded" if self.memory.cpu_offload else
+                     f"{a.optimizer_bytes_per_param:g} B/parameter of model state sharded")
+            return (f"training {self.shape.name} on {self.num_gpus} x {self.gpu.name}{using} needs "
+                    f"{need / 1e9:.1f} GB per GPU ({state}, {self.activation_bytes() / 1e9:.1f} GB of activations), "
+                    f"{usable / 1e9:.1f} GB usable")
+        host, host_usable = self.host_bytes_per_gpu(), a.host_memory_gb_per_gpu * 1e9 * a.memory_utilization
+        if host > host_usable:
+            return (f"training {self.shape.name} on {self.num_gpus} x {self.gpu.name}{using} needs "
+                    f"{host / 1e9:.1f} GB of host memory per GPU for the offloaded model state, "
+                    f"{host_usable / 1e9:.1f} GB usable")
+        return None
 
 
 def analytic_generation_cost(shape: ModelShape, gpu: GpuType, tp: int, max_context: int,
@@ -216,9 +302,10 @@ def analytic_generation_cost(shape: ModelShape, gpu: GpuType, tp: int, max_conte
 
 def analytic_training_cost(shape: ModelShape, gpu: GpuType, num_gpus: int, mean_sequence_tokens: float,
                            micro_batch_size: int = 1, max_sequence_tokens: int = 0, algorithm: Algorithm = "grpo",
-                           reference: bool = False, assumptions: Assumptions | None = None) -> AnalyticTrainingCost:
+                           reference: bool = False, assumptions: Assumptions | None = None,
+                           memory: TrainerMemory | None = None) -> AnalyticTrainingCost:
     """The trainer's TrainingCost from 6N FLOPs per token at an MFU (num_gpus GPUs of one type)."""
     if num_gpus < 1:
         raise ValueError(f"training GPUs {num_gpus}: must be at least 1")
     return AnalyticTrainingCost(shape, gpu, num_gpus, mean_sequence_tokens, micro_batch_size, max_sequence_tokens,
-                                algorithm, reference, assumptions or Assumptions())
+                                algorithm, reference, assumptions or Assumptions(), memory or TrainerMemory())

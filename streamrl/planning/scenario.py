@@ -138,6 +138,10 @@ class AnalyticTraining(SpecModel):
     """`ppo` adds a critic's passes."""
     reference: bool = False
     """A reference model's forward (a KL term)."""
+    activation_checkpointing: bool = False
+    """The trainer's `memory.activationCheckpointing`: less activation memory, one more forward."""
+    cpu_offload: bool = False
+    """The trainer's `memory.cpuOffload`: model state in host memory, copies and a host optimizer step."""
 
 
 GenerationCostSpec = Annotated[TableGeneration | ProfileCost | AnalyticGeneration, Field(discriminator="type")]

@@ -10,7 +10,7 @@ from pathlib import Path
 from streamrl.planning.catalog import Catalog, load_catalog
 from streamrl.planning.costs import GenerationCost, TrainingCost
 from streamrl.planning.profile import load_profile
-from streamrl.planning.roofline import Assumptions, analytic_generation_cost, analytic_training_cost
+from streamrl.planning.roofline import Assumptions, TrainerMemory, analytic_generation_cost, analytic_training_cost
 from streamrl.planning.scenario import (
     AnalyticGeneration,
     AnalyticTraining,
@@ -153,10 +153,11 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
         mean_tokens = w.prompt_tokens + min(w.max_new_tokens, getattr(w.lengths, "median", w.max_new_tokens / 4))
         trainer = analytic_training_cost(shape, gpu, t.gpus, mean_tokens, scenario.algorithm.micro_batch_size,
                                          w.prompt_tokens + w.max_new_tokens, spec.algorithm, spec.reference,
-                                         assumptions)
+                                         assumptions, TrainerMemory(spec.activation_checkpointing, spec.cpu_offload))
         problem = trainer.memory_problem()
         if problem:
-            raise ValueError(f"trainer.cost: {problem}")
+            raise ValueError(f"trainer.cost: {problem} (trainer.cost.activationCheckpointing and cpuOffload trade "
+                             "time for memory)")
         price = gpu.relative_cost
     size = scenario.weights.size_bytes
     if size is None:

@@ -5,6 +5,8 @@ table says where the numbers came from and the planned job passes `streamrl vali
 import subprocess
 import sys
 
+import yaml
+
 from streamrl.planning.profile import load_profile
 from tests.conftest import child_env
 
@@ -57,19 +59,42 @@ def test_plan_errors_name_the_flag_and_the_problem(write_job):
     done = _cli("plan", job, "--gpus", "H300=8")
     assert done.returncode == 2
     assert "streamrl plan: --gpus 'H300': not in the GPU catalog (known: A100-80GB" in done.stderr
-    done = _cli("plan", job, "--gpus", "H100=8", "--model", "qwen2.5-72b", "--lognormal", "6,1")
+    done = _cli("plan", job, "--gpus", "H100=1", "--model", "qwen2.5-7b", "--lognormal", "6,1")
     assert done.returncode == 2
-    assert "budget too small for qwen2.5-72b (72.71 B parameters): the trainer fits nowhere" in done.stderr
-    # 72.7 B x 16 B over 24 GPUs is 48.5 GB, plus a 32-sample micro-batch's activations (32 x 608 tokens x
-    # 8192 x (2 x 80 + 34) B = 30.9 GB) is more than 72 GB usable; over 32 GPUs it fits.
-    assert "at least 32 x H100 would hold it" in done.stderr
+    assert "budget too small for qwen2.5-7b (7.62 B parameters): the trainer fits nowhere" in done.stderr
+    # 7.6 B x 16 B is 122 GB on one GPU (131.4 GB with two layers unsharded and the activations), and CPU
+    # offload needs the state sharded over 2 ranks or more. Over 2 H100 with activation checkpointing, 61 GB
+    # of state and 3.3 GB of layers leave room for the 32-sample micro-batch's activations (32 x 608 tokens x
+    # 3584 x (2 x 28 + 34) B = 6.3 GB).
+    assert "qwen2.5-7b on 1 x H100 with activation checkpointing needs 131.4 GB per GPU" in done.stderr
+    assert "at least 2 x H100 would hold it" in done.stderr
 
 
 def test_plan_prices_the_jobs_own_algorithm_a_ppo_critic_included(write_job):
     grpo, ppo = write_job({}, "grpo.yaml"), write_job({"spec": {"algorithm": {"type": "ppo"}}}, "ppo.yaml")
-    args = ("--gpus", "H100=48", "--model", "qwen2.5-72b", "--lognormal", "6,1")
-    assert _cli("plan", grpo, *args).returncode == 0  # 32 of them hold the 72B policy (above), 16 generate
-    done = _cli("plan", ppo, *args)  # a critic's model state as well: twice the sharded state
+    args = ("--gpus", "H100=16", "--model", "qwen2.5-72b", "--lognormal", "6,1")
+    # The 72B policy's 1.16 TB of state fits 8 H100 offloaded (145 GB of host memory each), beside 8 generating.
+    assert _cli("plan", grpo, *args).returncode == 0
+    done = _cli("plan", ppo, *args)  # a critic's state as well: 291 GB of host memory per GPU, 230 usable
     assert done.returncode == 2
-    assert "budget too small for qwen2.5-72b (72.71 B parameters): the trainer fits nowhere" in done.stderr
+    assert "budget too small for qwen2.5-72b (72.71 B parameters): no split of dc: 16 x H100" in done.stderr
     assert _cli("plan", ppo, *args, "--algorithm", "grpo").returncode == 0  # the flag still overrides
+
+
+def test_a_72b_ppo_job_on_48_h800_plans_with_the_memory_features_it_needs(write_job, tmp_path):
+    # The paper's setup: PPO with actor, critic and reference, global batch 1024, outputs up to 20K tokens.
+    job = write_job({"spec": {"algorithm": {"type": "ppo", "klCoef": 0.001, "maxNewTokens": 20480,
+                                            "promptsPerStep": 128, "groupSize": 8, "microBatchSize": 1}}})
+    planned = tmp_path / "planned.yaml"
+    done = _cli("plan", job, "--gpus", "H800=48", "--model", "qwen2.5-72b", "--lognormal", "7.6,1", "--out", planned)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()
+            if line.startswith(("generation", "training"))}
+    assert int(rows["generation"][3]) + int(rows["training"][3]) <= 48
+    memory = next(line for line in done.stdout.splitlines() if line.startswith("trainer memory:"))
+    assert memory.startswith("trainer memory: activation checkpointing, CPU offload (without them: training "
+                             f"qwen2.5-72b on {rows['training'][3]} x H800 needs")
+    written = yaml.safe_load(planned.read_text())["spec"]["trainer"]
+    assert written["memory"] == {"activationCheckpointing": True, "cpuOffload": True}
+    checked = _cli("validate", planned)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -129,7 +129,7 @@ def test_sixty_four_memory_bound_replicas_and_20k_token_outputs_simulate_in_seco
         "algorithm": {"numIterations": 2, "promptsPerStep": 512, "groupSize": 16, "microBatchSize": 2},
         "workload": {"promptTokens": 512, "maxNewTokens": 20000,
                      "lengths": {"type": "lognormal", "median": 1500, "sigma": 0.9}},
-        "trainer": {"gpus": 64, "cost": {"type": "analytic", "gpu": "H800"}},
+        "trainer": {"gpus": 64, "cost": {"type": "analytic", "gpu": "H800", "activationCheckpointing": True}},
         "generators": [{"name": "h20", "replicas": 64, "cost": {"type": "analytic", "gpu": "H20",
                                                                  "tensorParallel": 2}}],
     }
