@@ -5,12 +5,13 @@ Knows the two models' formulas; fits one factor per measurement, the rest stay a
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
-from streamrl.planning.catalog import GpuType
+from streamrl.planning.catalog import Catalog, GpuType, Measurement
 from streamrl.planning.profile import Profile
 from streamrl.planning.roofline import AnalyticGenerationCost, Assumptions
 
@@ -74,3 +75,64 @@ def calibrate(profile: Profile, gpu: GpuType, base: Assumptions | None = None) -
                          "(is the profile's GPU type right?)")
             fitted[name] = 1.0
     return base.model_copy(update=fitted), notes
+
+
+# ---- fitting to published measurements (deploy/catalog/measurements.yaml) ------------------
+
+FITTED_TO_MEASUREMENTS = ("decode_bandwidth_efficiency", "decode_compute_efficiency", "decode_step_overhead_s",
+                          "prefill_compute_efficiency")
+_BOUNDS = {"decode_bandwidth_efficiency": (0.3, 0.9), "decode_compute_efficiency": (0.05, 1.0),
+           "decode_step_overhead_s": (1e-4, 1e-2), "prefill_compute_efficiency": (0.1, 1.0)}
+_REQUEST_OVERHEADS = (0.0, 0.002, 0.004, 0.006, 0.008, 0.010, 0.012)
+_CHUNKS = 16
+
+
+def predict_measurement(row: Measurement, catalog: Catalog, assumptions: Assumptions,
+                        request_overhead_s: float = 0.0) -> float:
+    """The roofline's seconds for a published measurement: a request is the prefill of the
+    batch's prompts, then a decode step per further token at the growing context (summed over
+    16 equal spans at their midpoints: the step is piecewise linear in context); each
+    measurement also pays `request_overhead_s` (an engine's fixed cost per request: scheduling,
+    detokenising, the harness), a nuisance of the fit the planner does not use."""
+    cost = AnalyticGenerationCost(catalog.model(row.model), catalog.gpu(row.gpu, f"measurement {row.name}: gpu"),
+                                  row.tp, row.input_tokens + row.output_tokens, assumptions)
+    seconds = request_overhead_s + cost.prefill_s(row.batch * row.input_tokens)
+    steps = row.output_tokens - 1  # the first token comes with the prefill
+    if row.kind == "request" and steps > 0:
+        spans = min(_CHUNKS, steps)
+        for k in range(spans):
+            context = row.input_tokens + 1 + (k + 0.5) * steps / spans
+            seconds += steps / spans * cost.decode_step_s(row.batch, round(context))
+    return seconds
+
+
+def fit_measurements(rows: list[Measurement], catalog: Catalog,
+                     base: Assumptions | None = None) -> tuple[Assumptions, float]:
+    """The decode and prefill factors (FITTED_TO_MEASUREMENTS) and request overhead that make
+    the roofline reproduce `rows`, by least squares on log relative error: coordinate descent
+    over each factor's plausible range (a 48-point log grid, then a finer one around the best),
+    four rounds, for each request overhead of a grid."""
+    base = base or Assumptions()
+    if not rows:
+        raise ValueError("no measurements to fit (deploy/catalog/measurements.yaml)")
+
+    def loss(a: Assumptions, overhead: float) -> float:
+        return sum(math.log(predict_measurement(r, catalog, a, overhead) / r.seconds) ** 2 for r in rows)
+
+    best: tuple[float, Assumptions, float] | None = None
+    for overhead in _REQUEST_OVERHEADS:
+        a = base
+        for _ in range(4):
+            for name in FITTED_TO_MEASUREMENTS:
+                lo, hi = _BOUNDS[name]
+                grid = [lo * (hi / lo) ** (i / 47) for i in range(48)]
+                value = min(grid, key=lambda v: loss(a.model_copy(update={name: v}), overhead))
+                fine = [value * (1 + d / 100) for d in range(-4, 5)]
+                value = min((v for v in fine if lo <= v <= hi), key=lambda v: loss(a.model_copy(update={name: v}),
+                                                                                  overhead))
+                a = a.model_copy(update={name: value})
+        scored = (loss(a, overhead), a, overhead)
+        if best is None or scored[0] < best[0]:
+            best = scored
+    assert best is not None
+    return best[1], best[2]

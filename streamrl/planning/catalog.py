@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,18 +46,51 @@ class GpuType(BaseModel):
     """Where each figure comes from (datasheet addresses, papers)."""
 
 
+class Measurement(BaseModel):
+    """One published measurement of a serving engine at a fixed batch, which the roofline's
+    decode and prefill factors are fitted to (`calibration.fit_measurements`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    name: str
+    engine: str
+    """The engine and version as the source states it (`vllm`, `lmdeploy 0.1.0a1`)."""
+    gpu: str
+    """A GPU type of the catalog."""
+    tp: int = Field(1, ge=1, le=64)
+    model: str
+    """A model shape of the catalog."""
+    kind: Literal["request", "prefill"]
+    """`request`: `batch` sequences of `input_tokens` prompts each generate `output_tokens`,
+    end to end; `prefill`: the first token of `batch` such prompts."""
+    batch: int = Field(1, ge=1)
+    input_tokens: int = Field(ge=1)
+    output_tokens: int = Field(0, ge=0)
+    seconds: float = Field(gt=0)
+    """What was measured, in seconds (a throughput is turned into the batch's seconds: `derived`)."""
+    derived: str = ""
+    """How `seconds` follows from the published figure, where it is not one itself."""
+    source: str
+    quote: str
+    """The published figure as its source prints it."""
+
+
 class _CatalogFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     gpus: list[GpuType] = Field(default_factory=list)
     models: list[ModelShape] = Field(default_factory=list)
+    measurements: list[Measurement] = Field(default_factory=list)
 
 
 class Catalog:
     """GPU types and model shapes by name (case-insensitive)."""
 
-    def __init__(self, gpus: list[GpuType], models: list[ModelShape], folders: tuple[Path, ...] = ()):
+    def __init__(self, gpus: list[GpuType], models: list[ModelShape], folders: tuple[Path, ...] = (),
+                 measurements: list[Measurement] | None = None):
         self._gpus = {g.name.lower(): g for g in gpus}
         self._models = {m.name.lower(): m for m in models}
+        self.measurements = list(measurements or [])
+        """Published engine measurements (the roofline's calibration table), by name."""
         self.folders = folders
 
     @property
@@ -112,6 +146,7 @@ def load_catalog(folders: list[Path] | None = None) -> Catalog:
     chain += [Path(p) for p in folders or []]
     gpus: dict[str, GpuType] = {}
     models: dict[str, ModelShape] = {}
+    measurements: dict[str, Measurement] = {}
     for folder in chain:
         if not folder.is_dir():
             raise ValueError(f"catalog folder {folder}: not a directory")
@@ -121,4 +156,6 @@ def load_catalog(folders: list[Path] | None = None) -> Catalog:
                 gpus[g.name.lower()] = g
             for m in loaded.models:
                 models[m.name.lower()] = m
-    return Catalog(list(gpus.values()), list(models.values()), tuple(chain))
+            for row in loaded.measurements:
+                measurements[row.name] = row
+    return Catalog(list(gpus.values()), list(models.values()), tuple(chain), list(measurements.values()))

@@ -33,17 +33,20 @@ class Assumptions(BaseModel):
     kv_bytes_per_value: float = Field(2.0, gt=0)
     """Bytes of one cached key or value element (BF16 KV cache, vLLM's default `kv_cache_dtype=auto`)."""
     decode_bandwidth_efficiency: float = Field(0.7, gt=0, le=1)
-    """Fraction of peak memory bandwidth a decode step achieves reading weights and KV cache
-    (Databricks, 'LLM Inference Performance Engineering: Best Practices', 2023, measures model
-    bandwidth utilisation of about 60-70% on A100/H100 at small batches)."""
-    decode_compute_efficiency: float = Field(0.5, gt=0, le=1)
-    """Fraction of peak tensor FLOP/s a decode step's skinny matmuls reach once compute-bound
-    (an assumption: batch-sized GEMMs reach well under the large-GEMM peak)."""
-    prefill_compute_efficiency: float = Field(0.6, gt=0, le=1)
-    """Fraction of peak FLOP/s of prefill (large GEMMs; an assumption between decode and training's best)."""
-    decode_step_overhead_s: float = Field(0.0015, ge=0)
-    """Fixed seconds per decode step: sampling, scheduling, kernel launches (an assumption of the
-    order vLLM reaches with CUDA graphs)."""
+    """Fraction of peak memory bandwidth a decode step achieves reading weights and KV cache.
+    Fitted to deploy/catalog/measurements.yaml (vLLM and LMDeploy at fixed batches on A100,
+    H100, H200: 0.71); Databricks ('LLM Inference Performance Engineering', 2023) reports
+    60-70% model bandwidth utilisation."""
+    decode_compute_efficiency: float = Field(0.185, gt=0, le=1)
+    """Fraction of peak tensor FLOP/s a decode step's batch-sized matmuls reach once
+    compute-bound. Fitted to deploy/catalog/measurements.yaml (batch 64 decodes of Llama-2 7B
+    and 70B on A100); 0.5 was assumed before, pricing a compute-bound decode 2.7x too cheap."""
+    prefill_compute_efficiency: float = Field(0.67, gt=0, le=1)
+    """Fraction of peak FLOP/s of prefill (large GEMMs). Fitted to deploy/catalog/measurements.yaml
+    (first-token latencies of 2,048-token prompts, Llama-2 7B, 13B and 70B on A100)."""
+    decode_step_overhead_s: float = Field(0.00125, ge=0)
+    """Fixed seconds per decode step: sampling, scheduling, kernel launches. Fitted to
+    deploy/catalog/measurements.yaml."""
     allreduce_latency_s: float = Field(2e-5, ge=0)
     """Fixed seconds of one tensor-parallel all-reduce (order of NCCL's small-message latency on
     NVLink in nccl-tests; two per layer per step)."""

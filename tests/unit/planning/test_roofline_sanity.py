@@ -19,15 +19,15 @@ def test_a_7b_decode_step_on_an_h20_is_flat_then_rising_in_batch_size():
     cost = analytic_generation_cost(QWEN_7B, H20, tp=1, max_context=8704)
     assert isinstance(cost, GenerationCost)
     steps = {b: cost.decode_step_s(b, 1024) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
-    # Batch 1: 1.5 ms overhead + (15.24 GB weights + 1024 x 57,344 B of KV) / (4.0 TB/s x 0.7).
+    # Batch 1: 1.25 ms overhead + (15.24 GB weights + 1024 x 57,344 B of KV) / (4.0 TB/s x 0.7).
     weights = QWEN_7B.num_params * 2
-    assert steps[1] == pytest.approx(0.0015 + (weights + 1024 * 57344) / (4000e9 * 0.7), rel=1e-9)
-    assert steps[16] / steps[1] < 1.06  # flat: the weights' bytes dominate
+    assert steps[1] == pytest.approx(0.00125 + (weights + 1024 * 57344) / (4000e9 * 0.7), rel=1e-9)
+    assert steps[8] / steps[1] < 1.06  # flat: the weights' bytes dominate (H20: 148 TFLOPS for 4 TB/s)
     assert steps[256] / steps[64] > 3.0  # rising: compute-bound, ~linear in the batch
     assert all(steps[a] <= steps[b] for a, b in zip(list(steps), list(steps)[1:]))
-    # Compute-bound at 256: 256 tokens x 2 x 7.07e9 matmul parameters (+ attention) at 148 TFLOPS x 0.5.
+    # Compute-bound at 256: 256 tokens x 2 x 7.07e9 matmul parameters (+ attention) at 148 TFLOPS x 0.185.
     flops = 256 * QWEN_7B.forward_flops_per_token(1024)
-    assert steps[256] == pytest.approx(0.0015 + flops / (148e12 * 0.5), rel=1e-9)
+    assert steps[256] == pytest.approx(0.00125 + flops / (148e12 * 0.185), rel=1e-9)
 
 
 def test_tensor_parallelism_shortens_a_memory_bound_step_and_replicates_scarce_kv_heads():
@@ -37,7 +37,7 @@ def test_tensor_parallelism_shortens_a_memory_bound_step_and_replicates_scarce_k
     # A quarter of the weights' bytes per GPU, plus 2 x 28 all-reduces of 20 us each.
     memory_s = (QWEN_7B.num_params * 2 / 4 + 1024 * 57344 / 4) / (4000e9 * 0.7)
     allreduce_s = 2 * 28 * (2e-5 + 2 * 3 / 4 * 3584 * 2 / 450e9)
-    assert four.decode_step_s(1, 1024) == pytest.approx(0.0015 + memory_s + allreduce_s, rel=1e-9)
+    assert four.decode_step_s(1, 1024) == pytest.approx(0.00125 + memory_s + allreduce_s, rel=1e-9)
     assert four.decode_step_s(1, 1024) < 0.6 * one.decode_step_s(1, 1024)
     assert four.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu / 4  # 4 KV heads, one per GPU
     assert eight.kv_bytes_per_token_per_gpu == four.kv_bytes_per_token_per_gpu  # still one head per GPU
