@@ -146,13 +146,14 @@ def cmd_plan(args) -> int:
 
     from streamrl.planning.calibration import calibrate, load_assumptions
     from streamrl.planning.catalog import load_catalog
+    from streamrl.planning.costs import TrainerMemory
     from streamrl.planning.demand import Workload
     from streamrl.planning.estimates import Estimates
     from streamrl.planning.inputs import model_shape, parse_budget, parse_mapping, profiles_by_type
     from streamrl.planning.planned import format_table, planned_yaml
     from streamrl.planning.planner import Links, PlanJob, Planner
     from streamrl.planning.profile import load_profile
-    from streamrl.planning.roofline import Assumptions, TrainerMemory
+    from streamrl.planning.roofline import Assumptions
     from streamrl.spec import load_job
 
     job = load_job(args.job)

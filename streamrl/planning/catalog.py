@@ -90,7 +90,8 @@ class Catalog:
         self._gpus = {g.name.lower(): g for g in gpus}
         self._models = {m.name.lower(): m for m in models}
         self.measurements = list(measurements or [])
-        """Published engine measurements (the roofline's calibration table), by name."""
+        """Published engine measurements (the roofline's calibration table); a later file's row
+        replaces a same-named one."""
         self.folders = folders
 
     @property

@@ -1,9 +1,10 @@
 """What one stage costs in seconds, the seam between where times come from (a measured
 profile, or the analytic roofline over a catalog GPU) and who uses them (the planner, the
-simulator). Both sides see only these two protocols."""
+simulator). Both sides see only these two protocols, and what the trainer trades for memory."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -31,7 +32,8 @@ class GenerationCost(Protocol):
 
 @runtime_checkable
 class TrainingCost(Protocol):
-    """The whole trainer stage (every rank) of one model and algorithm."""
+    """The whole trainer stage (every rank) of one model and algorithm. A cost with a `memory`
+    attribute (optional, a TrainerMemory) says which memory features it priced."""
 
     def train_s(self, tokens: int, micro_batches: int = 0) -> float:
         """Seconds of forward and backward (with the algorithm's reference/critic passes) over
@@ -47,3 +49,24 @@ class TrainingCost(Protocol):
         """Seconds to gather the full weights and hand them to the weight store (the transfer to
         generators is the scenario's link, not the trainer's)."""
         ...
+
+
+@dataclass(frozen=True)
+class TrainerMemory:
+    """What the trainer trades for memory (`spec.trainer.memory`), as the planner prices it."""
+
+    activation_checkpointing: bool = False
+    """Each decoder layer's input kept, its activations recomputed in the backward: one more
+    forward of every trained model (policy, critic)."""
+    cpu_offload: bool = False
+    """FSDP2's CPUOffloadPolicy: sharded state in host memory, each layer's parameters copied in
+    for its forward and backward, gradients copied out, the optimizer step on the host."""
+
+    def names(self) -> list[str]:
+        return (["activation checkpointing"] if self.activation_checkpointing else []) + \
+            (["CPU offload"] if self.cpu_offload else [])
+
+    def covers(self, other: TrainerMemory) -> bool:
+        """Whether every feature of `other` is on here too."""
+        return (self.activation_checkpointing or not other.activation_checkpointing) and \
+            (self.cpu_offload or not other.cpu_offload)

@@ -8,16 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from streamrl.planning.catalog import GpuType
-from streamrl.planning.costs import GenerationCost, TrainingCost
+from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
 from streamrl.planning.demand import Workload
-from streamrl.planning.planner import PlanJob
+from streamrl.planning.planner import PlanJob, trained_tokens
 from streamrl.planning.profile import Profile
 from streamrl.planning.roofline import (
     MEMORY_CHOICES,
     Algorithm,
     AnalyticTrainingCost,
     Assumptions,
-    TrainerMemory,
     analytic_generation_cost,
     analytic_training_cost,
 )
@@ -86,6 +85,4 @@ class Estimates:
 
     def _busy_s(self, cost: AnalyticTrainingCost) -> float:
         """The trainer's seconds per iteration: forward/backward, optimizer step, publishing."""
-        samples = self.job.samples_per_iteration
-        tokens = round(samples * (self.workload.prompt_tokens + self.workload.mean_output))
-        return cost.train_s(tokens, -(-samples // self.job.micro_batch_size)) + cost.step_s() + cost.publish_s()
+        return cost.train_s(*trained_tokens(self.job, self.workload)) + cost.step_s() + cost.publish_s()

@@ -29,7 +29,7 @@ def format_table(plan: Plan, model: str, workload: Workload) -> str:
             f"{plan.samples_per_s_per_cost:.3f} samples/s per cost")
     released = "; ".join(f"{dc}: " + ", ".join(f"{n} x {t}" for t, n in types.items())
                          for dc, types in plan.released.items())
-    memory = plan.training.memory
+    memory = plan.training.memory.names() if plan.training.memory else []
     if memory:
         why = f" (without them: {plan.training.memory_reason})" if plan.training.memory_reason else ""
         tail += f"\ntrainer memory: {', '.join(memory)}{why}"
@@ -77,9 +77,9 @@ def planned_job(job: RLJob, plan: Plan, cluster_refs: dict[str, str] | None = No
     trainer.update(device="cuda", nodes=train.num_gpus // per_node, processesPerNode=per_node,
                    placement={**trainer.get("placement", {}), "nodeSelector": dict(train.gpu.node_selector),
                               "gpus": per_node})
-    if train.memory:  # what the plan priced the trainer with: the job's own features and those it needs to fit
-        chosen = {"activationCheckpointing": "activation checkpointing" in train.memory,
-                  "cpuOffload": "CPU offload" in train.memory}
+    if train.memory and train.memory.names():  # as priced: the job's own features and those it needs to fit
+        chosen = {"activationCheckpointing": train.memory.activation_checkpointing,
+                  "cpuOffload": train.memory.cpu_offload}
         trainer["memory"] = {**trainer.get("memory", {}), **{k: True for k, on in chosen.items() if on}}
     if pool.get("clusterRef") and trainer.get("serviceType", "ClusterIP") == "ClusterIP":
         trainer["serviceType"] = "LoadBalancer"  # the remote pool dials in from another cluster

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from streamrl.planning.catalog import Catalog, GpuType
-from streamrl.planning.costs import GenerationCost, TrainingCost
+from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
 from streamrl.planning.demand import Workload
 
 Objective = Literal["time", "cost"]
@@ -59,6 +59,10 @@ class CostSource(Protocol):
 
     def training(self, gpu: GpuType, num_gpus: int) -> TrainingCost | str: ...
 
+    def memory_problem(self, gpu: GpuType, num_gpus: int) -> str | None:
+        """Why a trainer with only the job's own memory features does not fit (None: it does)."""
+        ...
+
     def describe(self, gpu: GpuType) -> str:
         """Where this type's numbers come from (`roofline`, `profile FILE`)."""
         ...
@@ -77,8 +81,8 @@ class StagePlan:
     tp: int = 1
     replicas: int = 0
     max_batch: int = 0
-    memory: tuple[str, ...] = ()
-    """Training: the memory features the trainer runs with (`activation checkpointing`, `CPU offload`)."""
+    memory: TrainerMemory | None = None
+    """Training: the memory features the trainer was priced with (None: the cost does not say)."""
     memory_reason: str = ""
     """Training: why the job's own memory features were not enough, where the plan adds some."""
 
@@ -130,13 +134,20 @@ def generation_s(cost: GenerationCost, replicas: int, workload: Workload, num_sa
     return cost.prefill_s(per_replica * workload.prompt_tokens) + decode
 
 
+def trained_tokens(job: PlanJob, workload: Workload) -> tuple[int, int]:
+    """An iteration's trained tokens (each sample's prompt and mean output) and its micro-batches
+    over every rank."""
+    tokens = round(job.samples_per_iteration * (workload.prompt_tokens + workload.mean_output))
+    return tokens, -(-job.samples_per_iteration // job.micro_batch_size)
+
+
 @dataclass(frozen=True)
 class _Training:
     fb_s: float
     micro_batch_s: float
     step_s: float
     publish_s: float
-    memory: tuple[str, ...] = ()
+    memory: TrainerMemory | None = None
     memory_reason: str = ""
 
     @property
@@ -264,15 +275,12 @@ class Planner:
             if isinstance(cost, str):
                 self._train[key] = cost
             else:
+                tokens, batches = trained_tokens(self.job, self.workload)
                 sample_tokens = self.workload.prompt_tokens + self.workload.mean_output
-                tokens = round(self.job.samples_per_iteration * sample_tokens)
                 micro = round(min(self.job.micro_batch_size * num_gpus, self.job.samples_per_iteration) * sample_tokens)
-                batches = -(-self.job.samples_per_iteration // self.job.micro_batch_size)  # over every rank
-                memory = getattr(cost, "memory", None)  # an analytic cost says which features it priced
-                own = getattr(self.costs, "memory_problem", lambda *_: None)(gpu, num_gpus)
                 self._train[key] = _Training(cost.train_s(tokens, batches), cost.train_s(micro, min(num_gpus, batches)),
-                                             cost.step_s(), cost.publish_s(), tuple(memory.names()) if memory else (),
-                                             own or "")
+                                             cost.step_s(), cost.publish_s(), getattr(cost, "memory", None),
+                                             self.costs.memory_problem(gpu, num_gpus) or "")
         return self._train[key]
 
     def _why_nothing_fits(self, budget: Budget) -> str:

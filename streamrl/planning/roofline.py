@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from streamrl.planning.catalog import GpuType
+from streamrl.planning.costs import TrainerMemory
 from streamrl.planning.shape import ModelShape
 
 Algorithm = Literal["grpo", "ppo"]
@@ -151,27 +152,6 @@ class AnalyticGenerationCost:
         return max(compute_s, memory_s) + _tp_allreduce_s(self.gpu, self.tp, tokens, s.hidden_size, s.num_layers, a)
 
 
-@dataclass(frozen=True)
-class TrainerMemory:
-    """What the trainer trades for memory (`spec.trainer.memory`), as the planner prices it."""
-
-    activation_checkpointing: bool = False
-    """Each decoder layer's input kept, its activations recomputed in the backward: one more
-    forward of every trained model (policy, critic)."""
-    cpu_offload: bool = False
-    """FSDP2's CPUOffloadPolicy: sharded state in host memory, each layer's parameters copied in
-    for its forward and backward, gradients copied out, the optimizer step on the host."""
-
-    def names(self) -> list[str]:
-        return (["activation checkpointing"] if self.activation_checkpointing else []) + \
-            (["CPU offload"] if self.cpu_offload else [])
-
-    def covers(self, other: TrainerMemory) -> bool:
-        """Whether every feature of `other` is on here too."""
-        return (self.activation_checkpointing or not other.activation_checkpointing) and \
-            (self.cpu_offload or not other.cpu_offload)
-
-
 MEMORY_CHOICES = (TrainerMemory(), TrainerMemory(activation_checkpointing=True), TrainerMemory(cpu_offload=True),
                   TrainerMemory(activation_checkpointing=True, cpu_offload=True))
 
@@ -214,11 +194,6 @@ class AnalyticTrainingCost:
         mean_context = self.mean_sequence_tokens / 2  # causal: a token attends to half the sequence on average
         passes = forward_passes(self.algorithm, self.reference, self.memory.activation_checkpointing)
         return passes * self.shape.forward_flops_per_token(mean_context)
-
-    @property
-    def _sharded_params(self) -> float:
-        """Parameters of every model (policy, critic, reference) one GPU holds a shard of."""
-        return self.shape.num_params * (trained_models(self.algorithm) + (1 if self.reference else 0)) / self.num_gpus
 
     def offload_s_per_micro_batch(self) -> float:
         """CPU offload: each rank copies its FP32 parameter shards in for the forward and again for

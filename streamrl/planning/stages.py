@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamrl.planning.catalog import Catalog, load_catalog
-from streamrl.planning.costs import GenerationCost, TrainingCost
+from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
 from streamrl.planning.profile import load_profile
-from streamrl.planning.roofline import Assumptions, TrainerMemory, analytic_generation_cost, analytic_training_cost
+from streamrl.planning.roofline import Assumptions, analytic_generation_cost, analytic_training_cost
 from streamrl.planning.scenario import (
     AnalyticGeneration,
     AnalyticTraining,

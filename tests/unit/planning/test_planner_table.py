@@ -73,6 +73,9 @@ class _FakeCosts:
             return f"fake: training needs {self.min_train} GPUs"
         return _FakeTraining(num_gpus, self.optimizer_s)
 
+    def memory_problem(self, gpu, num_gpus):
+        return None
+
     def describe(self, gpu):
         return "fake"
 

@@ -7,12 +7,12 @@ fit, the fastest such choice. Numbers worked out from the catalog and the docume
 import pytest
 
 from streamrl.planning.catalog import load_catalog
+from streamrl.planning.costs import TrainerMemory
 from streamrl.planning.demand import Workload
 from streamrl.planning.estimates import Estimates
 from streamrl.planning.planner import PlanJob
 from streamrl.planning.roofline import (
     Assumptions,
-    TrainerMemory,
     analytic_training_cost,
     forward_passes,
 )
