@@ -26,11 +26,28 @@ class SlotDecoder:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.max_len = max_len
-        shape = (len(self.layers), num_slots, self.num_kv_heads, max_len, self.head_dim)
-        dtype = self.embed.weight.dtype
-        device = self.embed.weight.device
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.cache_shape = (len(self.layers), num_slots, self.num_kv_heads, max_len, self.head_dim)
+        self.k = self.v = torch.empty(0)
+        self.allocate()
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the allocated keys and values (0 while released)."""
+        return self.k.nbytes + self.v.nbytes
+
+    def allocate(self) -> None:
+        """The cache, zeroed (after release(), or at construction)."""
+        dtype, device = self.embed.weight.dtype, self.embed.weight.device
+        self.k = torch.zeros(self.cache_shape, dtype=dtype, device=device)
+        self.v = torch.zeros(self.cache_shape, dtype=dtype, device=device)
+
+    def release(self) -> None:
+        """Give the cache's memory back (every sequence in it is lost)."""
+        self.k = self.v = torch.empty(0, dtype=self.k.dtype, device=self.k.device)
+
+    @property
+    def released(self) -> bool:
+        return self.k.numel() == 0
 
     def _qkv(self, attn, x: torch.Tensor, positions: torch.Tensor):
         n, t, _ = x.shape

@@ -128,6 +128,17 @@ class Engine(ABC):
     @abstractmethod
     def resume_generation(self) -> None: ...
 
+    # Colocated mode: the device is the trainer's between generating (vLLM's sleep mode).
+    def sleep(self) -> bool:
+        """Let go of the memory an idle engine holds beside its weights (the KV cache) while a
+        colocated trainer trains; the next step with work, or measure_latency, takes it back.
+        Returns False, releasing nothing, while any request waits or runs. An engine with no
+        memory of its own to release (the default) has nothing to do."""
+        return not self.has_unfinished()
+
+    def wake_up(self) -> None:  # noqa: B027 (optional: an engine that releases nothing takes nothing back)
+        """Take back what sleep() let go of (nothing to do by default, or when awake)."""
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """The whole update sequence at once."""
         self.pause_generation()

@@ -37,6 +37,10 @@ class GenerationMeasurement:
     """The engine's capacity."""
     weight_load_s: float
     """Seconds to take a published version in: decode its bytes and load them into the engine."""
+    cache_release_s: float = 0.0
+    """Colocated: seconds for the idle engine to let go of its KV cache (Engine.sleep)."""
+    cache_allocate_s: float = 0.0
+    """Colocated: seconds to allocate it again (Engine.wake_up)."""
 
 
 def measure_weight_load(engine: Engine, rounds: int = 3) -> float:
@@ -89,6 +93,21 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
                        long_context, thread=thread, name="engine")
 
 
+def measure_cache_switch(engine: Engine, rounds: int = 5) -> tuple[float, float]:
+    """Colocated mode's engine side of its two switches, the idle engine's sleep (its KV cache
+    released) and wake_up (allocated again), seconds each (medians of `rounds`)."""
+    released, allocated = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        if not engine.sleep():
+            raise RuntimeError("measure_cache_switch needs an idle engine")
+        t1 = time.perf_counter()
+        engine.wake_up()
+        released.append(t1 - t0)
+        allocated.append(time.perf_counter() - t1)
+    return statistics.median(released), statistics.median(allocated)
+
+
 def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_tokens: int,
              prefill_batches: tuple[int, ...], prefill_rounds: int, rounds: int,
              long_context: int | None) -> GenerationMeasurement:
@@ -103,7 +122,7 @@ def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_t
               for n in sorted({min(b, capacity) for b in prefill_batches})]
     per_step, per_token = fit_fixed_plus_per_unit(points) if len(points) > 1 else (0.0, points[0][1] / points[0][0])
     return GenerationMeasurement(ptl, engine.ptl_context, long_context, slope, per_token, per_step, capacity,
-                                 measure_weight_load(engine))
+                                 measure_weight_load(engine), *measure_cache_switch(engine))
 
 
 def _admission_s(engine: Engine, prompts: int, prompt_tokens: int, rounds: int) -> float:

@@ -94,6 +94,10 @@ class TorchEngine(Engine):
     def step(self) -> list[Completion]:
         if self._paused:
             return []
+        if self.decoder.released:
+            if not self._waiting:
+                return []
+            self.wake_up()
         finished: list[Completion] = []
         self._admit(finished)
         if self._running:
@@ -127,6 +131,7 @@ class TorchEngine(Engine):
         They are aborted after; the engine is left as it was (its token count, EOS, batch cap)."""
         if self._running or self._waiting:
             raise RuntimeError("measure_latency needs an idle engine (it borrows the cache slots)")
+        self.wake_up()
         context = self.ptl_context if context is None else context
         if not 1 <= context <= self.decoder.max_len - steps - 3:
             raise ValueError(f"measure_latency context {context}: must be 1..{self.decoder.max_len - steps - 3}")
@@ -226,6 +231,18 @@ class TorchEngine(Engine):
             self.decoder.move_slot(last, slot, moved.cache_len)
             self._running[slot] = moved
         self._running.pop()
+
+    # ---- colocated: the KV cache lent back to the trainer ------------------------------
+    def sleep(self) -> bool:
+        if self.has_unfinished():
+            return False
+        self.decoder.release()
+        return True
+
+    def wake_up(self) -> None:
+        """The KV cache allocated again, if asleep."""
+        if self.decoder.released:
+            self.decoder.allocate()
 
     # ---- weights (vLLM-shaped) ------------------------------------------------------
     def pause_generation(self) -> None:

@@ -41,7 +41,7 @@ class TrainLoop:
     def __init__(self, spec: RLJobSpec, coordinator: Coordinator, learner: Learner, store: WeightStore,
                  encode, prompts: list[Prompt], recorder: Recorder, metrics: ServiceMetrics,
                  save_model: Callable[[Path], None] | None = None, lengths: LengthSource | None = None,
-                 compute: Executor | None = None):
+                 compute: Executor | None = None, before_training: Callable[[], object] | None = None):
         self.spec = spec
         self.coordinator = coordinator
         self.learner = learner
@@ -79,6 +79,9 @@ class TrainLoop:
         colocated, the in-process generator's engine thread), as `streamrl profile` measures it.
         torch and the C library keep state per calling thread (an OpenMP team, a malloc arena),
         which the event loop's default executor, its threads taking turns, set up again and again."""
+        self.before_training = before_training
+        """Colocated: run on the learner's thread before an iteration's first micro-batch (the
+        in-process engine lends its KV cache back: LocalGenerator.to_training)."""
         self._busy = 0
         self._task: asyncio.Task | None = None
         self.checkpoint_wait_s = 0.0
@@ -263,6 +266,8 @@ class TrainLoop:
             groups.extend(got)
             tally.took(sum(g.num_samples for g in got), time.monotonic())
             clock.busy()
+            if self.before_training is not None and len(groups) == len(got):  # the iteration's first take
+                await self._on_learner_thread(self.before_training)
             await self._learner(self.learner.accumulate, got, tally.total)
         async with self._uninterrupted():  # the iteration closes whole, or not at all
             stats = await self._on_learner_thread(self.learner.step)

@@ -138,7 +138,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     lengths = setup_lengths(spec, ranker_address)
     local = in_process(coordinator, store) if in_process else None
     loop = TrainLoop(spec, coordinator, learner, store, encode, load_prompts(spec.task), recorder, metrics,
-                     save_model, lengths, compute=local.compute if local else None)
+                     save_model, lengths, compute=local.compute if local else None,
+                     before_training=local.to_training if local else None)
     loop.enable_checkpoints(checkpoints, identity, run_id, incarnation)
     resumed_from = None
     if found:

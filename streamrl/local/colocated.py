@@ -59,6 +59,11 @@ class LocalGenerator:
         between engine steps (one OpenMP team for both; see streamrl.compute)."""
         return self.worker
 
+    def to_training(self) -> None:
+        """Colocated's switch to training, on the engine's thread: the idle engine lets go of its
+        KV cache for the learner; its next step with work allocates it again."""
+        self.worker.engine.sleep()
+
     def start(self, thread: Executor | None = None) -> None:
         """Step the engine on a compute thread of its own, or on `thread` (one that `streamrl
         profile` measured the engine and the learner on) until stop()."""

@@ -70,3 +70,20 @@ class TrainerMemory:
         """Whether every feature of `other` is on here too."""
         return (self.activation_checkpointing or not other.activation_checkpointing) and \
             (self.cpu_offload or not other.cpu_offload)
+
+
+@runtime_checkable
+class SwitchCost(Protocol):
+    """Colocated mode's two switches per iteration, where generation and training take turns on
+    the same GPUs."""
+
+    def to_training_s(self) -> float:
+        """Seconds from the last sample to the first micro-batch: the engine lets go of its KV
+        cache (and its weights), the trainer's state comes back to the device."""
+        ...
+
+    def to_generation_s(self) -> float:
+        """Seconds from the published version to the engine's first step: the trainer's state
+        goes to host memory, the weights are resharded into the engine's layout, the KV cache
+        is allocated again."""
+        ...

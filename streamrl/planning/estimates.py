@@ -1,20 +1,22 @@
 """The planner's cost source: for each GPU type, a measured profile where one was given for
 that type, the analytic roofline otherwise; the memory check always (a profile measured one
 configuration, not what fits elsewhere). The trainer's memory features are the job's, plus
-whichever of activation checkpointing and CPU offload make it fit fastest where it does not."""
+whichever of activation checkpointing and CPU offload make it fit fastest where it does not.
+Colocated switches are the roofline's always."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from streamrl.planning.catalog import GpuType
-from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
+from streamrl.planning.costs import GenerationCost, SwitchCost, TrainerMemory, TrainingCost
 from streamrl.planning.demand import Workload
 from streamrl.planning.planner import PlanJob, trained_tokens
 from streamrl.planning.profile import Profile
 from streamrl.planning.roofline import (
     MEMORY_CHOICES,
     Algorithm,
+    AnalyticSwitchCost,
     AnalyticTrainingCost,
     Assumptions,
     analytic_generation_cost,
@@ -72,6 +74,19 @@ class Estimates:
         if measured and best.memory == self.memory:  # the profile measured the job's own trainer
             return measured[1].training_cost(num_gpus)
         return best
+
+    def switch(self, gpu: GpuType, num_gpus: int, tp: int) -> SwitchCost | str:
+        """Colocated on `num_gpus` x `gpu`, generating at tensor-parallel `tp`: the roofline's
+        switches for the trainer training() picks (a profile measures one process on one
+        device, which has no state to move), or why the trainer's state has nowhere to wait."""
+        training = self.training(gpu, num_gpus)
+        if isinstance(training, str):
+            return training
+        if not isinstance(training, AnalyticTrainingCost):
+            training = self._analytic_training(gpu, num_gpus, self.memory)
+        cost = AnalyticSwitchCost(training, analytic_generation_cost(self.shape, gpu, tp, self.max_context,
+                                                                     self.assumptions))
+        return cost.memory_problem() or cost
 
     def memory_problem(self, gpu: GpuType, num_gpus: int) -> str | None:
         """Why the trainer with only the job's own memory features does not fit (None: it does)."""

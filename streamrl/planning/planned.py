@@ -24,8 +24,12 @@ def format_table(plan: Plan, model: str, workload: Workload) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ["  ".join(cell.rjust(w) if i in range(3, 10) else cell.ljust(w) for i, (cell, w) in
                        enumerate(zip(r, widths))).rstrip() for r in rows]
-    tail = (f"iteration {plan.iteration_s:.2f} s (weight transfer {plan.weight_sync_s:.2f} s), "
-            f"{plan.samples_per_s:.1f} samples/s, cost {plan.cost:.2f} per unit time, "
+    moved = (f"switches {plan.to_training_s + plan.to_generation_s:.2f} s: to training {plan.to_training_s:.2f}, "
+             f"to generation {plan.to_generation_s:.2f}" if plan.colocated else
+             f"weight transfer {plan.weight_sync_s:.2f} s")
+    tail = (f"iteration {plan.iteration_s:.2f} s ({moved}), "
+            f"{plan.samples_per_s:.1f} samples/s, cost {plan.cost:.2f} per unit time"
+            f"{' (the GPUs both stages share)' if plan.colocated else ''}, "
             f"{plan.samples_per_s_per_cost:.3f} samples/s per cost")
     released = "; ".join(f"{dc}: " + ", ".join(f"{n} x {t}" for t, n in types.items())
                          for dc, types in plan.released.items())
@@ -55,9 +59,13 @@ def planned_job(job: RLJob, plan: Plan, cluster_refs: dict[str, str] | None = No
     the pool's clusterRef (`cluster_refs` maps a datacenter to its RLCluster; default its name),
     the trainer behind a LoadBalancer and, unless the job names its own, mutual TLS from the
     Secret `<name>-tls`."""
+    gen, train = plan.generation, plan.training
+    if plan.colocated and train.num_gpus > 1:
+        raise ValueError(f"the plan colocates {train.num_gpus} x {train.gpu.name}, and a colocated job runs as one "
+                         "process on one device (spec.pipeline.mode colocated): plan it as batch, stream-sync or "
+                         "stream-async to write the job, or with --gpus of one GPU")
     data = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
     spec = data["spec"]
-    gen, train = plan.generation, plan.training
     generators = spec.setdefault("generators", {})
     template = dict((generators.get("pools") or [{}])[0])
     pool = {**template, "name": pool_name(gen.gpu.name), "replicas": gen.replicas,

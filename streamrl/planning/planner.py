@@ -1,7 +1,9 @@
 """Stage balancing (the paper's Algorithm 1): per stage a GPU type and count, the generators'
 tensor-parallel size and replicas, so that generation time matches training time. One
 datacenter: every split of its GPUs; two: each stage in its own, the faster side shrunk to
-the fewest GPUs that keep up with the slower. Knows stage costs through `CostSource` only."""
+the fewest GPUs that keep up with the slower. Colocated: one set of GPUs takes turns, and the
+iteration pays both stages and the two switches between them. Knows stage costs through
+`CostSource` only."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from streamrl.planning.catalog import Catalog, GpuType
-from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
+from streamrl.planning.costs import GenerationCost, SwitchCost, TrainerMemory, TrainingCost
 from streamrl.planning.demand import Workload
 
 Objective = Literal["time", "cost"]
@@ -29,12 +31,12 @@ class PlanJob:
     micro_batch_size: int
     max_new_tokens: int
     mode: str = "stream-sync"
-    """The pipeline mode (`batch`, `stream-sync`, `stream-async`)."""
+    """The pipeline mode (`colocated`, `batch`, `stream-sync`, `stream-async`)."""
 
     def __post_init__(self):
-        if self.mode not in ("batch", "stream-sync", "stream-async"):
-            raise ValueError(f"spec.pipeline.mode {self.mode!r}: the planner sizes disaggregated stages "
-                             "(batch, stream-sync, stream-async), not colocated")
+        if self.mode not in ("colocated", "batch", "stream-sync", "stream-async"):
+            raise ValueError(f"spec.pipeline.mode {self.mode!r}: expected colocated, batch, stream-sync or "
+                             "stream-async")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class CostSource(Protocol):
 
     def memory_problem(self, gpu: GpuType, num_gpus: int) -> str | None:
         """Why a trainer with only the job's own memory features does not fit (None: it does)."""
+        ...
+
+    def switch(self, gpu: GpuType, num_gpus: int, tp: int) -> SwitchCost | str:
+        """Colocated mode's switches on `num_gpus` x `gpu` generating at `tp`, or why not."""
         ...
 
     def describe(self, gpu: GpuType) -> str:
@@ -103,6 +109,14 @@ class Plan:
     objective: Objective
     released: Budget = field(default_factory=dict)
     """GPUs of the budget the plan does not use, per datacenter and type."""
+    to_training_s: float = 0.0
+    """Colocated: seconds per iteration of switching from generation to training."""
+    to_generation_s: float = 0.0
+    """Colocated: seconds per iteration of switching back (state out, weights resharded, cache)."""
+
+    @property
+    def colocated(self) -> bool:
+        return self.mode == "colocated"
 
     @property
     def samples_per_s(self) -> float:
@@ -110,7 +124,8 @@ class Plan:
 
     @property
     def cost(self) -> float:
-        return self.generation.cost + self.training.cost
+        """Relative cost per unit of time (colocated: the one set of GPUs both stages share)."""
+        return self.training.cost if self.colocated else self.generation.cost + self.training.cost
 
     @property
     def samples_per_s_per_cost(self) -> float:
@@ -156,10 +171,11 @@ class _Training:
 
 
 def iteration_s(mode: str, gen_s: float, train: _Training, sync_s: float) -> float:
-    """batch: the stages in turn. stream-sync: training overlaps generation (its last micro-batch
-    after the last sample), then step, publish and the weight transfer. stream-async: the
-    stages overlap entirely, the transfer too; the slowest sets the pace."""
-    if mode == "batch":
+    """batch and colocated: the stages in turn (`sync_s`: colocated's two switches). stream-sync:
+    training overlaps generation (its last micro-batch after the last sample), then step,
+    publish and the weight transfer. stream-async: the stages overlap entirely, the transfer
+    too; the slowest sets the pace."""
+    if mode in ("batch", "colocated"):
         return gen_s + train.busy_s + sync_s
     if mode == "stream-sync":
         return max(gen_s + train.micro_batch_s, train.fb_s) + train.step_s + train.publish_s + sync_s
@@ -185,14 +201,17 @@ class _Candidate:
     train: _Training
     sync_s: float
     iteration_s: float
+    switch: SwitchCost | None = None
+    """Colocated: the stages share the trainer's GPUs and switch twice per iteration."""
 
     @property
     def cost(self) -> float:
-        return self.replicas * self.tp * self.gen_gpu.relative_cost + self.train_gpus * self.train_gpu.relative_cost
+        trainer = self.train_gpus * self.train_gpu.relative_cost
+        return trainer if self.switch else self.replicas * self.tp * self.gen_gpu.relative_cost + trainer
 
     @property
     def num_gpus(self) -> int:
-        return self.replicas * self.tp + self.train_gpus
+        return self.train_gpus if self.switch else self.replicas * self.tp + self.train_gpus
 
 
 class Planner:
@@ -235,6 +254,9 @@ class Planner:
         return out
 
     def _candidates(self, budget: Budget) -> Iterator[_Candidate]:
+        if self.job.mode == "colocated":
+            yield from self._colocated(budget)
+            return
         dcs = list(budget)
         pairs = [(dcs[0], dcs[0])] if len(dcs) == 1 else [(dcs[0], dcs[1]), (dcs[1], dcs[0])]
         for gen_dc, train_dc in pairs:
@@ -261,6 +283,28 @@ class Planner:
                                     continue
                                 yield _Candidate(gen_dc, gen_gpu, tp, replicas, gen_s, train_dc, train_gpu, y, train,
                                                  sync_s, iteration_s(self.job.mode, gen_s, train, sync_s))
+
+    def _colocated(self, budget: Budget) -> Iterator[_Candidate]:
+        """Every GPU trains and, as one shard of a tp-GPU replica, generates: per type, count
+        (a trainer's) and tensor-parallel size dividing it."""
+        if len(budget) != 1:
+            raise ValueError(f"--gpus names {len(budget)} datacenters; colocated generation and training share "
+                             "one set of GPUs, so name one")
+        (dc, types), = budget.items()
+        for name, avail in types.items():
+            gpu = self.catalog.gpu(name)
+            for tp in (t for t in TP_SIZES if t <= min(avail, gpu.gpus_per_node)):
+                gen_cost = self.costs.generation(gpu, tp)
+                if isinstance(gen_cost, str) or gen_cost.max_batch < 1:
+                    continue
+                for n in (y for y in train_counts(gpu, avail) if y % tp == 0):
+                    train, switch = self._training(gpu, n), self.costs.switch(gpu, n, tp)
+                    if isinstance(train, str) or isinstance(switch, str):
+                        continue
+                    gen_s = self._generation_s(gen_cost, gpu, tp, n // tp)
+                    switch_s = switch.to_training_s() + switch.to_generation_s()
+                    yield _Candidate(dc, gpu, tp, n // tp, gen_s, dc, gpu, n, train, 0.0,
+                                     iteration_s("colocated", gen_s, train, switch_s), switch)
 
     def _generation_s(self, cost: GenerationCost, gpu: GpuType, tp: int, replicas: int) -> float:
         key = (gpu.name, tp, replicas)
@@ -306,6 +350,16 @@ class Planner:
             return f"budget too small for {name}: no generator replica fits\n  " + "\n  ".join(gen_reasons)
         if len(train_reasons) == sum(len(t) for t in budget.values()):
             return f"budget too small for {name}: the trainer fits nowhere\n  " + "\n  ".join(train_reasons)
+        if self.job.mode == "colocated":
+            reasons = []
+            for dc, types in budget.items():
+                for gpu_name, avail in types.items():
+                    gpu = self.catalog.gpu(gpu_name)
+                    why = self.costs.switch(gpu, avail, 1)
+                    if isinstance(why, str):
+                        reasons.append(f"{dc}/{gpu_name}: {why}")
+            return (f"budget too small for {name} colocated: no count of {_describe(budget)} both trains and holds a "
+                    "generator replica" + "".join(f"\n  {r}" for r in gen_reasons + train_reasons + reasons))
         return (f"budget too small for {name}: no split of {_describe(budget)} holds both a generator replica and "
                 "the trainer" + ("\n  " + "\n  ".join(gen_reasons + train_reasons) if gen_reasons or train_reasons
                                  else ""))
@@ -316,11 +370,13 @@ class Planner:
         train = StagePlan("training", c.train_dc, c.train_gpu, c.train_gpus, c.train.busy_s,
                           self.costs.describe(c.train_gpu), memory=c.train.memory, memory_reason=c.train.memory_reason)
         released: Budget = {dc: dict(types) for dc, types in budget.items()}
-        released[c.gen_dc][c.gen_gpu.name] -= gen.num_gpus
+        if not c.switch:
+            released[c.gen_dc][c.gen_gpu.name] -= gen.num_gpus
         released[c.train_dc][c.train_gpu.name] -= train.num_gpus
         released = {dc: {t: n for t, n in types.items() if n} for dc, types in released.items()}
         return Plan(gen, train, c.iteration_s, self.job.samples_per_iteration, c.sync_s, self.job.mode, objective,
-                    {dc: types for dc, types in released.items() if types})
+                    {dc: types for dc, types in released.items() if types},
+                    c.switch.to_training_s() if c.switch else 0.0, c.switch.to_generation_s() if c.switch else 0.0)
 
     def _max_batch(self, c: _Candidate) -> int:
         cost = self.costs.generation(c.gen_gpu, c.tp)

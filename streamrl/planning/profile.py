@@ -124,6 +124,13 @@ class Profile(Record):
     worker's bookkeeping, the intake and dispatch, and the Python they hold the engine's thread
     back by. 0 (a profile before version 5): the intake stands in for it."""
 
+    cache_release_s: float = Field(0.0, ge=0)
+    """Colocated mode's switch to training on this machine: seconds for the idle engine to let go
+    of its KV cache (the trainer's state is in host memory already; 0: not measured)."""
+    cache_allocate_s: float = Field(0.0, ge=0)
+    """Colocated mode's switch to generation beside publishing and loading the version: seconds
+    to allocate the KV cache again (0: not measured)."""
+
     @field_validator("ptl")
     @classmethod
     def _ascending(cls, points: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -154,6 +161,10 @@ class Profile(Record):
                                       self.ptl_context, self.ptl_context_s_per_token, self.engine.type == "torch",
                                       self.prefill_s_per_step)
 
+    def switch_cost(self) -> MeasuredSwitchCost:
+        """Colocated mode's switches as measured here (a SwitchCost)."""
+        return MeasuredSwitchCost(self.cache_release_s, self.cache_allocate_s)
+
     def training_cost(self, num_gpus: int | None = None) -> MeasuredTrainingCost:
         """The trainer as measured (a TrainingCost); with `num_gpus`, forward/backward and the
         optimizer step scaled by world size / num_gpus (ideal data-parallel scaling, an
@@ -173,6 +184,18 @@ def load_profile(path: str | Path) -> Profile:
         why = "; ".join(_OLD_VERSIONS[v] for v in range(max(1, profile.version), PROFILE_VERSION))
         log.warning("profile %s is version %d: %s; measure again with `streamrl profile`", path, profile.version, why)
     return profile
+
+
+@dataclass(frozen=True)
+class MeasuredSwitchCost:
+    to_training_seconds: float
+    to_generation_seconds: float
+
+    def to_training_s(self) -> float:
+        return self.to_training_seconds
+
+    def to_generation_s(self) -> float:
+        return self.to_generation_seconds
 
 
 @dataclass(frozen=True)

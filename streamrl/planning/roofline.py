@@ -239,17 +239,23 @@ class AnalyticTrainingCost:
         weights and FP32 gradients), and one micro-batch's activations."""
         a, s = self.assumptions, self.shape
         unit = 2 * s.num_params / s.num_layers * (a.weight_bytes_per_param + 4)
-        return (0.0 if self.memory.cpu_offload else self._state_bytes_per_gpu()) + unit + self.activation_bytes()
+        return self.state_bytes_on_device() + unit + self.activation_bytes()
 
-    def _state_bytes_per_gpu(self) -> float:
+    def state_bytes_per_gpu(self) -> float:
+        """The sharded model state per GPU: each trained model's weights, gradients and moments
+        (optimizer_bytes_per_param), a reference's weights."""
         a, s = self.assumptions, self.shape
         states = s.num_params * a.optimizer_bytes_per_param * trained_models(self.algorithm)
         states += s.num_params * a.weight_bytes_per_param if self.reference else 0.0
         return states / self.num_gpus
 
+    def state_bytes_on_device(self) -> float:
+        """Device bytes per GPU of the sharded model state (0 with CPU offload)."""
+        return 0.0 if self.memory.cpu_offload else self.state_bytes_per_gpu()
+
     def host_bytes_per_gpu(self) -> float:
         """Host bytes per GPU with CPU offload: the sharded model state (0 without)."""
-        return self._state_bytes_per_gpu() if self.memory.cpu_offload else 0.0
+        return self.state_bytes_per_gpu() if self.memory.cpu_offload else 0.0
 
     def memory_problem(self) -> str | None:
         """Why this trainer does not fit (None: it does)."""
@@ -267,6 +273,51 @@ class AnalyticTrainingCost:
             return (f"training {self.shape.name} on {self.num_gpus} x {self.gpu.name}{using} needs "
                     f"{host / 1e9:.1f} GB of host memory per GPU for the offloaded model state, "
                     f"{host_usable / 1e9:.1f} GB usable")
+        return None
+
+
+@dataclass(frozen=True)
+class AnalyticSwitchCost:
+    """Colocated mode on `training.num_gpus` GPUs, each also a tensor-parallel shard of a
+    generator replica (a SwitchCost). While generating, the trainer's sharded model state waits
+    in host memory (so the engine has the whole GPU, as AnalyticGenerationCost prices it); while
+    training, the engine has let go of its KV cache and weights (vLLM's sleep mode, level 2: the
+    next version replaces them anyway)."""
+
+    training: AnalyticTrainingCost
+    generation: AnalyticGenerationCost
+
+    def state_copy_s(self) -> float:
+        """One way between device and host of the trainer's sharded state (none with CPU
+        offload: it lives on the host already)."""
+        return self.training.state_bytes_on_device() / (self.training.assumptions.host_copy_gb_s * 1e9)
+
+    def reshard_s(self) -> float:
+        """The new version into the engine's layout: every GPU gathers the full weights from the
+        FSDP shards (DTensor's full_tensor, unit by unit) and keeps its tensor-parallel slice."""
+        t = self.training
+        size = t.shape.num_params * t.assumptions.weight_bytes_per_param
+        return size * (t.num_gpus - 1) / t.num_gpus / (t.gpu.interconnect_gb_s * 1e9 / 2)
+
+    def cache_allocate_s(self) -> float:
+        """The KV cache zeroed again at memory bandwidth."""
+        g = self.generation
+        kv = g.max_batch * g.max_context * g.kv_bytes_per_token_per_gpu
+        return kv / (g.gpu.hbm_gb_s * 1e9)
+
+    def to_training_s(self) -> float:
+        return self.state_copy_s()
+
+    def to_generation_s(self) -> float:
+        return self.state_copy_s() + self.reshard_s() + self.cache_allocate_s()
+
+    def memory_problem(self) -> str | None:
+        """Why the trainer's state does not fit in host memory while generating (None: it does)."""
+        t, a = self.training, self.training.assumptions
+        host, usable = t.state_bytes_per_gpu(), a.host_memory_gb_per_gpu * 1e9 * a.memory_utilization
+        if host > usable:
+            return (f"colocated {t.shape.name} on {t.num_gpus} x {t.gpu.name} parks {host / 1e9:.1f} GB of trainer "
+                    f"state per GPU in host memory while generating, {usable / 1e9:.1f} GB usable")
         return None
 
 

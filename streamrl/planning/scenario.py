@@ -105,6 +105,12 @@ class TableTraining(SpecModel):
     sample_seconds: float = Field(0.0, ge=0)
     """The trainer's process per sample it takes in (intake, scoring, grouping): a sample arriving
     while it trains delays its training by this much (one arriving while it waits costs nothing)."""
+    switch_to_training_seconds: float = Field(0.0, ge=0)
+    """Colocated mode: from the last sample to the first micro-batch (the engine's KV cache
+    released, the trainer's state back on the device)."""
+    switch_to_generation_seconds: float = Field(0.0, ge=0)
+    """Colocated mode: from the published version to generating again (the trainer's state to
+    host memory, the weights resharded, the KV cache allocated)."""
 
 
 class ProfileCost(SpecModel):

@@ -93,12 +93,14 @@ class Simulator:
                 groups.extend(got)
                 tally.took(sum(g.group_size for g in got), self.sim.now)
                 track.set("busy")
+                if self.stages.to_training_s and len(groups) == len(got):  # colocated: the first take switches
+                    yield from self._busy(self.stages.to_training_s)
                 seconds = yield from self._busy(cost.train_s(padded_tokens(got, algo.micro_batch_size),
                                                              micro_batches(got, algo.micro_batch_size)))
                 train_s += seconds
             train_s += yield from self._busy(cost.step_s())
             self.policy_version += 1
-            yield from self._busy(cost.publish_s())
+            yield from self._busy(cost.publish_s() + self.stages.to_generation_s)  # colocated: switch back
             fleet.publish(self.policy_version)
             track.set("idle", WAITING_SAMPLES)
             figures = tally.close(self.sim.now, track.seconds("idle", WAITING_SAMPLES), self._skewness_s(),

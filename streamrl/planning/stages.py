@@ -10,7 +10,13 @@ from pathlib import Path
 from streamrl.planning.catalog import Catalog, load_catalog
 from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
 from streamrl.planning.profile import load_profile
-from streamrl.planning.roofline import Assumptions, analytic_generation_cost, analytic_training_cost
+from streamrl.planning.roofline import (
+    AnalyticGenerationCost,
+    AnalyticSwitchCost,
+    Assumptions,
+    analytic_generation_cost,
+    analytic_training_cost,
+)
 from streamrl.planning.scenario import (
     AnalyticGeneration,
     AnalyticTraining,
@@ -84,6 +90,10 @@ class Stages:
     weight_bytes: float
     trainer_sample_s: float = 0.0
     """Seconds the trainer's process spends per sample it takes in (delaying its training when busy)."""
+    to_training_s: float = 0.0
+    """Colocated: seconds from an iteration's last sample to its first micro-batch."""
+    to_generation_s: float = 0.0
+    """Colocated: seconds from the published version to generating again."""
 
 
 def model_shape(scenario: Scenario, catalog: Catalog, base: Path | None = None) -> ModelShape | None:
@@ -137,15 +147,18 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
         pools[pool.name] = PoolStage(cost, pool.gpus_per_replica or gpus, pool.gpu_hour_cost or price, cap,
                                      sample_s, load_s)
     t = scenario.trainer
-    spec, price, trainer_sample_s = t.cost, 1.0, 0.0
+    spec, price, trainer_sample_s, switch = t.cost, 1.0, 0.0, (0.0, 0.0)
     if isinstance(spec, TableTraining):
         trainer = TableTrainingCost(spec.seconds_per_token, spec.step_seconds, spec.publish_seconds,
                                     spec.micro_batch_seconds)
         trainer_sample_s = spec.sample_seconds
+        switch = spec.switch_to_training_seconds, spec.switch_to_generation_seconds
     elif isinstance(spec, ProfileCost):
         profile = _profile(spec, base, "trainer.cost")
         trainer = profile.training_cost(t.gpus)
         trainer_sample_s = profile.sample_colocated_cost_s() if colocated else profile.sample_receive_s()
+        measured = profile.switch_cost()
+        switch = measured.to_training_s(), measured.to_generation_s()
     else:
         if shape is None:
             raise ValueError("trainer.cost: an analytic cost needs the scenario's `model`")
@@ -159,6 +172,14 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
             raise ValueError(f"trainer.cost: {problem} (trainer.cost.activationCheckpointing and cpuOffload trade "
                              "time for memory)")
         price = gpu.relative_cost
+        if colocated:  # the engine a GPU also holds: the first pool's, or one GPU's of the trainer's type
+            engine = next((p.cost for p in pools.values() if isinstance(p.cost, AnalyticGenerationCost)), None)
+            engine = engine or analytic_generation_cost(shape, gpu, 1, w.prompt_tokens + w.max_new_tokens, assumptions)
+            analytic = AnalyticSwitchCost(trainer, engine)
+            problem = analytic.memory_problem()
+            if problem:
+                raise ValueError(f"trainer.cost: {problem}")
+            switch = analytic.to_training_s(), analytic.to_generation_s()
     size = scenario.weights.size_bytes
     if size is None:
         if shape is None:
@@ -167,7 +188,9 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
     if colocated:  # one process: the trainer takes each sample in between the replica's steps, while it waits
         pools = {name: replace(stage, sample_s=stage.sample_s + trainer_sample_s) for name, stage in pools.items()}
         trainer_sample_s = 0.0
-    return Stages(pools, trainer, t.gpus, t.gpu_hour_cost or price, float(size), trainer_sample_s)
+    if not colocated:
+        switch = (0.0, 0.0)
+    return Stages(pools, trainer, t.gpus, t.gpu_hour_cost or price, float(size), trainer_sample_s, *switch)
 
 
 def _profile(spec: ProfileCost, base: Path | None, where: str):

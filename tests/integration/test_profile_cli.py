@@ -39,6 +39,7 @@ def test_profile_writes_the_record_and_plot_and_plan_uses_it(tmp_path, write_job
     assert 0 < profile.sample_intake_s < profile.sample_stream_s < 0.01  # the wire costs more than nothing
     # serving colocated adds the worker's bookkeeping and the hand-over to the intake
     assert profile.sample_intake_s < profile.sample_colocated_s < 0.01
+    assert 0 < profile.cache_release_s < 0.01 and 0 < profile.cache_allocate_s < 0.1  # colocated's switches
     assert (out.with_suffix(".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"profile: {out}" in done.stdout
 

@@ -178,3 +178,21 @@ def test_batch_cap_limits_how_many_decode_at_once(model_and_tok):
     engine.set_batch_cap(0)  # back to full capacity
     engine.step()
     assert engine.stats().num_running == 8
+
+
+def test_an_idle_engine_lends_its_kv_cache_and_takes_it_back_for_work(model_and_tok):
+    """Colocated mode's switch: sleep() releases the cache only when idle; the next step with
+    work allocates it again, and generation is what it was without sleeping."""
+    model, tok = model_and_tok
+    awake = _run(TorchEngine(model, 4, tok.eos_token_id), _requests(tok, temperature=1.0))
+    engine = TorchEngine(model, 4, tok.eos_token_id)
+    full = engine.decoder.cache_bytes
+    assert full > 0
+    engine.add_request(next(_requests(tok)))
+    assert engine.sleep() is False and engine.decoder.cache_bytes == full  # work waits: nothing released
+    engine.abort(["0"])
+    assert engine.sleep() is True and engine.decoder.cache_bytes == 0
+    assert engine.step() == [] and engine.decoder.released  # no work: stays asleep
+    woken = _run(engine, _requests(tok, temperature=1.0))
+    assert engine.decoder.cache_bytes == full
+    assert {rid: c.token_ids for rid, c in woken.items()} == {rid: c.token_ids for rid, c in awake.items()}

@@ -3,6 +3,7 @@ ranks; the remote datacenter's clusterRef) and accepted as the cluster would acc
 
 import math
 
+import pytest
 import yaml
 
 from streamrl.operator.validate import validate_job
@@ -11,7 +12,8 @@ from streamrl.planning.demand import Workload
 from streamrl.planning.estimates import Estimates
 from streamrl.planning.planned import format_table, planned_yaml, pool_name
 from streamrl.planning.planner import Links, PlanJob, Planner
-from streamrl.spec import parse_job
+from streamrl.planning.shape import ModelShape
+from streamrl.spec import PipelineMode, parse_job
 
 CATALOG = load_catalog()
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists"}
@@ -25,10 +27,10 @@ JOB = parse_job({
 })
 
 
-def _plan(budget: dict, mode: str = "stream-async"):
+def _plan(budget: dict, mode: str = "stream-async", shape=None):
     job = PlanJob(64 * 8, 4, 4096, mode)
     workload = Workload.lognormal(math.log(800), 1.0, 4096, 256)
-    planner = Planner(CATALOG, Estimates(CATALOG.model("qwen2.5-7b"), job, workload), job, workload, Links())
+    planner = Planner(CATALOG, Estimates(shape or CATALOG.model("qwen2.5-7b"), job, workload), job, workload, Links())
     plan = planner.plan(budget)
     return plan, format_table(plan, "qwen2.5-7b", workload)
 
@@ -67,3 +69,19 @@ def test_a_plan_over_two_datacenters_places_the_generators_in_the_other_cluster(
 def test_pool_names_are_dns_labels():
     assert pool_name("A100-80GB") == "a100-80gb"
     assert pool_name("RTX 6000 Ada") == "rtx-6000-ada"
+
+
+def test_a_colocated_plan_is_written_only_where_one_process_runs_it(tiny_model_dir):
+    colocated = JOB.model_copy(update={"spec": JOB.spec.model_copy(update={
+        "pipeline": JOB.spec.pipeline.model_copy(update={"mode": PipelineMode.colocated})})})
+    plan, table = _plan({"dc": {"H800": 8}}, mode="colocated")
+    assert plan.training.num_gpus > 1
+    with pytest.raises(ValueError, match=f"the plan colocates {plan.training.num_gpus} x H800, and a colocated job "
+                                         "runs as one process on one device"):
+        planned_yaml(colocated, plan, table)
+    plan, table = _plan({"dc": {"H800": 1}}, mode="colocated", shape=ModelShape.from_hf_config(tiny_model_dir))
+    verdict = validate_job(yaml.safe_load(planned_yaml(colocated, plan, table)), "planned.yaml")
+    assert verdict.problems == ()
+    spec = verdict.job.spec
+    assert spec.pipeline.mode == "colocated" and spec.trainer.world_size == 1
+    assert "switches" in table and "the GPUs both stages share" in table

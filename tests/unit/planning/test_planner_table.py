@@ -51,6 +51,15 @@ class _FakeTraining:
         return 0.0
 
 
+@dataclass(frozen=True)
+class _FakeSwitch:
+    def to_training_s(self) -> float:
+        return 0.2
+
+    def to_generation_s(self) -> float:
+        return 0.3
+
+
 class _FakeCosts:
     """Generation: 1-GPU replicas only, step 0.1 s on A, 0.05 s on B. Training: 4 s / GPUs plus a
     fixed optimizer step; B cannot train; A needs at least `min_train` GPUs."""
@@ -75,6 +84,9 @@ class _FakeCosts:
 
     def memory_problem(self, gpu, num_gpus):
         return None
+
+    def switch(self, gpu, num_gpus, tp):
+        return _FakeSwitch()
 
     def describe(self, gpu):
         return "fake"
@@ -172,9 +184,34 @@ def test_the_table_shows_each_stage_and_the_iteration():
     assert "released (not needed): dc: 1 x A" in table
 
 
-def test_a_colocated_job_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match=r"spec.pipeline.mode 'colocated': the planner sizes disaggregated stages"):
-        PlanJob(SAMPLES, 4, 10, "colocated")
+def test_an_unknown_mode_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"spec.pipeline.mode 'pipelined': expected colocated, batch"):
+        PlanJob(SAMPLES, 4, 10, "pipelined")
+
+
+def test_colocated_takes_turns_on_one_set_of_gpus_and_pays_both_switches():
+    """Colocated on 8 A: N GPUs all train and each is a 1-GPU replica, T = gen(N) + 4/N + S +
+    switches, S = 0.5, switches 0.2 + 0.3. N = 4: 1.0 + 1.0 + 1.0 = 3.0; N = 8: 1.0 + 0.5 + 1.0
+    = 2.5, the best. The cost is the 8 GPUs once, nothing released."""
+    job = PlanJob(SAMPLES, micro_batch_size=4, max_new_tokens=10, mode="colocated")
+    plan = Planner(CATALOG, _FakeCosts(optimizer_s=0.5), job, WORKLOAD, Links(network_gb_s=10.0), 0.0).plan(
+        {"dc": {"A": 8}})
+    assert (plan.generation.replicas, plan.generation.num_gpus, plan.training.num_gpus) == (8, 8, 8)
+    assert plan.iteration_s == pytest.approx(2.5)
+    assert (plan.to_training_s, plan.to_generation_s) == pytest.approx((0.2, 0.3))
+    assert plan.cost == pytest.approx(8.0) and plan.released == {}
+    table = format_table(plan, "fake-model", WORKLOAD)
+    assert "iteration 2.50 s (switches 0.50 s: to training 0.20, to generation 0.30)" in table
+    assert "cost 8.00 per unit time (the GPUs both stages share)" in table
+
+
+def test_colocated_needs_one_datacenter_and_a_type_that_both_trains_and_generates():
+    job = PlanJob(SAMPLES, micro_batch_size=4, max_new_tokens=10, mode="colocated")
+    planner = Planner(CATALOG, _FakeCosts(), job, WORKLOAD, Links(network_gb_s=10.0), 0.0)
+    with pytest.raises(ValueError, match="colocated generation and training share one set of GPUs, so name one"):
+        planner.plan({"x": {"A": 4}, "y": {"A": 4}})
+    with pytest.raises(ValueError, match="the trainer fits nowhere\n  dc/B: fake: B cannot train"):
+        planner.plan({"dc": {"B": 4}})
 
 
 def test_stream_sync_pays_the_last_micro_batch_the_step_and_the_transfer_after_generation():

@@ -128,3 +128,26 @@ def test_a_replica_on_the_trainers_core_reports_the_steps_it_lent_for_as_longer(
     sim.run()
     assert sim.fleet.engines["g-1"].ptl == pytest.approx({1: 1.0, 2: 1.0 + 0.05 * (1 - 0.9**10), 4: 1.0})
     assert sim.fleet.engines["g-0"].ptl == pytest.approx({1: 1.0, 2: 1.0, 4: 1.0})
+
+
+def test_colocated_pays_its_two_switches_each_iteration(tmp_path):
+    # Without switches: complete at 9, 4 s of training and the 1 s step, the next iteration at 14.
+    # Switching to training (0.2 s) before the first micro-batch and back (0.3 s) after publishing
+    # adds 0.5 s to every iteration's wall, none to its training seconds.
+    free = simulate(parse_scenario(_scenario(tmp_path, "colocated")))
+    assert _first(free) == pytest.approx((0.0, 14.0, 9.0, 5.0))
+    assert free.iterations[1].start_s == pytest.approx(14.0)
+    data = _scenario(tmp_path, "colocated", trainer={"switchToTrainingSeconds": 0.2, "switchToGenerationSeconds": 0.3})
+    paid = simulate(parse_scenario(data))
+    assert _first(paid) == pytest.approx((0.0, 14.5, 9.0, 5.0))
+    assert paid.iterations[1].start_s == pytest.approx(14.5)
+    data["pipeline"]["mode"] = "batch"  # disaggregated: nothing switches
+    assert resolve_stages(parse_scenario(data)).to_training_s == 0.0
+
+
+def test_a_profile_gives_colocated_its_measured_cache_switch(tmp_path):
+    data = _scenario(tmp_path, "colocated")
+    cost = {"type": "profile", "path": _profile(tmp_path, cache_release_s=0.01, cache_allocate_s=0.03)}
+    data["generators"][0]["cost"] = data["trainer"]["cost"] = cost
+    stages = resolve_stages(parse_scenario(data))
+    assert (stages.to_training_s, stages.to_generation_s) == (0.01, 0.03)
