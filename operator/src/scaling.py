@@ -131,12 +131,14 @@ def _inputs_status(inputs: Inputs, window: float) -> dict:
             "samplesPerSecond": {k: round(v, 4) for k, v in inputs.samples_per_s.items()}}
 
 
-def limit(decision: Decision, pools: list[Pool], generation_s: float, train_s: float) -> tuple[str, str] | None:
-    """(reason, message) when more generators cannot help; None otherwise."""
+def limit(decision: Decision, pools: list[Pool], generation_s: float, train_s: float,
+          step: int = 1) -> tuple[str, str] | None:
+    """(reason, message) when more generators cannot help (no pool has room for a step of
+    `step` replicas); None otherwise."""
     if decision.trainer_bound:
         return ("TrainerBound", f"training ({train_s:.2f}s per iteration) is the bottleneck and every pool is at its "
                                 f"minReplicas: generation takes {generation_s:.2f}s")
-    if generation_s > train_s and all(p.replicas >= p.max_replicas for p in pools):
+    if generation_s > train_s and all(p.replicas + step > p.max_replicas for p in pools):
         maxima = _fmt({p.name: p.max_replicas for p in pools})
         return ("AtMaxReplicas", f"generation-bound ({generation_s:.2f}s vs training {train_s:.2f}s per iteration) "
                                  f"and every pool is at its maxReplicas ({maxima})")
@@ -167,7 +169,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previ
     changed = decision.step != 0
     new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
                          settled_at=rnd.settled_at)
-    why = limit(decision, pools, obs.generation_s, obs.train_s)
+    why = limit(decision, pools, obs.generation_s, obs.train_s, auto.step)
     status = {**_base(new_memory, url, decision.reason, previous), **seen,
               "desiredReplicas": dict(decision.replicas),
               "lastDecision": {"time": timestamp(now), "step": decision.step, "pool": decision.pool or "",

@@ -158,18 +158,23 @@ class LocalAutoscaler:
             reason=decision.reason, trainer_bound=decision.trainer_bound, generation_s=round(obs.generation_s, 4),
             train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
         if decision.step > 0:
-            replica = self.fleet.start(decision.pool)
-            self.fleet.replicas.append(replica)
+            started = [self.fleet.start(decision.pool) for _ in range(decision.step)]
+            self.fleet.replicas.extend(started)
             self.scale_ups += 1
-            self._event(now, replica.name, f"+1 {decision.pool}: {decision.reason}")
-            self.say(f"autoscaler: +1 {decision.pool} ({replica.name}): {decision.reason}")
+            names = ", ".join(r.name for r in started)
+            for replica in started:
+                self._event(now, replica.name, f"+{decision.step} {decision.pool}: {decision.reason}")
+            self.say(f"autoscaler: +{decision.step} {decision.pool} ({names}): {decision.reason}")
         elif decision.step < 0:
-            victim = [r for r in self.fleet.replicas if r.pool == decision.pool][-1]  # the newest
-            self.fleet.replicas.remove(victim)
-            self.fleet.drain(victim)
+            victims = [r for r in self.fleet.replicas if r.pool == decision.pool][decision.step:]  # the newest
+            for victim in victims:
+                self.fleet.replicas.remove(victim)
+                self.fleet.drain(victim)
+                self._event(now, victim.name, f"{decision.step} {decision.pool} (drains): {decision.reason}")
             self.scale_downs += 1
-            self._event(now, victim.name, f"-1 {decision.pool} (drains): {decision.reason}")
-            self.say(f"autoscaler: -1 {decision.pool} ({victim.name} drains): {decision.reason}")
+            names = ", ".join(r.name for r in victims)
+            self.say(f"autoscaler: {decision.step} {decision.pool} ({names} drain{'s' * (len(victims) == 1)}): "
+                     f"{decision.reason}")
         elif decision.reason != self._last_reason and decision.trainer_bound:
             self.say(f"autoscaler: {decision.reason}")
         self._last_reason = decision.reason

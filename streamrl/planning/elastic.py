@@ -65,14 +65,14 @@ class Autoscaler:
             time_unix=round(now, 3), step=decision.step, pool=decision.pool, replicas=decision.replicas,
             reason=decision.reason, trainer_bound=decision.trainer_bound, generation_s=round(obs.generation_s, 4),
             train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
+        self.asked[decision.pool] += decision.step
         if decision.step > 0:
-            self.asked[decision.pool] += 1
-            self.run.joining.append((decision.pool, now))
-            self.sim.after(self.pools[decision.pool].join_seconds, self._join, decision.pool, now)
+            for _ in range(decision.step):
+                self.run.joining.append((decision.pool, now))
+                self.sim.after(self.pools[decision.pool].join_seconds, self._join, decision.pool, now)
         else:
-            newest = self.fleet.live(decision.pool)[-1]
-            self.asked[decision.pool] -= 1
-            self.fleet.drain(newest.generator_id)
+            for newest in self.fleet.live(decision.pool)[decision.step:]:
+                self.fleet.drain(newest.generator_id)
 
     def _join(self, pool: str, added_at: float) -> None:
         if not self.run.done:

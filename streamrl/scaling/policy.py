@@ -5,6 +5,9 @@ Inputs are what the bubble metrics say: recent per-iteration generation and trai
 times, how long generators sat idle for lack of work, replicas per pool and each pool's
 measured throughput and configured cost. Rules:
 
+Every change is `step` replicas of one pool (`autoscaling.step`: a data-parallel group's worth;
+1 by default), and "one more" / "one fewer" below means a step's worth.
+
 - scale up by one when generation is the bottleneck (Δ = T_gen − T_train > 0) and the
   generators would still be busy at least `min_utilisation` of the time with one more:
   T_gen − Δ′ ≥ min_utilisation · T_train, where Δ′ is the generation time one more
@@ -97,7 +100,7 @@ class State:
     """What the policy remembers between calls."""
 
     recommendations: tuple[tuple[float, int], ...] = ()
-    """(time, recommended step: +1, 0 or -1) over the last two horizons (windows, periods)."""
+    """(time, recommended direction: +1, 0 or -1) over the last two horizons (windows, periods)."""
     actions: tuple[tuple[float, int], ...] = ()
     """(time, replicas added (> 0) or removed (< 0)) within the longest policy period."""
     generation_bound: tuple[bool, ...] = ()
@@ -115,7 +118,7 @@ class Decision:
     reason: str
     """Why, for a person (events, status, logs)."""
     step: int = 0
-    """+1, 0 or -1: what changed."""
+    """Replicas added (> 0) or removed (< 0): +-autoscaling.step, or 0."""
     pool: str | None = None
     """The pool that changed."""
     trainer_bound: bool = False
@@ -123,41 +126,57 @@ class Decision:
     state: State = field(default_factory=State)
 
 
-def _saving(obs: Observation, pools: list[Pool], pool: Pool) -> float:
-    """Generation seconds per iteration one more replica of `pool` would save."""
+def _saving(obs: Observation, pools: list[Pool], pool: Pool, step: int = 1) -> float:
+    """Generation seconds per iteration `step` more replicas of `pool` would save."""
     total = sum(p.replicas * p.samples_per_s for p in pools)
     if total <= 0 or pool.samples_per_s <= 0:
         return 0.0
-    return obs.generation_s * pool.samples_per_s / (total + pool.samples_per_s)
+    return obs.generation_s * step * pool.samples_per_s / (total + step * pool.samples_per_s)
 
 
-def _after_removal(obs: Observation, pools: list[Pool], pool: Pool) -> float:
-    """Generation seconds per iteration with one replica of `pool` fewer."""
+def _after_removal(obs: Observation, pools: list[Pool], pool: Pool, step: int = 1) -> float:
+    """Generation seconds per iteration with `step` replicas of `pool` fewer."""
     total = sum(p.replicas * p.samples_per_s for p in pools)
-    rest = total - pool.samples_per_s
+    rest = total - step * pool.samples_per_s
     return obs.generation_s * total / rest if rest > 0 else float("inf")
 
 
+def _more(step: int, pool: str = "") -> str:
+    """`one more gpu replica`, `4 more replicas`."""
+    name = f"{pool} " if pool else ""
+    return f"one more {name}replica" if step == 1 else f"{step} more {name}replicas"
+
+
+def _fewer(step: int, pool: str = "") -> str:
+    """`one gpu replica fewer`, `4 replicas fewer`."""
+    name = f"{pool} " if pool else ""
+    return f"one {name}replica fewer" if step == 1 else f"{step} {name}replicas fewer"
+
+
 def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2, min_utilisation: float = 1.0,
-              hysteresis: float = 0.1, recently_generation_bound: bool = False) -> tuple[int, Pool | None, str, bool]:
-    """The rule's raw answer: (step, pool, reason, trainer_bound), before windows and policies."""
+              hysteresis: float = 0.1, recently_generation_bound: bool = False,
+              step: int = 1) -> tuple[int, Pool | None, str, bool]:
+    """The rule's raw answer: (direction +1/0/-1, pool, reason, trainer_bound), before windows
+    and policies; a change is `step` replicas."""
     delta = obs.generation_s - obs.train_s
-    growable = sorted((p for p in pools if p.replicas < p.max_replicas and p.samples_per_s > 0),
+    growable = sorted((p for p in pools if p.replicas + step <= p.max_replicas and p.samples_per_s > 0),
                       key=lambda p: (-p.value, p.name))
-    # Never the last replica of the job, whatever the minimums say: nothing would generate.
-    last = sum(p.replicas for p in pools) <= 1
-    shrinkable = sorted((p for p in pools if p.replicas > p.min_replicas and p.samples_per_s > 0 and not last),
+    # Never the job's last replicas, whatever the minimums say: nothing would generate.
+    last = sum(p.replicas for p in pools) <= step
+    shrinkable = sorted((p for p in pools if p.replicas - step >= p.min_replicas and p.samples_per_s > 0 and not last),
                         key=lambda p: (p.value, p.name))
     if delta > 0 and growable:
         best = growable[0]
-        saving = _saving(obs, pools, best)
+        saving = _saving(obs, pools, best, step)
         after = obs.generation_s - saving
         if after >= min_utilisation * obs.train_s:
             return (1, best, f"generation-bound: generation {obs.generation_s:.2f}s - training {obs.train_s:.2f}s "
-                             f"= {delta:.2f}s per iteration; one more {best.name} replica saves {saving:.2f}s and "
-                             f"generation ({after:.2f}s) stays >= {min_utilisation:.0%} of training", False)
-        return (0, None, f"balanced: one more replica would save {saving:.2f}s, leaving generation ({after:.2f}s) "
-                         f"under {min_utilisation:.0%} of training ({obs.train_s:.2f}s)", False)
+                             f"= {delta:.2f}s per iteration; {_more(step, best.name)} save{'s' * (step == 1)} "
+                             f"{saving:.2f}s and generation ({after:.2f}s) stays >= {min_utilisation:.0%} of training",
+                    False)
+        return (0, None, f"balanced: {_more(step)} would save "
+                         f"{saving:.2f}s, leaving generation ({after:.2f}s) under {min_utilisation:.0%} of training "
+                         f"({obs.train_s:.2f}s)", False)
     if delta > 0:
         return 0, None, "generation-bound, but every pool is at its maximum", False
     if shrinkable:
@@ -165,27 +184,29 @@ def recommend(obs: Observation, pools: list[Pool], idle_threshold: float = 0.2, 
             return (0, None, f"keeping every replica: generation was the bottleneck within the last "
                              f"{GENERATION_BOUND_MEMORY} observations", False)
         worst = shrinkable[0]
-        after = _after_removal(obs, pools, worst)
+        after = _after_removal(obs, pools, worst, step)
         if after <= (1 - hysteresis) * obs.train_s:
-            return (-1, worst, f"training-bound: with one {worst.name} replica fewer generation would take "
+            return (-1, worst, f"training-bound: with {_fewer(step, worst.name)} generation would take "
                                f"{after:.2f}s, within {1 - hysteresis:.0%} of training's {obs.train_s:.2f}s", False)
         if obs.idle_no_work > idle_threshold and after <= obs.train_s:
             return (-1, worst, f"generators idle for lack of work {obs.idle_no_work:.0%} of the time while work "
-                               f"was out (> {idle_threshold:.0%}); with one {worst.name} replica fewer generation "
+                               f"was out (> {idle_threshold:.0%}); with {_fewer(step, worst.name)} generation "
                                f"would take {after:.2f}s, still within training's {obs.train_s:.2f}s", False)
-        return (0, None, f"balanced: one replica fewer would bring generation ({after:.2f}s) too close to training "
-                         f"({obs.train_s:.2f}s) to hold", False)
+        return (0, None, f"balanced: {_fewer(step)} would bring generation "
+                         f"({after:.2f}s) too close to training ({obs.train_s:.2f}s) to hold", False)
     bound = delta < 0
     return (0, None, "training-bound and every pool is at its minimum: the trainer is the bottleneck"
             if bound else "balanced", bound)
 
 
 def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State, now: float,
-           idle_threshold: float = 0.2, min_utilisation: float = 1.0, hysteresis: float = 0.1) -> Decision:
-    """Apply the rule, then the stabilization windows and rate policies."""
+           idle_threshold: float = 0.2, min_utilisation: float = 1.0, hysteresis: float = 0.1,
+           size: int = 1) -> Decision:
+    """Apply the rule, then the stabilization windows and rate policies; a change is `size`
+    replicas (autoscaling.step)."""
     current = {p.name: p.replicas for p in pools}
     step, pool, reason, bound = recommend(obs, pools, idle_threshold, min_utilisation, hysteresis,
-                                          any(state.generation_bound))
+                                          any(state.generation_bound), size)
     remembered = (*state.generation_bound, obs.generation_bound)[-GENERATION_BOUND_MEMORY:]
     horizon = max([behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds,
                    behavior.cooldown_seconds]
@@ -210,20 +231,23 @@ def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State
                         state=new_state)
     for policy in rules.policies:
         moved = sum(abs(d) for t, d in actions if t > now - policy.period_seconds and (d > 0) == (step > 0))
-        if moved + 1 > policy.value:
+        if moved + size > policy.value:
             return Decision(current, f"{reason}; held: at most {policy.value} per {policy.period_seconds:.0f}s",
                             state=new_state)
     desired = dict(current)
-    desired[pool.name] += step
-    return Decision(desired, reason, step, pool.name, False,
-                    replace(new_state, actions=actions + ((now, step),)))
+    desired[pool.name] += step * size
+    return Decision(desired, reason, step * size, pool.name, False,
+                    replace(new_state, actions=actions + ((now, step * size),)))
 
 
 def behavior_from_spec(spec) -> Behavior:
     """The policy's behaviour from `spec.autoscaling.behavior` (an AutoscalingSpec's)."""
+    def value(p) -> int:  # one left unset allows a step
+        return p.value if "value" in p.model_fields_set else max(p.value, spec.step)
+
     def rules(r) -> ScalingRules:
         return ScalingRules(float(r.stabilization_window_seconds),
-                            tuple(ScalingPolicy(p.value, float(p.period_seconds)) for p in r.policies))
+                            tuple(ScalingPolicy(value(p), float(p.period_seconds)) for p in r.policies))
 
     return Behavior(rules(spec.behavior.scale_up), rules(spec.behavior.scale_down), float(spec.cooldown_seconds))
 

@@ -60,6 +60,7 @@ def scaling_round(autoscaling, generators, asked: dict[str, int], inputs: Inputs
         pools = [replace(p, max_replicas=min(p.max_replicas, p.replicas + room.get(p.name, 0))) for p in pools]
     pools = fill_unmeasured(pools)
     decision = decide(inputs.observation, pools, behavior_from_spec(autoscaling), state, now,
-                      autoscaling.idle_threshold, autoscaling.min_utilisation, autoscaling.hysteresis)
+                      autoscaling.idle_threshold, autoscaling.min_utilisation, autoscaling.hysteresis,
+                      autoscaling.step)
     return Round(None if decision.step else settled_at, decision.state, connected, None, window, decision,
                  tuple(pools))

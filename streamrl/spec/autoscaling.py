@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from streamrl.spec.base import SpecModel
 
@@ -15,7 +15,7 @@ class ScalingPolicySpec(SpecModel):
     type: Literal["Pods"] = "Pods"
     """Only `Pods` (a number of replicas)."""
     value: int = Field(1, ge=1)
-    """Replicas per period."""
+    """Replicas per period (when not given: 1, or `autoscaling.step` where that is more)."""
     period_seconds: int = Field(60, ge=1, le=1800)
     """The period, seconds."""
 
@@ -64,5 +64,19 @@ class AutoscalingSpec(SpecModel):
     cooldown_seconds: int = Field(60, ge=0, le=3600)
     """After a change, no change in the opposite direction for this long: a replica just
     added is not removed (nor one just removed re-added) on one noisy reading."""
+    step: int = Field(1, ge=1, le=64)
+    """Replicas added or removed at once: the unit the cluster grows by (a data-parallel group
+    of replicas, a node's worth), as the published method scales. The rules weigh what `step`
+    replicas more or fewer would do; each rate policy's `value` must allow a step (one left
+    unset does)."""
     behavior: ScalingBehaviorSpec = Field(default_factory=ScalingBehaviorSpec)
     """Stabilization windows and rate limits, with HPA's field names."""
+
+    @model_validator(mode="after")
+    def _policies_allow_a_step(self) -> AutoscalingSpec:
+        for direction, rules in (("scaleUp", self.behavior.scale_up), ("scaleDown", self.behavior.scale_down)):
+            for i, policy in enumerate(rules.policies):
+                if "value" in policy.model_fields_set and policy.value < self.step:
+                    raise ValueError(f"behavior.{direction}.policies[{i}].value: {policy.value} replicas per period "
+                                     f"is below step {self.step}, so no step could ever be taken")
+        return self

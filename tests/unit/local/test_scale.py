@@ -49,13 +49,13 @@ class _FakePrometheus:
                 "pool_connected": [r for p, n in self.connected.items() for r in vec(n, pool=p)]}
 
 
-def _scaler(tmp_path, cores=8, max_replicas=4):
+def _scaler(tmp_path, cores=8, max_replicas=4, step=1):
     job = parse_job({"metadata": {"name": "j"}, "spec": {
         "model": {"source": "builtin-tiny"},
         "generators": {"pools": [{"name": "default", "replicas": 1, "maxReplicas": max_replicas}]},
-        "autoscaling": {"mode": "Internal", "intervalSeconds": 1, "behavior": {
-            "scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 1}]},
-            "scaleDown": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1,
+        "autoscaling": {"mode": "Internal", "intervalSeconds": 1, "step": step, "behavior": {
+            "scaleUp": {"policies": [{"type": "Pods", "value": step, "periodSeconds": 1}]},
+            "scaleDown": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": step,
                                                                           "periodSeconds": 1}]}}}}})
     started, drained = [], []
 
@@ -84,6 +84,24 @@ def test_adds_one_replica_then_waits_until_it_joined(tmp_path):
     assert scaler.tick(now=105.0) is None
     assert scaler.tick(now=106.0).step == 1
     assert scaler.tick(now=106.5) is None  # not due (interval 1 s)
+
+
+def test_a_step_starts_and_drains_that_many_replicas(tmp_path):
+    scaler, prom, started, drained, said = _scaler(tmp_path, max_replicas=5, step=2)
+    prom.connected = {"default": 1}
+    prom.trainer_utilisation = 0.2  # 2 s of generation, 0.4 s of training: two more leave 0.67 s
+    scaler.tick(now=100.0)
+    decision = scaler.tick(now=102.0)
+    assert decision.step == 2 and [r.name for r in started] == ["default-1", "default-2"]
+    assert said[-1].startswith("autoscaler: +2 default (default-1, default-2): generation-bound")
+    assert scaler.replicas() == {"default": 3}
+    prom.connected = {"default": 3}
+    prom.generator_utilisation, prom.trainer_utilisation = 0.1, 0.9  # training-bound
+    scaler.tick(now=170.0)  # past the cooldown (60 s) after the change
+    for now in (172.0, 174.0, 176.0, 178.0):  # generation-bound no longer among the last three readings
+        decision = scaler.tick(now=now)
+    assert decision.step == -2 and [r.name for r in drained] == ["default-1", "default-2"]
+    assert said[-1].startswith("autoscaler: -2 default (default-1, default-2 drain): training-bound")
 
 
 def test_cores_bound_the_replicas_as_well_as_max_replicas(tmp_path):

@@ -137,3 +137,17 @@ def test_a_predictions_file_without_predictions_is_refused_by_name(tmp_path):
         assert "workload.rankerPredictions" in str(err) and "no predicted_length" in str(err)
     else:
         raise AssertionError("a lengths.jsonl without predictions was taken as the ranker's")
+
+
+def test_the_simulated_autoscaler_adds_a_whole_step_of_replicas(tmp_path):
+    """Generation-bound (training nearly free, 8 sequences of up to 9 steps on 2 one-at-a-time
+    replicas): with autoscaling.step 2 every change is two replicas, up to maxReplicas 6."""
+    data = _scenario(tmp_path, "random-fifo", iterations=40, outputs=(2, 8, 3, 9, 5, 7, 4, 6))
+    data["trainer"]["cost"]["secondsPerToken"] = 0.01
+    data["generators"][0].update(maxReplicas=6, minReplicas=2, joinSeconds=1)
+    data["autoscaling"] = {"mode": "Internal", "intervalSeconds": 30, "cooldownSeconds": 0, "step": 2,
+                           "minUtilisation": 0.1}
+    summary = simulate(parse_scenario(data)).summary
+    assert [(r.step, r.replicas) for r in summary.scaling] == [(2, {"g": 4}), (2, {"g": 6})]
+    assert summary.scale_ups == 2 and summary.replicas_final == {"g": 6}
+    assert "2 more g replicas save" in summary.scaling[0].reason

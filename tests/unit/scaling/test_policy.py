@@ -206,3 +206,43 @@ def test_the_last_replica_is_never_removed_even_with_a_minimum_of_zero():
     step, _, reason, bound = recommend(Observation(1.0, 4.0, idle_no_work=0.9), [Pool("a", 1, min_replicas=0,
                                                                                        samples_per_s=5.0)])
     assert step == 0 and bound and "trainer is the bottleneck" in reason
+
+
+def test_a_step_of_several_replicas_is_weighed_and_taken_whole():
+    """autoscaling.step 4: 4 replicas of 1 sample/s each, generation 20 s, training 10 s. Four
+    more save 20 x 4 / 8 = 10 s, leaving generation at training's 10 s: add all four (one at a
+    time, the first would save 4 s)."""
+    four = Behavior(ScalingRules(0.0, (ScalingPolicy(4, 60.0),)), ScalingRules(0.0, (ScalingPolicy(4, 60.0),)))
+    pools = [Pool("a", 4, max_replicas=16, samples_per_s=1.0)]
+    grown = decide(Observation(20.0, 10.0), pools, four, State(), NOW, size=4)
+    assert (grown.replicas, grown.step) == ({"a": 8}, 4)
+    assert "4 more a replicas save 10.00s and generation (10.00s)" in grown.reason
+    assert decide(Observation(20.0, 10.0), pools, four, State(), NOW).replicas == {"a": 5}
+    # Room for fewer than a step is no room: 13 of at most 16.
+    full = decide(Observation(20.0, 10.0), [Pool("a", 13, max_replicas=16, samples_per_s=1.0)], four, State(), NOW,
+                  size=4)
+    assert full.step == 0 and "every pool is at its maximum" in full.reason
+    # Training-bound: 8 replicas, generation 4 s of training's 10 s; 4 fewer would take 8 s <= 9 s.
+    shrunk = decide(Observation(4.0, 10.0), [Pool("a", 8, samples_per_s=1.0)], four, State(), NOW, size=4)
+    assert (shrunk.replicas, shrunk.step) == ({"a": 4}, -4)
+    assert "with 4 a replicas fewer generation would take 8.00s" in shrunk.reason
+    # A step below the minimum is not taken: 6 replicas, at least 4.
+    kept = decide(Observation(4.0, 10.0), [Pool("a", 6, min_replicas=4, samples_per_s=1.0)], four, State(), NOW,
+                  size=4)
+    assert kept.step == 0 and kept.trainer_bound
+    # The rate policy counts replicas: at most 4 per 60 s holds a second step of 4.
+    held = decide(Observation(20.0, 10.0), [Pool("a", 8, max_replicas=16, samples_per_s=1.0)], four, grown.state,
+                  NOW + 30, size=4)
+    assert held.step == 0 and "at most 4 per 60s" in held.reason
+
+
+def test_a_step_needs_rate_policies_that_allow_it():
+    from streamrl.scaling.policy import behavior_from_spec
+    from streamrl.spec import AutoscalingSpec
+
+    spec = AutoscalingSpec.model_validate({"step": 4})  # policies left unset allow a step
+    behavior = behavior_from_spec(spec)
+    assert behavior.scale_up.policies == (ScalingPolicy(4, 60.0),) == behavior.scale_down.policies
+    with pytest.raises(ValueError, match=r"behavior.scaleUp.policies\[0\].value: 2 replicas per period is below "
+                                         r"step 4, so no step could ever be taken"):
+        AutoscalingSpec.model_validate({"step": 4, "behavior": {"scaleUp": {"policies": [{"value": 2}]}}})
