@@ -142,7 +142,7 @@ class SimulatedFleet(Fleet):
             match msg:
                 case Work():
                     length = self.lengths[msg.prompt_id]
-                    tokens = self.scenario.workload.prompt_tokens
+                    tokens = self.inflight[msg.prompt_id][1].prompt_tokens
                     work.setdefault(gid, []).extend(
                         Sequence(msg.prompt_id, i, length[i], tokens, msg.min_policy_version, msg.priority)
                         for i in msg.sample_indices)
@@ -159,13 +159,14 @@ class SimulatedFleet(Fleet):
 
     # ---- work -------------------------------------------------------------------------
     def add_prompts(self, iteration: int, prompts: list[PromptWork], lengths: dict[str, tuple[int, ...]],
-                    prompt_tokens: int, min_policy_version: int) -> None:
-        """Queue one iteration's prompts in the product's dispatch order."""
+                    prompt_tokens: dict[str, int], min_policy_version: int) -> None:
+        """Queue one iteration's prompts (their outputs' and their own tokens by id) in the
+        product's dispatch order."""
         g = self.scenario.algorithm.group_size
         tasks = []
         for p in workqueue.dispatch_order(prompts):
             task = InFlight(p, iteration, g, 0, min_policy_version)
-            self.inflight[p.prompt_id] = (task, SimGroup(p.prompt_id, iteration, prompt_tokens, g))
+            self.inflight[p.prompt_id] = (task, SimGroup(p.prompt_id, iteration, prompt_tokens[p.prompt_id], g))
             self.lengths[p.prompt_id] = lengths[p.prompt_id]
             tasks.append(task)
         self.queue_work(tasks)

@@ -1,5 +1,6 @@
-"""The simulated prompts: each iteration's output lengths (drawn from its own seeded stream, or
-a run's lengths.jsonl), drifting, and what a ranker would predict. Knows lengths, not time."""
+"""The simulated prompts: each iteration's prompt and output lengths (drawn from their own
+seeded streams, or a run's lengths.jsonl), drifting geometrically or linearly, and what a
+ranker would predict. Knows lengths, not time."""
 
 from __future__ import annotations
 
@@ -98,7 +99,25 @@ class Workload:
             self._predictions = read_predictions_file(scenario_path(section.ranker_predictions, base))
 
     def growth(self, iteration: int) -> float:
-        return (1 + self.section.median_growth_per_iteration) ** iteration
+        """Output lengths' scale at `iteration` (1 at iteration 0)."""
+        rate = self.section.median_growth_per_iteration
+        if self.section.growth == "linear":
+            return max(0.0, 1 + rate * iteration)
+        return (1 + rate) ** iteration
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        w = self.section
+        return w.max_prompt_tokens or max(1, 8 * w.prompt_tokens)
+
+    def _prompt_tokens(self, n: int, rng: np.random.Generator) -> list[int]:
+        """Each prompt's tokens: promptTokens, or lognormal around it (its own stream, so the
+        output lengths drawn are the same with and without a spread)."""
+        w = self.section
+        if w.prompt_tokens_sigma == 0:
+            return [w.prompt_tokens] * n
+        drawn = w.prompt_tokens * np.exp(rng.normal(0.0, w.prompt_tokens_sigma, n))
+        return [int(min(self.max_prompt_tokens, max(1, round(x)))) for x in drawn]
 
     def _groups(self, iteration: int, rng: np.random.Generator) -> list[list[float]]:
         spec, n, g = self.section.lengths, self.prompts_per_step, self.group_size
@@ -121,17 +140,21 @@ class Workload:
         rng = np.random.default_rng([self.seed, iteration])
         ranker = np.random.default_rng([self.seed, iteration, 1])
         cap, scale = self.section.max_new_tokens, self.growth(iteration)
+        groups = self._groups(iteration, rng)
+        prompt_tokens = self._prompt_tokens(len(groups), np.random.default_rng([self.seed, iteration, 2]))
         out = []
-        for k, group in enumerate(self._groups(iteration, rng)):
+        for k, group in enumerate(groups):
             lengths = tuple(int(min(cap, max(1, round(x * scale)))) for x in group)
             index = iteration * self.prompts_per_step + k
             mean = sum(lengths) / len(lengths)
             ranked = mean * math.exp(ranker.normal(0.0, self.section.ranker_log_error))  # drawn either way: one stream
             ranked = self._predictions.get((iteration, k), ranked)
-            out.append(DrawnPrompt(f"{iteration}-{k}-{index}", index, self.section.prompt_tokens, lengths, ranked))
+            out.append(DrawnPrompt(f"{iteration}-{k}-{index}", index, prompt_tokens[k], lengths, ranked))
         return out
 
     def typical_context(self) -> int:
         """Prompt plus half a median output at iteration 0: the context of PTL points a replica reports."""
-        first = sorted(n for p in self.iteration(0) for n in p.lengths)
-        return self.section.prompt_tokens + first[len(first) // 2] // 2
+        drawn = self.iteration(0)
+        first = sorted(n for p in drawn for n in p.lengths)
+        prompts = sorted(p.prompt_tokens for p in drawn)
+        return prompts[len(prompts) // 2] + first[len(first) // 2] // 2

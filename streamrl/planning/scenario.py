@@ -57,13 +57,22 @@ LengthsSpec = Annotated[LognormalLengths | FileLengths, Field(discriminator="typ
 
 class WorkloadSection(SpecModel):
     prompt_tokens: int = Field(256, ge=0)
-    """Tokens of every prompt."""
+    """Tokens of every prompt (with promptTokensSigma: their median)."""
+    prompt_tokens_sigma: float = Field(0.0, ge=0, le=3)
+    """Spread of prompt lengths over prompts: standard deviation of log(prompt tokens), lognormal
+    around promptTokens (0: every prompt promptTokens long), clipped to maxPromptTokens. A prompt's
+    length sets its prefill and every sample's context and trained tokens."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Longest prompt (unset: 8 x promptTokens)."""
     max_new_tokens: int = Field(4096, ge=1)
     """Longest output; drawn lengths are clipped to it."""
     lengths: LengthsSpec
     """The output-length distribution."""
     median_growth_per_iteration: float = Field(0.0, ge=-0.5, le=1.0)
     """Drift: lengths grow by this factor per iteration (0.01 = 1% longer each iteration), clipped to maxNewTokens."""
+    growth: Literal["geometric", "linear"] = "geometric"
+    """How the drift accumulates: `geometric` multiplies lengths by (1 + rate)^iteration,
+    `linear` by 1 + rate x iteration (the steady rise RL runs show as reasoning lengthens)."""
     ranker_log_error: float = Field(0.5, ge=0)
     """skewness-aware: standard deviation of log(predicted / true mean length) of a prompt (0 = as the oracle)."""
     ranker_predictions: str | None = None

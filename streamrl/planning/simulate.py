@@ -74,7 +74,7 @@ class Simulator:
                                                          else p.ranked_length for p in drawn})
                 self.fleet.replan()
             self.fleet.add_prompts(j, prompts, {p.prompt_id: p.lengths for p in drawn},
-                                   sc.workload.prompt_tokens, self.planner.min_policy_version(j))
+                                   {p.prompt_id: p.prompt_tokens for p in drawn}, self.planner.min_policy_version(j))
 
     def _trainer_loop(self):
         sc, cost, fleet, track = self.scenario, self.stages.trainer, self.fleet, self.trainer

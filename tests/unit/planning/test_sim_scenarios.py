@@ -104,6 +104,45 @@ def test_output_lengths_drift_as_asked():
     assert run.iterations[-1].generation_s > 2 * run.iterations[0].generation_s
 
 
+def test_linear_growth_adds_the_same_share_of_the_first_length_each_iteration():
+    data = _table(workload={"promptTokens": 16, "maxNewTokens": 100000, "medianGrowthPerIteration": 0.5,
+                            "growth": "linear", "lengths": {"type": "lognormal", "median": 40, "sigma": 0.0}})
+    run = simulate(parse_scenario(data))
+    assert [r.completion_tokens_mean for r in run.iterations] == [40, 60, 80, 100]
+
+
+def test_prompt_lengths_spread_over_prompts_and_each_prompt_is_prefilled_and_trained_as_long_as_it_is():
+    from streamrl.planning.fleet import SimGroup
+    from streamrl.planning.rollouts import Workload
+    from streamrl.planning.simulate import padded_tokens
+
+    def workload(**extra):
+        data = _table(workload={"promptTokens": 100, "maxNewTokens": 256, "lengths": {"type": "lognormal",
+                                                                                          "median": 40}, **extra})
+        return data, Workload(parse_scenario(data).workload, 64, 4, seed=0)
+
+    _, fixed = workload()
+    data, spread = workload(promptTokensSigma=1.0, maxPromptTokens=400)
+    drawn = [p.prompt_tokens for j in range(4) for p in spread.iteration(j)]
+    assert {p.prompt_tokens for p in fixed.iteration(0)} == {100}
+    assert min(drawn) >= 1 and max(drawn) == 400  # clipped
+    assert 70 < sorted(drawn)[len(drawn) // 2] < 140  # lognormal around the median
+    # the outputs drawn are the same with and without the spread (prompt lengths have their own stream)
+    assert [p.lengths for p in spread.iteration(1)] == [p.lengths for p in fixed.iteration(1)]
+    # each prompt trained with its own tokens: batch mode takes the iteration at once, its
+    # micro-batches of 8 padded to their longest, 1e-4 s per token plus the 0.05 s step
+    data["pipeline"]["mode"] = "batch"
+    data["generators"][0]["cost"]["prefillSecondsPerToken"] = 1e-3
+    scenario = parse_scenario(data)
+    groups = [SimGroup(p.prompt_id, 0, p.prompt_tokens, 4, list(p.lengths))
+              for p in Workload(scenario.workload, 16, 4, seed=scenario.seed).iteration(0)]
+    spread_run = simulate(scenario)
+    assert spread_run.iterations[0].train_s == pytest.approx(padded_tokens(groups, 8) * 1e-4 + 0.05)
+    data["workload"]["promptTokensSigma"] = 0.0
+    fixed_run = simulate(parse_scenario(data))
+    assert spread_run.iterations[0].generation_s != fixed_run.iterations[0].generation_s  # prefill differs
+
+
 def test_the_elastic_policy_adds_replicas_as_generation_falls_behind():
     data = _table(replicas=2, workload={"promptTokens": 16, "maxNewTokens": 4000, "medianGrowthPerIteration": 0.1,
                                         "lengths": {"type": "lognormal", "median": 100, "sigma": 0.3}})
