@@ -118,3 +118,23 @@ def test_split_long_tail_and_length_targets():
     with pytest.raises(ValueError, match="alpha"):
         split_long_tail({"a": 1}, 1.5)
     assert length_targets(list(range(1, 11))) == pytest.approx((9.1, 5.5))
+
+
+def test_four_replicas_follow_algorithm_2_and_set_one_aside_only_while_the_tail_fits_its_batch():
+    """Algorithm 2 (objective sum) with 4 replicas, PTL 10 ms at 1, 12 ms at 8, 40 ms at 64;
+    8 long samples of 1,000 tokens and 120 regular of 200, long-tail cap 8:
+      0 long: 128 over 4 at 32, PTL(32) = 24 ms x 1,000 (the long ones set the pace) = 24.0 s
+      1 long: 8 in one wave at PTL(8) x 1,000 = 12.0 s + 120 over 3 at 40, 28 ms x 200 = 5.6 s
+      2 long: 4 each at 10.86 ms x 1,000 + 60 each at 38 ms x 200 = 10.86 + 7.6 s
+      3 long: 3 each at 10.57 ms x 1,000 + 120 on one in 2 waves of 64 at 40 ms x 200 = 26.57 s
+      4 long: 32 each in 4 waves of 8 at 12 ms x 1,000 = 48.0 s
+    One replica goes to the tail. With five times the tail (40 samples, 5 waves on one replica
+    at the cap) setting replicas aside costs more than letting them pace everyone: none."""
+    profile = LatencyProfile(((1, 0.010), (8, 0.012), (64, 0.040)))
+    plan = plan_long_tail(LongTailDemand(8, 120, 1000, 200), _replicas(4, profile), 8)
+    assert plan.estimates_s == pytest.approx((24.0, 17.6, 10.0 + 6 / 7 + 7.6, 10.0 + 4 / 7 + 16.0, 48.0), rel=1e-3)
+    assert len(plan.long_replicas) == 1
+    heavy = plan_long_tail(LongTailDemand(40, 88, 1000, 200), _replicas(4, profile), 8)
+    # 0 long: 128 over 4 at 32 = 24.0 s; 1 long: 5 waves x 12 s + 88 over 3 at 30 (23 ms) x 200 = 64.6 s
+    assert heavy.estimates_s[0] == pytest.approx(24.0) and heavy.estimates_s[1] == pytest.approx(64.6)
+    assert heavy.long_replicas == ()
