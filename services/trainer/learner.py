@@ -29,7 +29,14 @@ from streamrl.samples import Group, Sample, ScoredSample, micro_batches_by_lengt
 from streamrl.spec import AlgorithmSpec, TrainerMemorySpec
 from streamrl.trainer.commands import Accumulate, Command, Gather, Load, Save, Step, Stop
 from streamrl.trainer.critic import Critic, gae
-from streamrl.trainer.ranks import Ranks, balance_by_tokens, checkpoint_activations, full_state_dict, shard
+from streamrl.trainer.ranks import (
+    Ranks,
+    balance_by_tokens,
+    checkpoint_activations,
+    clip_grad_norm,
+    full_state_dict,
+    shard,
+)
 from streamrl.trainer.timings import RankTimings
 
 
@@ -132,9 +139,17 @@ class Learner:
             for module in (model, critic and critic.model):
                 if module is not None:
                     checkpoint_activations(module)  # the reference runs without gradients: nothing to recompute
-        self.model = shard(model, self.ranks, dtype, memory.cpu_offload)
-        self.ref_model = shard(reference, self.ranks, dtype, memory.cpu_offload) if reference is not None else None
-        self.critic = shard(critic, self.ranks, dtype, memory.cpu_offload) if critic is not None else None
+        self.tensor_parallel = memory.tensor_parallel
+        """Ranks that split each layer and take the same samples (consecutive ranks)."""
+        self.data_parallel = self.ranks.world_size // self.tensor_parallel
+        """Groups of ranks the samples are shared among."""
+
+        def sharded(module: torch.nn.Module) -> torch.nn.Module:
+            return shard(module, self.ranks, dtype, memory.cpu_offload, memory.tensor_parallel)
+
+        self.model = sharded(model)
+        self.ref_model = sharded(reference) if reference is not None else None
+        self.critic = sharded(critic) if critic is not None else None
         for module in (self.model, self.ref_model, self.critic):
             self.timings.watch_all_gathers(module)
         self.optimizer, self.scheduler = _adamw(self.model, algo.learning_rate, algo)
@@ -152,9 +167,10 @@ class Learner:
         """Forward/backward on these groups over every rank; gradients accumulate until step()."""
         samples = [(g.prompt_token_ids, s) for g in groups for s in g.samples]
         tokens = [len(p) + len(s.sample.completion_token_ids) for p, s in samples]
-        shares = balance_by_tokens(samples, tokens, self.ranks.world_size)
+        shares = balance_by_tokens(samples, tokens, self.data_parallel)
         num_micro_batches = max(math.ceil(len(share) / self.algo.micro_batch_size) for share in shares)
-        mine = self._send([Accumulate(share, num_samples_in_step, num_micro_batches) for share in shares])
+        mine = self._send([Accumulate(shares[r // self.tensor_parallel], num_samples_in_step, num_micro_batches)
+                           for r in range(self.ranks.world_size)])  # a layer's ranks take the same samples
         self._accumulate(mine.share, mine.num_samples_in_step, mine.num_micro_batches)
 
     def step(self) -> StepStats:
@@ -220,11 +236,11 @@ class Learner:
         """This rank's share, in micro-batches; samples are ordered by length first (output
         lengths are long-tailed: one long sample would otherwise pad a whole micro-batch).
         The loss is a fixed-weight sum over samples, so the grouping does not change the
-        gradient; with several ranks, whose gradients FSDP averages, each weighs in by the
-        world size."""
+        gradient; with several data-parallel groups of ranks, whose gradients FSDP averages, each
+        weighs in by their number."""
         batches = micro_batches_by_length(samples, lambda item: len(item[0]) + len(item[1].sample.completion_token_ids),
                                           self.algo.micro_batch_size)
-        weight = self.ranks.world_size / num_samples_in_step
+        weight = self.data_parallel / num_samples_in_step
         for k in range(num_micro_batches):
             if k < len(batches):
                 self._micro_batch(batches[k], weight)
@@ -265,31 +281,31 @@ class Learner:
         acc = self._acc
         acc.num_samples += n
         acc.num_micro_batches += 1
-        acc.loss += terms.loss.item() / self.ranks.world_size
+        acc.loss += terms.loss.item() / self.data_parallel
         acc.clipped += terms.clip_fraction * n
         acc.kl += terms.kl * n
-        acc.value_loss += critic_loss.item() / self.ranks.world_size if critic_loss is not None else 0.0
+        acc.value_loss += critic_loss.item() / self.data_parallel if critic_loss is not None else 0.0
         acc.forward_backward_s += time.monotonic() - t0
 
     def _step(self) -> StepStats:
         t0 = time.monotonic()
         with self.timings.collective(OPTIMIZER_STEP):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm)
-            if hasattr(grad_norm, "full_tensor"):  # sharded: the norm over every rank's shard
-                grad_norm = grad_norm.full_tensor()
+            grad_norm = clip_grad_norm(self.model.parameters(), self.algo.max_grad_norm)  # over every shard
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             if self.critic is not None:
-                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.algo.max_grad_norm)
+                clip_grad_norm(self.critic.parameters(), self.algo.max_grad_norm)
                 self.critic_optimizer.step()
                 self.critic_scheduler.step()
                 self.critic_optimizer.zero_grad(set_to_none=True)
         self.policy_version += 1
         acc, self._acc = self._acc, _Accumulated()
         with self.timings.collective(ALL_REDUCE):
-            num_samples, num_micro_batches, loss, clipped, kl, critic_loss = self.ranks.sum(
-                [acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl, acc.value_loss])
+            summed = self.ranks.sum([acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl,
+                                     acc.value_loss])
+            # every rank of a tensor-parallel group counted the same samples: once per group
+            num_samples, num_micro_batches, loss, clipped, kl, critic_loss = (x / self.tensor_parallel for x in summed)
             forward_backward_s = self.ranks.maximum(acc.forward_backward_s)
         n = max(num_samples, 1)
         return StepStats(int(num_samples), int(num_micro_batches), loss, clipped / n, kl / n, float(grad_norm),

@@ -92,11 +92,24 @@ class Ranks:
             dist.destroy_process_group()
 
 
-def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32", cpu_offload: bool = False) -> torch.nn.Module:
+TENSOR_PARALLEL_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+                        "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+                        "mlp.down_proj": "rowwise"}
+"""A Llama-family decoder layer split Megatron-style: the attention's heads and the MLP's
+columns column-wise, their output projections row-wise (one all-reduce after each)."""
+
+
+def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32", cpu_offload: bool = False,
+          tensor_parallel: int = 1) -> torch.nn.Module:
     """FSDP2 over every rank: each decoder layer a unit, then the root (the embeddings and the
     head); on CUDA, compute in the spec's dtype and reduce in float32; with `cpu_offload`, the
-    shards, their gradients and the optimizer state in host memory (CPUOffloadPolicy). One
-    rank: unchanged."""
+    shards, their gradients and the optimizer state in host memory (CPUOffloadPolicy). With
+    `tensor_parallel` > 1, each layer is first split across groups of that many consecutive
+    ranks (TENSOR_PARALLEL_PLAN) and FSDP2 shards over the other dimension of the 2-D mesh.
+    One rank: unchanged."""
+    if ranks.world_size % tensor_parallel:
+        raise ValueError(f"trainer.memory.tensorParallel: {tensor_parallel} does not divide the trainer's "
+                         f"{ranks.world_size} ranks")
     if ranks.world_size == 1:
         if cpu_offload:
             raise ValueError("trainer.memory.cpuOffload needs the trainer sharded over two ranks or more")
@@ -105,6 +118,8 @@ def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32", cpu_offl
 
     kwargs = {}
     on_gpu = next(model.parameters()).is_cuda
+    if tensor_parallel > 1:
+        kwargs["mesh"] = _split_layers(model, ranks, tensor_parallel, "cuda" if on_gpu else "cpu")
     if on_gpu and dtype != "float32":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
     if cpu_offload:  # pinned host memory for the copies to a GPU (a CPU build has none to pin)
@@ -113,6 +128,60 @@ def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32", cpu_offl
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def _split_layers(model: torch.nn.Module, ranks: Ranks, tp: int, device_type: str):
+    """Split every decoder layer over the `tp` ranks of its row of a (world / tp, tp) mesh;
+    returns the data-parallel dimension, for FSDP2. ValueError naming what does not divide."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    cfg = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
+    sizes = {"num_attention_heads": getattr(cfg, "num_attention_heads", None),
+             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads",
+                                                                                         None),
+             "intermediate_size": getattr(cfg, "intermediate_size", None)}
+    for name, n in sizes.items():
+        if n is None or n % tp:
+            raise ValueError(f"trainer.memory.tensorParallel: {tp} does not divide the model's {name} ({n})")
+    layers = _layers(model)
+
+    def lacks(path: str) -> bool:
+        try:
+            layers[0].get_submodule(path)
+        except AttributeError:
+            return True
+        return False
+
+    missing = [path for path in TENSOR_PARALLEL_PLAN if layers and lacks(path)]
+    if not layers or missing:
+        raise ValueError(f"trainer.memory.tensorParallel: {type(model).__name__}'s layers lack {missing or 'layers'}")
+    mesh = init_device_mesh(device_type, (ranks.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for layer in layers:
+        parallelize_module(layer, mesh["tp"], {path: styles[style]() for path, style in TENSOR_PARALLEL_PLAN.items()})
+    return mesh["dp"]
+
+
+def clip_grad_norm(parameters, max_norm: float) -> float:
+    """torch's gradient clipping (get_total_norm, clip_grads_with_norm_) over parameters that
+    may live on different device meshes (tensor-parallel layers on the 2-D mesh, the rest on
+    FSDP's): each mesh's norm is taken on its own and put together whole; returns the norm of
+    every gradient before clipping."""
+    groups: dict[object, list[torch.nn.Parameter]] = {}
+    for p in parameters:
+        if p.grad is not None:
+            groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    if not groups:
+        return 0.0
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return float(total)
 
 
 def checkpoint_activations(model: torch.nn.Module) -> None:

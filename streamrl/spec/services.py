@@ -37,6 +37,12 @@ class TrainerMemorySpec(SpecModel):
     state live in host memory and the optimizer steps there; each layer's parameters are
     copied to the device for its forward and backward. Needs the trainer sharded over two
     ranks or more (FSDP2 over a process group)."""
+    tensor_parallel: int = Field(1, ge=1, le=8)
+    """Ranks each decoder layer is split across (DTensor tensor parallelism: attention heads
+    and MLP columns, `parallelize_module`), within a node; the world size over it shards
+    data-parallel with FSDP2 on a 2-D mesh. Each rank then holds 1/tensorParallel of a layer's
+    weights and activations. Must divide processesPerNode, and the model's attention heads, KV
+    heads and MLP width."""
 
 
 class TrainerSpec(SpecModel):
@@ -90,6 +96,10 @@ class TrainerSpec(SpecModel):
         if self.memory.cpu_offload and self.world_size < 2:
             raise ValueError("memory.cpuOffload: needs the trainer sharded over two ranks or more (nodes x "
                              f"processesPerNode is {self.world_size}); FSDP2 offloads the shards of a process group")
+        tp = self.memory.tensor_parallel
+        if tp > 1 and self.processes_per_node % tp:
+            raise ValueError(f"memory.tensorParallel: {tp} must divide processesPerNode ({self.processes_per_node}): "
+                             "a layer is split across the ranks of one node")
         return self
 
     @field_validator("processes_per_node")

@@ -1,5 +1,5 @@
-"""Checkpoints restore the learner exactly: on 1 rank and on 2 FSDP2 ranks (gloo), under grpo
-and under ppo (whose checkpoints hold the critic and its optimizer too), saving after two
+"""Checkpoints restore the learner exactly: on 1 rank, on 2 FSDP2 ranks (gloo) and on 2
+tensor-parallel ranks (a 1 x 2 mesh), under grpo and under ppo (whose checkpoints hold the critic and its optimizer too), saving after two
 steps, loading (into the same learner, and into a fresh one as a restarted trainer would) and
 taking a third step on the same groups gives parameters and optimizer state bit-identical to
 taking that step without the save and load."""
@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from streamrl.models import load_model
-from streamrl.spec import AlgorithmSpec
+from streamrl.spec import AlgorithmSpec, TrainerMemorySpec
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.ranks import Ranks, balance_by_tokens
 from tests.integration.test_ranks import _free_port, _groups
@@ -28,12 +28,13 @@ def _step(learner: Learner, step: int) -> None:
     """One optimizer step on step's groups, every rank taking its share as rank 0 would hand it."""
     arrivals = _groups(step)
     total = sum(g.num_samples for groups in arrivals for g in groups)
-    world = learner.ranks.world_size
+    groups_of_ranks = learner.data_parallel  # a tensor-parallel group's ranks take the same share
     for groups in arrivals:
         samples = [(g.prompt_token_ids, s) for g in groups for s in g.samples]
-        shares = balance_by_tokens(samples, [len(p) + len(s.sample.completion_token_ids) for p, s in samples], world)
+        shares = balance_by_tokens(samples, [len(p) + len(s.sample.completion_token_ids) for p, s in samples],
+                                   groups_of_ranks)
         micro = max(-(-len(share) // learner.algo.micro_batch_size) for share in shares)
-        learner._accumulate(shares[learner.ranks.rank], total, micro)
+        learner._accumulate(shares[learner.ranks.rank // learner.tensor_parallel], total, micro)
     learner._step()
 
 
@@ -56,12 +57,13 @@ def _state(learner: Learner) -> dict[str, torch.Tensor]:
     return out
 
 
-def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: str, algo: str) -> None:
+def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: str, algo: str, tp: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     ranks = Ranks.from_environment(timeout_s=60)
-    learner = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks)
+    memory = TrainerMemorySpec(tensorParallel=tp)
+    learner = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks, memory=memory)
     for step in range(2):
         _step(learner, step)
     saved = _state(learner)
@@ -73,7 +75,7 @@ def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: 
     reloaded = _state(learner)
     _step(learner, 2)
     again = _state(learner)
-    fresh = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks)  # a restarted trainer: initial weights, then load
+    fresh = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks, memory=memory)  # a restarted trainer: initial weights, then load
     fresh._load(Path(ckpt))
     _step(fresh, 2)
     restarted = _state(fresh)
@@ -84,10 +86,11 @@ def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size, algo", [(1, "grpo"), (2, "grpo"), (1, "ppo"), (2, "ppo")])
-def test_save_load_and_a_step_is_bit_identical_to_the_step_alone(tiny_model_dir, tmp_path, world_size, algo):
+@pytest.mark.parametrize("world_size, algo, tp", [(1, "grpo", 1), (2, "grpo", 1), (1, "ppo", 1), (2, "ppo", 1),
+                                                  (2, "ppo", 2)])
+def test_save_load_and_a_step_is_bit_identical_to_the_step_alone(tiny_model_dir, tmp_path, world_size, algo, tp):
     out = tmp_path / "states.pt"
-    mp.spawn(_run, args=(world_size, _free_port(), str(tiny_model_dir), str(tmp_path / "ckpt"), str(out), algo),
+    mp.spawn(_run, args=(world_size, _free_port(), str(tiny_model_dir), str(tmp_path / "ckpt"), str(out), algo, tp),
              nprocs=world_size, join=True)
     states = torch.load(out)
     saved, straight = states["saved"], states["straight"]

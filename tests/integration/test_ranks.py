@@ -1,6 +1,7 @@
 """The trainer's ranks on real torch.distributed (gloo): the same scored groups trained by
 one rank and by two FSDP2-sharded ranks, with and without each memory feature (activation
-checkpointing, CPU offload of the shards and optimizer state), give the same parameters and
+checkpointing, CPU offload of the shards and optimizer state, each layer split over both ranks
+by tensor parallelism on a 2-D mesh), give the same parameters and
 the same published weights after three optimizer steps, and what is published is exactly the
 shards put together."""
 
@@ -72,6 +73,12 @@ def _train(rank: int, world_size: int, port: int, model_dir: str, out: str, memo
         units = [*layers, learner.model]
         policies = {type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__ for m in units}
         assert policies == {"CPUOffloadPolicy" if memory.get("cpuOffload") else "OffloadPolicy"}
+    # tensor-parallel: each rank holds a layer's projections split over the 2-D mesh's second dimension
+    q = layers[0].self_attn.q_proj.weight
+    tp = memory.get("tensorParallel", 1)
+    assert (q.device_mesh.mesh_dim_names == ("dp", "tp")) == (tp > 1) if hasattr(q, "device_mesh") else tp == 1
+    if tp > 1:
+        assert q.to_local().shape[0] == q.shape[0] // tp
     # What is published is what the shards hold, put together.
     for name, full in _full_parameters(learner).items():
         assert torch.equal(weights[name], full), name
@@ -113,7 +120,11 @@ def one_plain_rank(tiny_model_dir, tmp_path_factory) -> dict:
     (1, {"activationCheckpointing": True}),
     (2, {"cpuOffload": True}),
     (2, {"activationCheckpointing": True, "cpuOffload": True}),
-], ids=["sharded", "checkpointed", "sharded-offloaded", "sharded-checkpointed-offloaded"])
+    (2, {"tensorParallel": 2}),
+    (2, {"tensorParallel": 2, "activationCheckpointing": True}),
+    (2, {"tensorParallel": 2, "cpuOffload": True}),
+], ids=["sharded", "checkpointed", "sharded-offloaded", "sharded-checkpointed-offloaded", "tensor-parallel",
+        "tensor-parallel-checkpointed", "tensor-parallel-offloaded"])
 def test_sharding_and_memory_features_train_the_same_parameters_as_one_plain_rank(
         one_plain_rank, tiny_model_dir, tmp_path, world_size, memory):
     one, other = one_plain_rank, _trained(world_size, memory, tiny_model_dir, tmp_path / "other.pt")
@@ -127,9 +138,10 @@ def test_sharding_and_memory_features_train_the_same_parameters_as_one_plain_ran
 
 
 @pytest.mark.slow
-def test_ppo_on_two_sharded_ranks_trains_the_policy_and_the_critic_as_one_rank(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("memory", [{}, {"tensorParallel": 2}], ids=["sharded", "tensor-parallel"])
+def test_ppo_on_two_sharded_ranks_trains_the_policy_and_the_critic_as_one_rank(tiny_model_dir, tmp_path, memory):
     algo = {"type": "ppo", "criticLearningRate": 5e-3}
-    one, two = (_trained(n, {}, tiny_model_dir, tmp_path / f"ppo-{n}.pt", algo) for n in (1, 2))
+    one, two = (_trained(n, memory if n == 2 else {}, tiny_model_dir, tmp_path / f"ppo-{n}.pt", algo) for n in (1, 2))
     assert one["loss"] == pytest.approx(two["loss"], rel=1e-4)
     assert one["value_loss"] == pytest.approx(two["value_loss"], rel=1e-4) and one["value_loss"][0] > 0
     initial = load_model(tiny_model_dir)
