@@ -1,8 +1,9 @@
 """Checkpoints restore the learner exactly: on 1 rank, on 2 FSDP2 ranks (gloo) and on 2
-tensor-parallel ranks (a 1 x 2 mesh), under grpo and under ppo (whose checkpoints hold the critic and its optimizer too), saving after two
-steps, loading (into the same learner, and into a fresh one as a restarted trainer would) and
-taking a third step on the same groups gives parameters and optimizer state bit-identical to
-taking that step without the save and load."""
+tensor-parallel ranks (a 1 x 2 mesh), under grpo and under ppo (whose checkpoints hold the
+critic and its optimizer too), saving after two steps, loading (into the same learner, and
+into a fresh one as a restarted trainer would) and taking a third step on the same groups
+gives parameters and optimizer state bit-identical to taking that step without the save and
+load."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def _run(rank: int, world_size: int, port: int, model_dir: str, ckpt: str, out: 
     reloaded = _state(learner)
     _step(learner, 2)
     again = _state(learner)
-    fresh = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks, memory=memory)  # a restarted trainer: initial weights, then load
+    # a restarted trainer: initial weights, then load
+    fresh = Learner(load_model(model_dir), ALGOS[algo], ranks=ranks, memory=memory)
     fresh._load(Path(ckpt))
     _step(fresh, 2)
     restarted = _state(fresh)
