@@ -188,7 +188,8 @@ def cmd_plan(args) -> int:
         print("note: the plan assumes BF16 weights (weight_bytes_per_param 2); spec.model.dtype is float32",
               file=sys.stderr)
     algorithm = args.algorithm or spec.algorithm.type  # ppo: the critic's passes and model state too
-    memory = TrainerMemory(spec.trainer.memory.activation_checkpointing, spec.trainer.memory.cpu_offload)
+    own = spec.trainer.memory
+    memory = TrainerMemory(own.activation_checkpointing, own.cpu_offload, own.tensor_parallel)
     estimates = Estimates(shape, plan_job, workload, algorithm, spec.algorithm.kl_coef > 0, assumptions,
                           profiles_by_type(args.profile, catalog), memory)
     links = Links(args.network_gb_s, args.cross_dc_gb_s, args.cross_dc_latency_s)

@@ -62,14 +62,21 @@ class TrainerMemory:
     """FSDP2's CPUOffloadPolicy: sharded state in host memory, each layer's parameters copied in
     for its forward and backward, gradients copied out, the optimizer step on the host."""
 
+    tensor_parallel: int = 1
+    """Ranks each layer is split across (Megatron-style, within a node): each holds 1/t of a
+    layer's weights and of the activations inside it, for two all-reduces of the layer's
+    activations per pass."""
+
     def names(self) -> list[str]:
         return (["activation checkpointing"] if self.activation_checkpointing else []) + \
-            (["CPU offload"] if self.cpu_offload else [])
+            (["CPU offload"] if self.cpu_offload else []) + \
+            ([f"tensor parallel {self.tensor_parallel}"] if self.tensor_parallel > 1 else [])
 
     def covers(self, other: TrainerMemory) -> bool:
-        """Whether every feature of `other` is on here too."""
+        """Whether every feature of `other` is on here too (its tensor-parallel size, if set, the same)."""
         return (self.activation_checkpointing or not other.activation_checkpointing) and \
-            (self.cpu_offload or not other.cpu_offload)
+            (self.cpu_offload or not other.cpu_offload) and \
+            (other.tensor_parallel == 1 or self.tensor_parallel == other.tensor_parallel)
 
 
 @runtime_checkable

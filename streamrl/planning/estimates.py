@@ -21,6 +21,7 @@ from streamrl.planning.roofline import (
     Assumptions,
     analytic_generation_cost,
     analytic_training_cost,
+    tensor_parallel_problem,
 )
 from streamrl.planning.shape import ModelShape
 
@@ -65,7 +66,10 @@ class Estimates:
         """The fastest trainer of `num_gpus` x `gpu` that fits, with the job's memory features and
         what else it needs (an AnalyticTrainingCost says which in its `memory`); else why not."""
         choices = [self._analytic_training(gpu, num_gpus, m) for m in MEMORY_CHOICES
-                   if m.covers(self.memory) and (num_gpus > 1 or not m.cpu_offload)]  # offload shards over ranks
+                   if m.covers(self.memory) and (num_gpus > 1 or not m.cpu_offload)  # offload shards over ranks
+                   and tensor_parallel_problem(self.shape, gpu, num_gpus, m.tensor_parallel) is None]
+        if not choices:  # the job's own tensor-parallel size does not divide these GPUs or the model
+            return tensor_parallel_problem(self.shape, gpu, num_gpus, self.memory.tensor_parallel) or ""
         fits = [c for c in choices if c.memory_problem() is None]
         if not fits:
             return choices[-1].memory_problem() or ""  # the most memory-saving choice's arithmetic
@@ -90,7 +94,8 @@ class Estimates:
 
     def memory_problem(self, gpu: GpuType, num_gpus: int) -> str | None:
         """Why the trainer with only the job's own memory features does not fit (None: it does)."""
-        return self._analytic_training(gpu, num_gpus, self.memory).memory_problem()
+        return tensor_parallel_problem(self.shape, gpu, num_gpus, self.memory.tensor_parallel) or \
+            self._analytic_training(gpu, num_gpus, self.memory).memory_problem()
 
     def _analytic_training(self, gpu: GpuType, num_gpus: int, memory: TrainerMemory) -> AnalyticTrainingCost:
         return analytic_training_cost(

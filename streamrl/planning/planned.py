@@ -89,6 +89,8 @@ def planned_job(job: RLJob, plan: Plan, cluster_refs: dict[str, str] | None = No
         chosen = {"activationCheckpointing": train.memory.activation_checkpointing,
                   "cpuOffload": train.memory.cpu_offload}
         trainer["memory"] = {**trainer.get("memory", {}), **{k: True for k, on in chosen.items() if on}}
+        if train.memory.tensor_parallel > 1:
+            trainer["memory"]["tensorParallel"] = train.memory.tensor_parallel
     if pool.get("clusterRef") and trainer.get("serviceType", "ClusterIP") == "ClusterIP":
         trainer["serviceType"] = "LoadBalancer"  # the remote pool dials in from another cluster
     if trainer.get("serviceType", "ClusterIP") != "ClusterIP" and not (spec.get("security") or {}).get("tls"):

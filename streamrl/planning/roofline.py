@@ -71,6 +71,9 @@ class Assumptions(BaseModel):
     layer_working_bytes_per_token_per_hidden: float = Field(34.0, ge=0)
     """Activation bytes per token per hidden unit of the one layer being recomputed
     (Korthikanti et al. 2022's 34·s·b·h, attention's s² term gone with flash attention)."""
+    layer_replicated_bytes_per_token_per_hidden: float = Field(10.0, ge=0)
+    """Of those, the bytes tensor parallelism does not split (the norms' and dropouts' inputs:
+    Korthikanti et al.'s 10 of 34 without sequence parallelism; the other 24 divide by t)."""
     host_copy_gb_s: float = Field(25.0, gt=0)
     """GB/s between a GPU and host memory: publishing's copy of the gathered weights, and with
     CPU offload each layer's parameters in and gradients out (PCIe Gen4 x16, 32 GB/s peak, ~25
@@ -152,8 +155,22 @@ class AnalyticGenerationCost:
         return max(compute_s, memory_s) + _tp_allreduce_s(self.gpu, self.tp, tokens, s.hidden_size, s.num_layers, a)
 
 
-MEMORY_CHOICES = (TrainerMemory(), TrainerMemory(activation_checkpointing=True), TrainerMemory(cpu_offload=True),
-                  TrainerMemory(activation_checkpointing=True, cpu_offload=True))
+MEMORY_CHOICES = tuple(TrainerMemory(ac, offload, tp) for tp in (1, 2, 4, 8) for offload in (False, True)
+                       for ac in (False, True))
+"""Every combination the trainer offers; a plan takes those that divide its GPUs and the model."""
+
+
+def tensor_parallel_problem(shape: ModelShape, gpu: GpuType, num_gpus: int, tp: int) -> str | None:
+    """Why a trainer of `num_gpus` x `gpu` cannot split layers `tp` ways (None: it can)."""
+    if tp == 1:
+        return None
+    if tp > gpu.gpus_per_node or num_gpus % tp:
+        return f"tensor parallel {tp} needs a divisor of the {num_gpus} GPUs within one {gpu.gpus_per_node}-GPU node"
+    for name, n in (("attention heads", shape.num_heads), ("KV heads", shape.num_kv_heads),
+                    ("MLP width", shape.intermediate_size)):
+        if n % tp:
+            return f"tensor parallel {tp} does not divide {shape.name}'s {n} {name}"
+    return None
 
 
 def trained_models(algorithm: Algorithm) -> int:
@@ -204,10 +221,24 @@ class AnalyticTrainingCost:
         reference = self.shape.num_params / self.num_gpus if self.reference else 0.0
         return (trained * 3 * 4 + reference * 4) / (self.assumptions.host_copy_gb_s * 1e9)
 
+    def tensor_parallel_s(self, tokens: int) -> float:
+        """Tensor parallelism's all-reduces: two per layer per pass (a trained model's forward,
+        its backward, a recompute; the reference's and the critic's value forward) of each
+        tensor-parallel group's [tokens, hidden] activations, the groups side by side."""
+        t = self.memory.tensor_parallel
+        if t == 1:
+            return 0.0
+        passes = forward_passes(self.algorithm, self.reference, self.memory.activation_checkpointing) - \
+            trained_models(self.algorithm)  # a backward is two forwards of FLOPs but one pass of all-reduces
+        group_tokens = tokens * t / self.num_gpus
+        return passes * _tp_allreduce_s(self.gpu, t, group_tokens, self.shape.hidden_size, self.shape.num_layers,
+                                        self.assumptions)
+
     def train_s(self, tokens: int, micro_batches: int = 0) -> float:
         compute = self.num_gpus * self.gpu.bf16_tflops * 1e12 * self.assumptions.train_mfu
         per_rank = -(-micro_batches // self.num_gpus)
-        return tokens * self.flops_per_token / compute + per_rank * self.offload_s_per_micro_batch()
+        return tokens * self.flops_per_token / compute + per_rank * self.offload_s_per_micro_batch() + \
+            self.tensor_parallel_s(tokens)
 
     def step_s(self) -> float:
         a = self.assumptions
@@ -224,11 +255,12 @@ class AnalyticTrainingCost:
 
     def activation_bytes(self) -> float:
         """One micro-batch of the longest samples: every layer's activations (Korthikanti et al.'s
-        34 bytes per token per hidden unit), or with checkpointing each layer's input and one
-        layer's activations."""
+        34 bytes per token per hidden unit, of which tensor parallelism splits 24), or with
+        checkpointing each layer's input and one layer's activations."""
         a, s = self.assumptions, self.shape
         tokens = self.micro_batch_size * (self.max_sequence_tokens or self.mean_sequence_tokens)
-        per_layer = a.layer_working_bytes_per_token_per_hidden
+        replicated = min(a.layer_replicated_bytes_per_token_per_hidden, a.layer_working_bytes_per_token_per_hidden)
+        per_layer = replicated + (a.layer_working_bytes_per_token_per_hidden - replicated) / self.memory.tensor_parallel
         if self.memory.activation_checkpointing:
             return tokens * s.hidden_size * (a.checkpoint_bytes_per_token_per_hidden * s.num_layers + per_layer)
         return tokens * s.hidden_size * per_layer * s.num_layers
@@ -236,9 +268,10 @@ class AnalyticTrainingCost:
     def memory_bytes_per_gpu(self) -> float:
         """Device bytes: the sharded model state (policy, a critic's, a reference's weights) unless
         offloaded, two FSDP units unsharded (the one computing and the one prefetched, BF16
-        weights and FP32 gradients), and one micro-batch's activations."""
+        weights and FP32 gradients; a tensor-parallel rank's slice of them), and one
+        micro-batch's activations."""
         a, s = self.assumptions, self.shape
-        unit = 2 * s.num_params / s.num_layers * (a.weight_bytes_per_param + 4)
+        unit = 2 * s.num_params / s.num_layers * (a.weight_bytes_per_param + 4) / self.memory.tensor_parallel
         return self.state_bytes_on_device() + unit + self.activation_bytes()
 
     def state_bytes_per_gpu(self) -> float:

@@ -157,6 +157,9 @@ class AnalyticTraining(SpecModel):
     """The trainer's `memory.activationCheckpointing`: less activation memory, one more forward."""
     cpu_offload: bool = False
     """The trainer's `memory.cpuOffload`: model state in host memory, copies and a host optimizer step."""
+    tensor_parallel: int = Field(1, ge=1, le=8)
+    """The trainer's `memory.tensorParallel`: a layer's weights and activations split that many
+    ways, for two all-reduces per layer per pass."""
 
 
 GenerationCostSpec = Annotated[TableGeneration | ProfileCost | AnalyticGeneration, Field(discriminator="type")]

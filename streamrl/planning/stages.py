@@ -16,6 +16,7 @@ from streamrl.planning.roofline import (
     Assumptions,
     analytic_generation_cost,
     analytic_training_cost,
+    tensor_parallel_problem,
 )
 from streamrl.planning.scenario import (
     AnalyticGeneration,
@@ -166,8 +167,9 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
         mean_tokens = w.prompt_tokens + min(w.max_new_tokens, getattr(w.lengths, "median", w.max_new_tokens / 4))
         trainer = analytic_training_cost(shape, gpu, t.gpus, mean_tokens, scenario.algorithm.micro_batch_size,
                                          w.prompt_tokens + w.max_new_tokens, spec.algorithm, spec.reference,
-                                         assumptions, TrainerMemory(spec.activation_checkpointing, spec.cpu_offload))
-        problem = trainer.memory_problem()
+                                         assumptions, TrainerMemory(spec.activation_checkpointing, spec.cpu_offload,
+                                                                    spec.tensor_parallel))
+        problem = tensor_parallel_problem(shape, gpu, t.gpus, spec.tensor_parallel) or trainer.memory_problem()
         if problem:
             raise ValueError(f"trainer.cost: {problem} (trainer.cost.activationCheckpointing and cpuOffload trade "
                              "time for memory)")

@@ -85,3 +85,19 @@ def test_a_colocated_plan_is_written_only_where_one_process_runs_it(tiny_model_d
     spec = verdict.job.spec
     assert spec.pipeline.mode == "colocated" and spec.trainer.world_size == 1
     assert "switches" in table and "the GPUs both stages share" in table
+
+
+def test_a_planned_tensor_parallel_trainer_is_written_and_fits_its_nodes():
+    """72B PPO with a reference on 48 H800, outputs to 1,024 tokens: the trainer fits with
+    checkpointing and layers split 2 ways, and the job says so."""
+    job = PlanJob(1024, 1, 1024, "stream-sync")
+    workload = Workload.lognormal(6.0, 1.0, 1024, 512)
+    costs = Estimates(CATALOG.model("qwen2.5-72b"), job, workload, "ppo", True)
+    plan = Planner(CATALOG, costs, job, workload, Links()).plan({"dc": {"H800": 48}})
+    assert plan.training.memory.tensor_parallel == 2
+    verdict = validate_job(yaml.safe_load(planned_yaml(JOB, plan, format_table(plan, "qwen2.5-72b", workload))),
+                           "planned.yaml")
+    assert verdict.problems == ()
+    trainer = verdict.job.spec.trainer
+    assert trainer.memory.tensor_parallel == 2 and trainer.memory.activation_checkpointing
+    assert trainer.processes_per_node % 2 == 0 and trainer.world_size == plan.training.num_gpus

@@ -12,9 +12,11 @@ from streamrl.planning.demand import Workload
 from streamrl.planning.estimates import Estimates
 from streamrl.planning.planner import PlanJob
 from streamrl.planning.roofline import (
+    MEMORY_CHOICES,
     Assumptions,
     analytic_training_cost,
     forward_passes,
+    tensor_parallel_problem,
 )
 
 CATALOG = load_catalog()
@@ -78,12 +80,40 @@ def test_the_planner_adds_the_fastest_features_that_make_the_trainer_fit_and_kee
     long = _estimates()
     assert long.training(H800, 48).memory == BOTH  # neither alone holds a 20K-token sample of 72B PPO
     assert "on 48 x H800 needs 530.2 GB per GPU" in long.memory_problem(H800, 48)  # the job's own: none
-    short = _estimates(max_new_tokens=1024)  # 1,536-token samples: either alone fits; the faster is chosen
-    fitting = [short._analytic_training(H800, 48, m) for m in (AC, OFFLOAD, BOTH)]
-    assert all(c.memory_problem() is None for c in fitting)
+    short = _estimates(max_new_tokens=1024)  # 1,536-token samples: either alone fits; the fastest is chosen
+    assert all(short._analytic_training(H800, 48, m).memory_problem() is None for m in (AC, OFFLOAD, BOTH))
     assert short.memory_problem(H800, 48) is not None  # 51.5 GB of state and 24.5 GB of activations
+    fitting = [c for c in (short._analytic_training(H800, 48, m) for m in MEMORY_CHOICES) if c.memory_problem() is None]
     fastest = min(fitting, key=short._busy_s)
-    assert short.training(H800, 48).memory == fastest.memory
+    # splitting layers 4 ways holds the activations without recomputing them or copying state
+    assert short.training(H800, 48).memory == fastest.memory == TrainerMemory(tensor_parallel=4)
     assert _estimates(OFFLOAD, 1024).training(H800, 48).memory.cpu_offload  # the job's own stay on
     assert _estimates(max_new_tokens=1024).training(H800, 1).startswith(
         "training qwen2.5-72b on 1 x H800 with activation checkpointing needs")  # offload needs 2+ ranks
+
+
+def test_tensor_parallelism_splits_a_layer_and_pays_two_all_reduces_per_layer_per_pass():
+    s = QWEN_72B  # 80 layers, hidden 8192, 64 heads, 8 KV heads, MLP 29568
+    plain = analytic_training_cost(s, H800, 48, 4000, max_sequence_tokens=20992, memory=AC)
+    split = analytic_training_cost(s, H800, 48, 4000, max_sequence_tokens=20992,
+                                   memory=TrainerMemory(activation_checkpointing=True, tensor_parallel=8))
+    # the recomputed layer's 34 B/token/hidden become 10 + 24 / 8; the kept inputs stay whole
+    assert split.activation_bytes() == pytest.approx(20992 * 8192 * (2 * 80 + 10 + 3))
+    unit = 2 * s.num_params / 80 * 6
+    assert plain.memory_bytes_per_gpu() - split.memory_bytes_per_gpu() == pytest.approx(
+        unit * 7 / 8 + 20992 * 8192 * 21)
+    # grpo with checkpointing: forward, backward, recompute = 3 passes of 2 all-reduces per layer,
+    # each tensor-parallel group's tokens (a sixth of them) over NVLink (400 GB/s, 200 each way)
+    tokens = 6_000_000
+    group = tokens * 8 / 48 * 8192 * 2
+    per_all_reduce = 2e-5 + 2 * 7 / 8 * group / 200e9
+    assert split.tensor_parallel_s(tokens) == pytest.approx(3 * 2 * 80 * per_all_reduce)
+    assert split.train_s(tokens) == pytest.approx(plain.train_s(tokens) + split.tensor_parallel_s(tokens))
+
+
+def test_a_tensor_parallel_size_must_divide_the_gpus_a_node_and_the_model():
+    assert tensor_parallel_problem(QWEN_72B, H800, 48, 8) is None
+    assert tensor_parallel_problem(QWEN_72B, H800, 12, 8) == ("tensor parallel 8 needs a divisor of the 12 GPUs "
+                                                              "within one 8-GPU node")
+    assert tensor_parallel_problem(QWEN_7B, H800, 16, 8) == ("tensor parallel 8 does not divide "
+                                                             "qwen2.5-7b's 28 attention heads")
