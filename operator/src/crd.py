@@ -81,7 +81,16 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
          "message": "oracleLengths is required when policy is 'oracle'", "fieldPath": ".oracleLengths",
          "reason": "FieldValueRequired"},
     ],
+    "algorithm": [
+        {"rule": "(has(self.type) && self.type == 'ppo') || !has(self.groupSize) || self.groupSize >= 2",
+         "message": "groupSize: grpo compares each sample with its group's: 2 or more (type ppo allows 1)",
+         "fieldPath": ".groupSize"},
+    ],
     "trainer": [
+        {"rule": "!has(self.memory) || !has(self.memory.tensorParallel) || "
+                 "(has(self.processesPerNode) ? self.processesPerNode : 1) % self.memory.tensorParallel == 0",
+         "message": "memory.tensorParallel must divide processesPerNode: a layer is split across the ranks of one "
+                    "node", "fieldPath": ".memory.tensorParallel"},
         {"rule": "!has(self.device) || !self.device.startsWith('cuda') || "
                  "(has(self.processesPerNode) ? self.processesPerNode : 1) <= "
                  "(has(self.placement) && has(self.placement.gpus) ? self.placement.gpus : 0)",

@@ -180,8 +180,9 @@ class AlgorithmSpec(SpecModel):
     """Optimizer steps (= iterations) of the run."""
     prompts_per_step: int = Field(16, ge=1)
     """Prompts per iteration; each yields a group of group_size samples."""
-    group_size: int = Field(8, ge=2)
-    """Samples per prompt; advantages are normalised within a group."""
+    group_size: int = Field(8, ge=1)
+    """Samples per prompt; grpo's advantages are normalised within a group, so it needs 2 or
+    more (ppo's critic gives each sample its own baseline: 1 is allowed)."""
     learning_rate: float = Field(2e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)
@@ -218,6 +219,13 @@ class AlgorithmSpec(SpecModel):
     """ppo: GAE's lambda (1 = Monte-Carlo returns less the values; 0 = one-step TD)."""
     critic_learning_rate: float | None = Field(None, gt=0)
     """ppo: AdamW learning rate of the critic (unset = learningRate)."""
+
+    @model_validator(mode="after")
+    def _grpo_compares_within_a_group(self) -> AlgorithmSpec:
+        if self.type == "grpo" and self.group_size < 2:
+            raise ValueError(f"groupSize: {self.group_size} sample per prompt leaves grpo nothing to compare a "
+                             "sample with (its advantage is its reward against its group's): 2 or more, or type ppo")
+        return self
 
 
 class PipelineMode(StrEnum):

@@ -16,13 +16,14 @@ from tests.conftest import child_env
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS, PROMPTS, GROUP = 15, 16, 8
+ITERATIONS, SAMPLES = 15, 128
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_ppo_learns_with_a_critic_on_one_rank_and_two(write_job, tmp_path, ranks):
+@pytest.mark.parametrize("ranks, group", [(1, 8), (2, 8), (1, 1)], ids=["one-rank", "two-ranks", "one-sample-groups"])
+def test_ppo_learns_with_a_critic_on_one_rank_and_two(write_job, tmp_path, ranks, group):
+    """Groups of one sample too: the critic, not the group, is each sample's baseline."""
     job = write_job({"spec": {
-        "algorithm": {"type": "ppo", "numIterations": ITERATIONS, "promptsPerStep": PROMPTS, "groupSize": GROUP,
+        "algorithm": {"type": "ppo", "numIterations": ITERATIONS, "promptsPerStep": SAMPLES // group, "groupSize": group,
                       "criticLearningRate": 1e-3},
         "pipeline": {"mode": "stream-sync"},
         "trainer": {"processesPerNode": ranks, "processGroupTimeoutSeconds": 60},
@@ -33,7 +34,7 @@ def test_ppo_learns_with_a_critic_on_one_rank_and_two(write_job, tmp_path, ranks
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = RunSummary.read(out / "summary.json")
     assert summary.phase == TrainerPhase.SUCCEEDED and summary.num_iterations == ITERATIONS
-    assert summary.num_samples_accepted == ITERATIONS * PROMPTS * GROUP  # each sample once
+    assert summary.num_samples_accepted == ITERATIONS * SAMPLES  # each sample once
     records = IterationRecord.read_lines(out / "metrics.jsonl")
     # The first iteration's reward is the untrained policy's; the last five's mean what it learnt.
     learnt = sum(r.reward_mean for r in records[-5:]) / 5

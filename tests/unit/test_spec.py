@@ -28,7 +28,9 @@ def test_dump_then_parse_round_trips():
 @pytest.mark.parametrize(
     "spec, expected",
     [
-        ({"algorithm": {"groupSize": 1}}, "spec.algorithm.groupSize: Input should be greater than or equal to 2"),
+        ({"algorithm": {"groupSize": 0}}, "spec.algorithm.groupSize: Input should be greater than or equal to 1"),
+        ({"algorithm": {"groupSize": 1}}, "spec.algorithm: groupSize: 1 sample per prompt leaves grpo nothing to "
+                                          "compare a sample with"),
         ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: Input should be greater than 0"),
         ({"algorithm": {"topP": 1.5}}, "spec.algorithm.topP: Input should be less than or equal to 1"),
         ({"algorithm": {"groupsize": 4}}, "spec.algorithm.groupsize: unknown field"),
@@ -76,7 +78,7 @@ def test_a_job_must_say_what_it_trains():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(SpecError) as err:
-        parse_job(_job(algorithm={"groupSize": 1, "promptsPerStep": 0}))
+        parse_job(_job(algorithm={"groupSize": 0, "promptsPerStep": 0}))
     assert "(2 problems)" in str(err.value)
 
 
@@ -98,6 +100,7 @@ def test_spec_is_frozen_and_documented():
         job.spec.algorithm.group_size = 3
     schema = RLJob.model_json_schema(by_alias=True)
     assert schema["$defs"]["AlgorithmSpec"]["properties"]["groupSize"]["description"].startswith("Samples per prompt")
+    assert parse_job(_job(algorithm={"type": "ppo", "groupSize": 1})).spec.algorithm.group_size == 1  # its critic
 
 
 def test_spec_module_imports_neither_torch_nor_grpc():

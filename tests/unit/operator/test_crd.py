@@ -148,7 +148,10 @@ def _with(path: str, value, base=None):
 
 
 INVALID = [
-    (_with("algorithm.groupSize", 1), "algorithm.groupSize: 1 is less than the minimum of 2"),
+    (_with("algorithm.groupSize", 0), "algorithm.groupSize: 0 is less than the minimum of 1"),
+    (_with("algorithm.groupSize", 1), "algorithm.groupSize: groupSize: grpo compares each sample with its group's"),
+    (_with_all({"trainer.processesPerNode": 2, "trainer.memory": {"tensorParallel": 4}}),
+     "trainer.memory.tensorParallel: memory.tensorParallel must divide processesPerNode"),
     (_with("pipeline.mode", "turbo"), "pipeline.mode: 'turbo' is not one of"),
     (_with("algorithm.lr", 0.1), "algorithm.lr: unknown field"),
     (_with("generators.pools.0.name", "Bad_Name"), "generators.pools[0].name: 'Bad_Name' does not match"),
