@@ -23,8 +23,8 @@ ITERATIONS, SAMPLES = 15, 128
 def test_ppo_learns_with_a_critic_on_one_rank_and_two(write_job, tmp_path, ranks, group):
     """Groups of one sample too: the critic, not the group, is each sample's baseline."""
     job = write_job({"spec": {
-        "algorithm": {"type": "ppo", "numIterations": ITERATIONS, "promptsPerStep": SAMPLES // group, "groupSize": group,
-                      "criticLearningRate": 1e-3},
+        "algorithm": {"type": "ppo", "numIterations": ITERATIONS, "promptsPerStep": SAMPLES // group,
+                      "groupSize": group, "criticLearningRate": 1e-3},
         "pipeline": {"mode": "stream-sync"},
         "trainer": {"processesPerNode": ranks, "processGroupTimeoutSeconds": 60},
     }})
