@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from streamrl.spec.base import SpecModel
 
@@ -220,12 +220,13 @@ class AlgorithmSpec(SpecModel):
     critic_learning_rate: float | None = Field(None, gt=0)
     """ppo: AdamW learning rate of the critic (unset = learningRate)."""
 
-    @model_validator(mode="after")
-    def _grpo_compares_within_a_group(self) -> AlgorithmSpec:
-        if self.type == "grpo" and self.group_size < 2:
-            raise ValueError(f"groupSize: {self.group_size} sample per prompt leaves grpo nothing to compare a "
-                             "sample with (its advantage is its reward against its group's): 2 or more, or type ppo")
-        return self
+    @field_validator("group_size")
+    @classmethod
+    def _grpo_compares_within_a_group(cls, value: int, info: ValidationInfo) -> int:
+        if value < 2 and info.data.get("type", "grpo") == "grpo":
+            raise ValueError(f"{value} sample per prompt leaves grpo nothing to compare a sample with (its advantage "
+                             "is its reward against its group's): 2 or more, or type ppo")
+        return value
 
 
 class PipelineMode(StrEnum):

@@ -36,6 +36,9 @@ def test_a_killed_trainer_is_restarted_and_its_generators_reconnect(write_job, t
         "checkpoint": {"everyIterations": 2},
         "generators": {"pools": [{"name": "default", "replicas": 2, "engine": {"type": "torch", "maxBatchSize": 8}}],
                        "reconnect": {"initialBackoffSeconds": 0.2, "maxBackoffSeconds": 1.0}},
+        # the restarted trainer waits for both: without, it can finish the last iterations with the
+        # first to reconnect while the other is still backing off, and the run ends before it dials
+        "trainer": {"minGenerators": 2},
     }})
     out = tmp_path / "run"
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(job), "--out", str(out), "--quiet"],

@@ -29,7 +29,7 @@ def test_dump_then_parse_round_trips():
     "spec, expected",
     [
         ({"algorithm": {"groupSize": 0}}, "spec.algorithm.groupSize: Input should be greater than or equal to 1"),
-        ({"algorithm": {"groupSize": 1}}, "spec.algorithm: groupSize: 1 sample per prompt leaves grpo nothing to "
+        ({"algorithm": {"groupSize": 1}}, "spec.algorithm.groupSize: 1 sample per prompt leaves grpo nothing to "
                                           "compare a sample with"),
         ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: Input should be greater than 0"),
         ({"algorithm": {"topP": 1.5}}, "spec.algorithm.topP: Input should be less than or equal to 1"),
