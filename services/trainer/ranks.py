@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -30,10 +30,23 @@ class Ranks:
     checkpoints: Any = None
     """The gloo group asynchronous checkpoint saves coordinate on, in their own thread, beside
     training's collectives (None at world size 1)."""
+    meshes: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
+    """The 2-D (data-parallel, tensor-parallel) device meshes made so far, by device type and
+    tensor-parallel size: the policy, the reference and the critic share one."""
 
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
+
+    def tensor_parallel_mesh(self, tp: int, device_type: str):
+        """The (world / tp, tp) mesh, its dimensions named `dp` and `tp`, made on first use (a
+        collective: every rank asks in the same order)."""
+        key = (device_type, tp)
+        if key not in self.meshes:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.meshes[key] = init_device_mesh(device_type, (self.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        return self.meshes[key]
 
     @classmethod
     def from_environment(cls, device: str = "cpu", timeout_s: float = 300.0) -> Ranks:
@@ -133,7 +146,6 @@ def shard(model: torch.nn.Module, ranks: Ranks, dtype: str = "float32", cpu_offl
 def _split_layers(model: torch.nn.Module, ranks: Ranks, tp: int, device_type: str):
     """Split every decoder layer over the `tp` ranks of its row of a (world / tp, tp) mesh;
     returns the data-parallel dimension, for FSDP2. ValueError naming what does not divide."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     cfg = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
@@ -156,7 +168,7 @@ def _split_layers(model: torch.nn.Module, ranks: Ranks, tp: int, device_type: st
     missing = [path for path in TENSOR_PARALLEL_PLAN if layers and lacks(path)]
     if not layers or missing:
         raise ValueError(f"trainer.memory.tensorParallel: {type(model).__name__}'s layers lack {missing or 'layers'}")
-    mesh = init_device_mesh(device_type, (ranks.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = ranks.tensor_parallel_mesh(tp, device_type)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for layer in layers:
         parallelize_module(layer, mesh["tp"], {path: styles[style]() for path, style in TENSOR_PARALLEL_PLAN.items()})

@@ -41,6 +41,8 @@ class Estimates:
         """GPU type -> (its file, the profile measured on it)."""
         self.model_name = shape.describe()
         self.weight_bytes = shape.num_params * self.assumptions.weight_bytes_per_param
+        self._training: dict[tuple[str, int], TrainingCost | str] = {}
+        """training()'s answers: colocated switches ask for the trainer the planner has priced."""
 
     @property
     def max_context(self) -> int:
@@ -65,6 +67,12 @@ class Estimates:
     def training(self, gpu: GpuType, num_gpus: int) -> TrainingCost | str:
         """The fastest trainer of `num_gpus` x `gpu` that fits, with the job's memory features and
         what else it needs (an AnalyticTrainingCost says which in its `memory`); else why not."""
+        key = (gpu.name, num_gpus)
+        if key not in self._training:
+            self._training[key] = self._fastest_training(gpu, num_gpus)
+        return self._training[key]
+
+    def _fastest_training(self, gpu: GpuType, num_gpus: int) -> TrainingCost | str:
         choices = [self._analytic_training(gpu, num_gpus, m) for m in MEMORY_CHOICES
                    if m.covers(self.memory) and (num_gpus > 1 or not m.cpu_offload)  # offload shards over ranks
                    and tensor_parallel_problem(self.shape, gpu, num_gpus, m.tensor_parallel) is None]

@@ -298,8 +298,11 @@ class Planner:
                 if isinstance(gen_cost, str) or gen_cost.max_batch < 1:
                     continue
                 for n in (y for y in train_counts(gpu, avail) if y % tp == 0):
-                    train, switch = self._training(gpu, n), self.costs.switch(gpu, n, tp)
-                    if isinstance(train, str) or isinstance(switch, str):
+                    train = self._training(gpu, n)
+                    if isinstance(train, str):
+                        continue
+                    switch = self.costs.switch(gpu, n, tp)
+                    if isinstance(switch, str):
                         continue
                     gen_s = self._generation_s(gen_cost, gpu, tp, n // tp)
                     switch_s = switch.to_training_s() + switch.to_generation_s()

@@ -153,13 +153,15 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
         trainer = TableTrainingCost(spec.seconds_per_token, spec.step_seconds, spec.publish_seconds,
                                     spec.micro_batch_seconds)
         trainer_sample_s = spec.sample_seconds
-        switch = spec.switch_to_training_seconds, spec.switch_to_generation_seconds
+        if colocated:
+            switch = spec.switch_to_training_seconds, spec.switch_to_generation_seconds
     elif isinstance(spec, ProfileCost):
         profile = _profile(spec, base, "trainer.cost")
         trainer = profile.training_cost(t.gpus)
         trainer_sample_s = profile.sample_colocated_cost_s() if colocated else profile.sample_receive_s()
-        measured = profile.switch_cost()
-        switch = measured.to_training_s(), measured.to_generation_s()
+        if colocated:
+            measured = profile.switch_cost()
+            switch = measured.to_training_s(), measured.to_generation_s()
     else:
         if shape is None:
             raise ValueError("trainer.cost: an analytic cost needs the scenario's `model`")
@@ -190,8 +192,6 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
     if colocated:  # one process: the trainer takes each sample in between the replica's steps, while it waits
         pools = {name: replace(stage, sample_s=stage.sample_s + trainer_sample_s) for name, stage in pools.items()}
         trainer_sample_s = 0.0
-    if not colocated:
-        switch = (0.0, 0.0)
     return Stages(pools, trainer, t.gpus, t.gpu_hour_cost or price, float(size), trainer_sample_s, *switch)
 
 
