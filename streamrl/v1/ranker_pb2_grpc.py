@@ -5,7 +5,7 @@ import warnings
 
 from streamrl.v1 import ranker_pb2 as streamrl_dot_v1_dot_ranker__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
