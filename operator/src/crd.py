@@ -27,6 +27,11 @@ NAME_CEL = {"rule": f"!has(self.metadata) || !has(self.metadata.name) || "
                     f"(self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {NAME_MAX})",
             "message": f"metadata.name {NAME_RULE}", "fieldPath": ".metadata.name"}
 """On the RLJob itself: a name every child's name can be made from (the spec model says the same)."""
+METADATA = {"type": "object", "properties": {"name": {"type": "string"}}}
+"""The root's metadata as a CRD may declare it: ObjectMeta is implicit, and only `name` and
+`generateName` may be declared (the API server refuses anything else). `name` is declared so
+that a rule's `fieldPath: .metadata.name` resolves: the API server resolves every fieldPath
+through the declared properties when the CRD is created, and refuses the CRD otherwise."""
 IMMUTABLE = ("algorithm.type", "algorithm.groupSize", "algorithm.promptsPerStep", "algorithm.seed", "task.name",
              "task.seed", "task.numPrompts", "task.curriculum")
 """What a checkpoint must match to be resumed (the trainer's JobIdentity, model shape aside):
@@ -125,6 +130,8 @@ def structural(node: dict, defs: dict) -> dict:
         out = structural(inner, defs)
         if "description" in node:
             out["description"] = _description(node["description"])
+        if "default" in node and node["default"] is not None and not isinstance(node["default"], (dict, list)):
+            out["default"] = node["default"]  # an enum field's default sits beside its reference
         return {**out, **extra}
 
     if "$ref" in node:
@@ -200,6 +207,11 @@ def spec_schema() -> dict:
         _at(schema, path)["x-kubernetes-validations"] = [{
             "rule": "self == oldSelf",
             "message": f"{path} is immutable: the job's checkpoints hold its value (create a new RLJob to change it)"}]
+    for section in sorted({path.split(".")[0] for path in IMMUTABLE}):
+        # The API server runs a transition rule only where the stored object has the field. An
+        # omitted section with no default of its own would never materialise its leaves' defaults,
+        # so a later edit adding one would pass: defaulted to {}, its leaves are stored too.
+        _at(schema, section)["default"] = {}
     return schema
 
 
@@ -331,7 +343,7 @@ def _crd(kind: str, plural: str, short: str, scope: str, description: str, spec:
                     "type": "object",
                     "description": description,
                     "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                                   "metadata": {"type": "object"}, "spec": spec, "status": status},
+                                   "metadata": METADATA, "spec": spec, "status": status},
                     "required": ["spec"],
                     **({"x-kubernetes-validations": rules} if rules else {}),
                 }},

@@ -92,12 +92,39 @@ def _cel_problems(node: dict, value, path: str, env: celpy.Environment) -> list[
 def api_server_problems(crd: dict, obj: dict) -> list[tuple[str, str]]:
     """(field, message) of every reason the API server would refuse `obj`; [] = accepted."""
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    problems = [p for e in jsonschema.Draft7Validator(to_jsonschema(schema)).iter_errors(obj)
-                for p in _schema_problems(e)]
+    closed = to_jsonschema(schema)
+    closed["properties"]["metadata"].pop("additionalProperties", None)  # ObjectMeta: only its name is declared
+    problems = [p for e in jsonschema.Draft7Validator(closed).iter_errors(obj) for p in _schema_problems(e)]
     if problems:
         return problems  # like the API server: CEL runs on schema-valid objects only
     obj = apply_defaults(schema, copy.deepcopy(obj))
     return _cel_problems(schema, obj, "", celpy.Environment())
+
+
+def _transition_problems(node: dict, old, new, path: str, env: celpy.Environment) -> list[tuple[str, str]]:
+    problems = []
+    for rule in node.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"]:
+            program = env.program(env.compile(rule["rule"]))
+            if not bool(program.evaluate({"self": json_to_cel(new), "oldSelf": json_to_cel(old)})):
+                problems.append(((path + rule.get("fieldPath", "")).lstrip("."), rule["message"]))
+    if isinstance(old, dict) and isinstance(new, dict) and "properties" in node:
+        for key, sub in node["properties"].items():
+            if old.get(key) is not None and new.get(key) is not None:
+                problems += _transition_problems(sub, old[key], new[key], f"{path}.{key}", env)
+    return problems  # list items are not correlated (no list of ours is a list-type map)
+
+
+def update_problems(crd: dict, old: dict, new: dict) -> list[tuple[str, str]]:
+    """(field, message) of every reason the API server would refuse to update the stored `old`
+    to `new`: `new`'s own problems, then the transition rules (`oldSelf`), each judged only where
+    the stored object, defaults applied, has the field too."""
+    problems = api_server_problems(crd, new)
+    if problems:
+        return problems
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    old, new = (apply_defaults(schema, copy.deepcopy(o)) for o in (old, new))
+    return _transition_problems(schema, old, new, "", celpy.Environment())
 
 
 def check(crd: dict, obj: dict) -> list[str]:

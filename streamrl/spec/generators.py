@@ -17,7 +17,7 @@ class TorchEngineSpec(SpecModel):
     """Engine backend."""
     max_batch_size: int = Field(32, ge=1)
     """Sequences decoded at once."""
-    device: str = "cpu"
+    device: str = Field("cpu", max_length=64)
     """torch device, e.g. `cpu` or `cuda`."""
 
 

@@ -48,7 +48,7 @@ class TrainerMemorySpec(SpecModel):
 class TrainerSpec(SpecModel):
     """Training side."""
 
-    device: str = "cpu"
+    device: str = Field("cpu", max_length=64)
     """torch device of the learner (`cuda` on GPU pools: each rank takes the GPU of its local rank)."""
     threads: int = Field(1, ge=1)
     """torch threads of each trainer rank, for its learner's thread (streamrl.compute)."""
@@ -121,7 +121,7 @@ class RankerSpec(SpecModel):
     ranking objective; the heavier option, for a GPU."""
     model_path: str | None = None
     """Hugging Face model directory of the `causal-lm` predictor."""
-    device: str = "cpu"
+    device: str = Field("cpu", max_length=64)
     """torch device of the `causal-lm` predictor (e.g. `cuda`)."""
     state_path: str | None = None
     """File the ranker saves its state to and restores it from (local runs default to
