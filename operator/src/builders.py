@@ -21,11 +21,13 @@ import hashlib
 import json
 from typing import Any
 
+from streamrl import __version__
 from streamrl.operator.names import (
     ADMIN_PORT,
     COMPLETION_INDEX,
     HOSTNAME_MAX,
     MAIN,
+    OPERATOR_VERSION,
     QUEUE_NAME,
     RANKER_GRPC_PORT,
     RELAY_PORT,
@@ -77,6 +79,21 @@ def service_spec(job: RLJob) -> RLJob:
     return job.model_copy(update={"spec": spec.model_copy(update=update), "status": None})
 
 
+def _loaded(job: RLJob) -> dict:
+    """The spec the pods load, less what no running pod acts on (see config_hash); the ranker's
+    section under "ranker" and the pools by name under "pools", for the caller to keep or drop."""
+    spec = service_spec(job).spec.model_dump(mode="json", by_alias=True)
+    for key in ("suspend", "image", "autoscaling"):
+        spec.pop(key, None)
+    generators = spec["generators"]
+    generators.pop("replicas", None)
+    spec["pools"] = {p["name"]: p for p in generators.pop("pools")}
+    for key in ("placement", "service", "serviceType", "externalHost"):
+        spec["trainer"].pop(key, None)
+    spec["checkpoint"].pop("volume", None)
+    return spec
+
+
 def config_hash(job: RLJob, role: str = "trainer", pool: str | None = None) -> str:
     """A hash of what a role's pods read from the ConfigMap, less what no running pod acts on
     (replicas and their bounds, which the autoscaler and /scale write, placement, suspension,
@@ -84,16 +101,9 @@ def config_hash(job: RLJob, role: str = "trainer", pool: str | None = None) -> s
     The ranker's section is the ranker's, a pool's the pool's: adding or changing a pool rolls
     neither the trainer (a trainer restart costs the steps since its checkpoint; a pool it
     does not know yet fetches weights without relay) nor the other pools."""
-    spec = service_spec(job).spec.model_dump(mode="json", by_alias=True)
-    for key in ("suspend", "image", "autoscaling"):
-        spec.pop(key, None)
-    generators = spec["generators"]
-    generators.pop("replicas", None)
-    pools = {p["name"]: p for p in generators.pop("pools")}
-    for key in ("placement", "service", "serviceType", "externalHost"):
-        spec["trainer"].pop(key, None)
-    spec["checkpoint"].pop("volume", None)
+    spec = _loaded(job)
     ranker = spec.pop("ranker")
+    pools = spec.pop("pools")
     if role == "ranker":
         ranker.pop("placement", None)
         spec["ranker"] = ranker
@@ -166,10 +176,26 @@ def admin_ports(job: RLJob) -> dict[str, int]:
     return {"admin" if r == 0 else f"admin-r{r}": ADMIN_PORT + r for r in range(job.spec.trainer.processes_per_node)}
 
 
-def template_hash(spec: dict) -> str:
-    """What a Job cannot change while it exists: its spec but `suspend` (which it can)."""
-    fixed = {k: v for k, v in spec.items() if k != "suspend"}
-    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
+TRAINER_AT_NEXT_START = (("trainer", "restartLimit"), ("trainer", "minGenerators"),
+                         ("checkpoint", "everyIterations"), ("checkpoint", "keep"))
+"""Spec fields an edit of which never replaces a running trainer group: the restart budget is
+the operator's alone, and the trainer reads the others when it starts (its next restart, or
+the next replacement, takes the new values from the ConfigMap)."""
+
+
+def template_hash(job: RLJob) -> str:
+    """What replaces a running trainer group when it changes: the config its pods load (less
+    TRAINER_AT_NEXT_START) and the user's choices that shape its pods (placement, checkpoint
+    volume, image). Never what the operator adds: its default images, pull secrets, probes and
+    the like change with an operator upgrade, which must not restart every running group (a
+    group started after the upgrade gets them)."""
+    loaded = _loaded(job)
+    for section, key in TRAINER_AT_NEXT_START:
+        loaded[section].pop(key, None)
+    spec, volume = job.spec, job.spec.checkpoint.volume
+    shape = {"placement": spec.trainer.placement.model_dump(mode="json", by_alias=True),
+             "volume": volume.model_dump(mode="json", by_alias=True) if volume else None, "image": spec.image}
+    return hashlib.sha256(json.dumps({"loaded": loaded, "shape": shape}, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def claim_name(job: RLJob) -> str | None:
@@ -240,7 +266,8 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
         "template": template,
     }
     meta = object_meta(name(j, "trainer"), namespace, {**labels(j, "trainer"), **_queued(job)}, owner)
-    meta["annotations"] = {TEMPLATE_HASH: template_hash(spec), RESTARTS: str(restarts)}
+    meta["annotations"] = {TEMPLATE_HASH: template_hash(job), RESTARTS: str(restarts),
+                           OPERATOR_VERSION: __version__}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 

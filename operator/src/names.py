@@ -13,6 +13,9 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 TEMPLATE_HASH = f"{GROUP}/trainer-template-hash"
 """Annotation on the trainer Job: a hash of what a running Job cannot change (a different one
 means the operator replaces the whole group)."""
+OPERATOR_VERSION = f"{GROUP}/operator-version"
+"""Annotation on the trainer Job: the operator version that built it (an upgrade does not
+replace a running group; this says which operator's pods it runs)."""
 CONFIG_HASH = f"{GROUP}/config-hash"
 """Annotation on every pod template: a hash of the spec its pods load from the ConfigMap (less
 what they do not read: replicas, placement), so a spec change that reaches only the

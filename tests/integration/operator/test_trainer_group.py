@@ -6,7 +6,18 @@ within the budget, then Failed; a new spec replacing the group."""
 from __future__ import annotations
 
 from tests.integration.operator.conftest import wait_for
-from tests.integration.operator.test_operator import JOBS, JOBS_RES, NS, RLJOB, SERVICES, create, example, get, plain
+from tests.integration.operator.test_operator import (
+    CONFIGMAPS,
+    JOBS,
+    JOBS_RES,
+    NS,
+    RLJOB,
+    SERVICES,
+    create,
+    example,
+    get,
+    plain,
+)
 
 TRAINER = f"/apis/batch/v1/namespaces/{NS}/jobs"
 
@@ -91,3 +102,22 @@ async def test_a_new_spec_replaces_the_group_that_the_api_server_would_not_patch
     await k8s.patch(f"{JOBS}/grow", json={"spec": spec})
     await wait_for(lambda: trainer_job(k8s, "grow")["spec"]["suspend"] is True, what="suspended in place")
     assert trainer_job(k8s, "grow")["metadata"]["uid"] == new["metadata"]["uid"]
+
+
+async def test_an_edit_of_what_the_trainer_reads_only_at_start_keeps_the_running_group(k8s, operator):
+    """N5: restartLimit is the operator's, minGenerators and checkpoint.everyIterations are read
+    when the trainer starts: none replaces a running group (the ConfigMap carries them for its
+    next start)."""
+    await create(k8s, sharded("keep", nodes=2, per_node=1))
+    await wait_for(lambda: status(k8s, "keep")["trainer"]["expectedPods"] == 2, what="status written")
+    before = trainer_job(k8s, "keep")["metadata"]["uid"]
+    spec = plain(get(k8s, RLJOB, "keep")["spec"])
+    spec["trainer"].update(restartLimit=9, minGenerators=1)
+    spec["checkpoint"] = {**spec.get("checkpoint", {}), "everyIterations": 3}
+    resp = await k8s.patch(f"{JOBS}/keep", json={"spec": spec})
+    assert resp.status == 200
+    generation = get(k8s, RLJOB, "keep")["metadata"]["generation"]
+    await wait_for(lambda: status(k8s, "keep")["observedGeneration"] == generation, what="the edit reconciled")
+    await wait_for(lambda: "everyIterations: 3" in get(k8s, CONFIGMAPS, "keep-spec")["data"]["job.yaml"],
+                   what="the ConfigMap carries the new values")
+    assert trainer_job(k8s, "keep")["metadata"]["uid"] == before

@@ -202,11 +202,12 @@ def test_a_name_too_long_for_every_child_is_refused_with_the_field_named():
         _sharded(12, 1, name="a-job-name-long-enough-that-its-trainer-pods-overflow-x")
 
 
-def test_the_template_hash_changes_with_what_a_job_cannot_change_and_not_with_suspend():
-    def trainer_job(**spec) -> dict:
-        job = parse_job({"metadata": {"name": "h"}, "spec": {"model": {"source": "builtin-tiny"}, **spec}})
-        return next(o for o in build_children(job, "rl", Settings(), OWNER, TOKEN) if o["kind"] == "Job")
+def trainer_job(settings: Settings | None = None, **spec) -> dict:
+    job = parse_job({"metadata": {"name": "h"}, "spec": {"model": {"source": "builtin-tiny"}, **spec}})
+    return next(o for o in build_children(job, "rl", settings or Settings(), OWNER, TOKEN) if o["kind"] == "Job")
 
+
+def test_the_template_hash_changes_with_what_a_job_cannot_change_and_not_with_suspend():
     def digest(obj: dict) -> str:
         return obj["metadata"]["annotations"][TEMPLATE_HASH]
 
@@ -214,7 +215,23 @@ def test_the_template_hash_changes_with_what_a_job_cannot_change_and_not_with_su
     assert digest(trainer_job(suspend=True)) == digest(base)
     assert digest(trainer_job(trainer={"nodes": 2})) != digest(base)
     assert digest(trainer_job(image="streamrl:other")) != digest(base)
-    assert template_hash(base["spec"]) == digest(base)
+    assert digest(trainer_job(algorithm={"numIterations": 99})) != digest(base)
+    assert digest(trainer_job(trainer={"placement": {"gpus": 1}})) != digest(base)
+    job = parse_job({"metadata": {"name": "h"}, "spec": {"model": {"source": "builtin-tiny"}}})
+    assert template_hash(job) == digest(base)
+
+
+def test_an_operator_upgrade_or_an_operator_only_field_never_replaces_a_running_trainer_group():
+    """N5: the hash leaves out what the operator injects (its images, pull secrets, pull policy,
+    its own restart budget) and what the trainer reads only when it starts."""
+    base = trainer_job()
+    upgraded = Settings(image="ghcr.io/streamrl/streamrl:0.2.0", cuda_image="ghcr.io/streamrl/streamrl:0.2.0-cuda",
+                        image_pull_secrets=("regcred",), image_pull_policy="Always", trainer_backoff_limit=7)
+    for other in (trainer_job(upgraded), trainer_job(trainer={"restartLimit": 9, "minGenerators": 2}),
+                  trainer_job(checkpoint={"everyIterations": 3, "keep": 5})):
+        assert other["metadata"]["annotations"][TEMPLATE_HASH] == base["metadata"]["annotations"][TEMPLATE_HASH]
+    assert trainer_job(upgraded)["spec"]["template"] != base["spec"]["template"]  # what a new group would get
+    assert base["metadata"]["annotations"]["streamrl.io/operator-version"] == "0.1.0"
 
 
 def _objects(nodes: int = 1, per_node: int = 1, **spec) -> dict[tuple[str, str], dict]:
