@@ -26,6 +26,7 @@ from streamrl.operator.names import (
     ADMIN_PORT,
     COMPLETION_INDEX,
     HOSTNAME_MAX,
+    JOB_UID,
     MAIN,
     OPERATOR_VERSION,
     QUEUE_NAME,
@@ -210,7 +211,8 @@ def build_checkpoint_claim(job: RLJob, namespace: str, owner: dict | None = None
     """The claim the operator creates for checkpoint.volume (None when there is no volume or
     it names an existing claim). ReadWriteMany when several trainer pods write their shards
     into it, unless accessMode says otherwise. Retained (no owner reference, so the garbage
-    collector keeps it when the RLJob goes) unless `retain: false`."""
+    collector keeps it when the RLJob goes) unless `retain: false`, and marked with the uid of
+    the RLJob it is made for (JOB_UID)."""
     volume, j = job.spec.checkpoint.volume, job.metadata.name
     if volume is None or volume.claim_name:
         return None
@@ -218,10 +220,10 @@ def build_checkpoint_claim(job: RLJob, namespace: str, owner: dict | None = None
     spec: dict[str, Any] = {"accessModes": [mode], "resources": {"requests": {"storage": volume.size}}}
     if volume.storage_class:
         spec["storageClassName"] = volume.storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": object_meta(name(j, "checkpoints"), namespace, labels(j, "checkpoints"),
-                                    None if volume.retain else owner),
-            "spec": spec}
+    meta = object_meta(name(j, "checkpoints"), namespace, labels(j, "checkpoints"), None if volume.retain else owner)
+    if owner is not None:
+        meta["annotations"] = {JOB_UID: owner["uid"]}
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
 def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,

@@ -27,7 +27,7 @@ from streamrl.operator import clusters, reconcile, remote
 from streamrl.operator.autoscaler import autoscale
 from streamrl.operator.builders import build_children
 from streamrl.operator.kube import KubeError, path_of
-from streamrl.operator.names import owner_reference
+from streamrl.operator.names import ADOPT_CHECKPOINTS, owner_reference
 from streamrl.operator.observe import observe
 from streamrl.operator.perimeter import job_token, token_key
 from streamrl.operator.phases import JobPhase, Observed, derive, resumed_event, status_changes
@@ -106,7 +106,8 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
             await _keep_scale_total(runtime, body, job, namespace, logger)
         seen = await reconcile.apply_all(runtime, runtime.kube, key,
                                          [c for c in children if c is not trainer and c is not claim], logger)
-        claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger)
+        adopt = (body["metadata"].get("annotations") or {}).get(ADOPT_CHECKPOINTS) == "true"
+        claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger, adopt)
         group = await reconcile.ensure_trainer(runtime, job, trainer, _count(status, "restarts"),
                                                reconcile.restart_budget(job, runtime.settings), logger,
                                                _count(status, "preemptions"), finished=final is not None,

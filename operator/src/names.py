@@ -16,6 +16,12 @@ means the operator replaces the whole group)."""
 OPERATOR_VERSION = f"{GROUP}/operator-version"
 """Annotation on the trainer Job: the operator version that built it (an upgrade does not
 replace a running group; this says which operator's pods it runs)."""
+JOB_UID = f"{GROUP}/job-uid"
+"""Annotation on the checkpoint claim the operator made: the uid of the RLJob it was made for
+(a retained claim outlives its job; a new job of the same name must not resume from it unawares)."""
+ADOPT_CHECKPOINTS = f"{GROUP}/adopt-checkpoints"
+"""Annotation a user sets ("true") on an RLJob to resume from the checkpoints an earlier RLJob
+of the same name left on its retained claim."""
 CONFIG_HASH = f"{GROUP}/config-hash"
 """Annotation on every pod template: a hash of the spec its pods load from the ConfigMap (less
 what they do not read: replicas, placement), so a spec change that reaches only the

@@ -18,7 +18,7 @@ import kubernetes_validate
 
 from streamrl.operator.builders import PREEMPTED_EXIT_CODE, claim_name, queue_name
 from streamrl.operator.kube import KubeClient, KubeError, path_for, path_of
-from streamrl.operator.names import RESTARTS, TEMPLATE_HASH, selector, serialized
+from streamrl.operator.names import ADOPT_CHECKPOINTS, JOB_UID, RESTARTS, TEMPLATE_HASH, selector, serialized
 from streamrl.operator.phases import TrainerGroup, rank0_succeeded
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
@@ -275,11 +275,28 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
     return TrainerGroup("unchanged", restarts, job_status=seen, preemptions=preemptions)
 
 
+def claim_of_another_job(current: dict, desired: dict, adopt: bool) -> str | None:
+    """Why a claim the operator made cannot be this job's, or None: it was made for another
+    RLJob of the same name (a retained claim outlives its job) and holds that job's checkpoints,
+    which this job would resume from unawares, or refuse as another job's and fail. `adopt`:
+    the user asked to resume from them (ADOPT_CHECKPOINTS on the RLJob)."""
+    theirs = (current["metadata"].get("annotations") or {}).get(JOB_UID)
+    ours = (desired["metadata"].get("annotations") or {}).get(JOB_UID)
+    if theirs is None or ours is None or theirs == ours or adopt:
+        return None
+    claim = current["metadata"]["name"]
+    return (f"PersistentVolumeClaim {claim} holds the checkpoints of an earlier RLJob of this name (uid {theirs}), "
+            f"not this one's: not used. Delete the claim to start afresh, or annotate this RLJob "
+            f"{ADOPT_CHECKPOINTS}=true to resume from them")
+
+
 async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: dict | None, owner: dict | None,
-                       logger: Logger) -> str | None:
+                       logger: Logger, adopt: bool = False) -> str | None:
     """The checkpoint claim: created once when the operator makes it (`desired`; its spec is
     the cluster's afterwards: a bound claim's size and mode are not the operator's to change),
     its owner reference following `retain`; an existing claim (claimName) only looked for.
+    A claim made for an earlier RLJob of the same name is ForeignObject unless `adopt`; one
+    made before claims were marked (no JOB_UID) is marked as this job's.
     Returns why the trainer's pods cannot mount it yet (None: they can, or there is no volume)."""
     claim = claim_name(job)
     if claim is None:
@@ -301,6 +318,14 @@ async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: di
         logger.info("created the checkpoint claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
                     ["storage"], desired["spec"]["accessModes"][0])
         return None
+    problem = claim_of_another_job(current, desired, adopt)
+    if problem:
+        raise ForeignObject(problem)
+    mark = (desired["metadata"].get("annotations") or {}).get(JOB_UID)
+    if mark is not None and (current["metadata"].get("annotations") or {}).get(JOB_UID) != mark:
+        await runtime.kube.patch(path, {"metadata": {"annotations": {JOB_UID: mark}}})
+        logger.info("checkpoint claim %s: marked as this job's (uid %s)%s", claim, mark,
+                    ", adopting the checkpoints of the earlier job" if adopt else "")
     owners = desired["metadata"].get("ownerReferences")
     ours = [o for o in current["metadata"].get("ownerReferences") or [] if owner and o.get("uid") == owner["uid"]]
     if bool(owners) != bool(ours):  # retain changed: the garbage collector keeps it, or takes it with the job

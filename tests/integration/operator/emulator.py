@@ -276,8 +276,7 @@ class Emulator(kmock.KubernetesEmulator):
             self.writes.append(("PATCH", request.url.path))
             await self._buses[request.resource].put({"type": event, "object": raw})
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-                self._objects[key].delete()
-                await self._buses[request.resource].put({"type": "DELETED", "object": raw})
+                await self._remove(key)  # the last finalizer gone: deleted, and its dependents collected
         return aiohttp.web.json_response(raw, status=201 if current is None else 200)
 
     def _applied_object(self, request, key, current: dict | None) -> dict:

@@ -14,7 +14,17 @@ from streamrl.admin import AdminServer
 from streamrl.metrics import ServiceMetrics
 from streamrl.records import CheckpointInfo, TrainerPhase
 from tests.integration.operator.conftest import wait_for
-from tests.integration.operator.test_operator import JOBS, NS, RLJOB, _fetch_from, create, example, get, plain
+from tests.integration.operator.test_operator import (
+    CONFIGMAPS,
+    JOBS,
+    NS,
+    RLJOB,
+    _fetch_from,
+    create,
+    example,
+    get,
+    plain,
+)
 from tests.integration.operator.test_trainer_group import fail, sharded, status, trainer_job
 from tests.unit.operator.trainer_bodies import trainer_status
 
@@ -70,15 +80,32 @@ async def test_the_claim_is_created_with_its_size_class_and_mode_and_mounted_in_
     assert args[args.index("--out") + 1] == OUT
     assert trainer_job(k8s, "ckpt")["spec"]["completions"] == 3  # one template: every pod mounts it
 
-    # The job deleted and created again (no garbage collector here; the claim had no owner to
-    # follow anyway): the same claim is mounted, not a new one.
+    first = get(k8s, RLJOB, "ckpt")["metadata"]["uid"]
+    assert claim(k8s, "ckpt-checkpoints")["metadata"]["annotations"] == {"streamrl.io/job-uid": first}
+
+
+async def test_a_recreated_job_never_resumes_from_the_earlier_jobs_claim_unless_told_to(k8s, operator):
+    """N8: the retained claim outlives its job; a new RLJob of the same name (the CRD tells users
+    to create one to change an immutable field) would resume from it or refuse it as another
+    job's and fail. It is refused, saying so, until the user annotates the job to adopt it."""
+    await create(k8s, with_volume(example("ckpt"), size="50Gi"))
+    await wait_for(lambda: trainer_job(k8s, "ckpt"), what="the trainer Job")
     uid = claim(k8s, "ckpt-checkpoints")["metadata"]["uid"]
     await k8s.delete(f"{JOBS}/ckpt")
     await wait_for(lambda: get(k8s, RLJOB, "ckpt").deleted, what="the RLJob deleted")
-    await create(k8s, with_volume(sharded("ckpt", nodes=3), size="500Gi", storageClass="filestore-rwx"))
-    await wait_for(lambda: status(k8s, "ckpt")["trainer"]["expectedPods"] == 3, what="the new job's status")
-    assert claim(k8s, "ckpt-checkpoints")["metadata"]["uid"] == uid
-    assert claims(k8s) == ["ckpt-checkpoints"]
+    await wait_for(lambda: get(k8s, CONFIGMAPS, "ckpt-spec").deleted, what="its children collected")
+    await create(k8s, with_volume(example("ckpt"), size="50Gi"))
+    await wait_for(lambda: "holds the checkpoints of an earlier RLJob" in status(k8s, "ckpt").get("message", ""),
+                   what="the status names the claim")
+    assert "streamrl.io/adopt-checkpoints=true" in status(k8s, "ckpt")["message"]
+    assert ("batch/v1/jobs", NS, "ckpt-trainer") not in k8s.objects or trainer_job(k8s, "ckpt").deleted
+    adopt = {"metadata": {"annotations": {"streamrl.io/adopt-checkpoints": "true"}}}
+    resp = await k8s.patch(f"{JOBS}/ckpt", json=adopt)
+    assert resp.status == 200
+    await wait_for(lambda: not trainer_job(k8s, "ckpt").deleted, what="the trainer Job, adopting the claim")
+    second = get(k8s, RLJOB, "ckpt")["metadata"]["uid"]
+    assert claim(k8s, "ckpt-checkpoints")["metadata"]["annotations"]["streamrl.io/job-uid"] == second
+    assert claim(k8s, "ckpt-checkpoints")["metadata"]["uid"] == uid and claims(k8s) == ["ckpt-checkpoints"]
 
 
 async def test_an_existing_claim_is_mounted_none_is_created_and_a_missing_one_is_said(k8s, operator):
