@@ -177,9 +177,9 @@ def admin_ports(job: RLJob) -> dict[str, int]:
     return {"admin" if r == 0 else f"admin-r{r}": ADMIN_PORT + r for r in range(job.spec.trainer.processes_per_node)}
 
 
-TRAINER_AT_NEXT_START = (("trainer", "restartLimit"), ("trainer", "minGenerators"),
+TRAINER_AT_NEXT_START = (("trainer", "restartLimit"), ("trainer", "preemptionLimit"), ("trainer", "minGenerators"),
                          ("checkpoint", "everyIterations"), ("checkpoint", "keep"))
-"""Spec fields an edit of which never replaces a running trainer group: the restart budget is
+"""Spec fields an edit of which never replaces a running trainer group: the restart budgets are
 the operator's alone, and the trainer reads the others when it starts (its next restart, or
 the next replacement, takes the new values from the ConfigMap)."""
 

@@ -190,6 +190,19 @@ def preemption(failed: dict, suspended: bool) -> str | None:
     return None
 
 
+KUBELET_EVICTION = "TerminationByKubelet"
+"""The DisruptionTarget reason of a pod the kubelet evicted (node memory or disk pressure, an
+emptyDir over its sizeLimit): not free, since the same pod on the same kind of node does it again."""
+
+
+async def disruptions(runtime: Runtime, job: RLJob, namespace: str) -> set[str]:
+    """The reasons of the DisruptionTarget conditions of the trainer's pods (TerminationByKubelet,
+    EvictionByEvictionAPI, PreemptionByScheduler, DeletionByTaintManager...)."""
+    pods = await runtime.kube.list("v1", "Pod", namespace, serialized(selector(job.metadata.name, "trainer")))
+    return {c.get("reason") or "" for p in pods for c in (p.get("status") or {}).get("conditions") or []
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"}
+
+
 async def _no_record(counts: dict) -> None:
     return None
 
@@ -243,6 +256,14 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
         restarts = int((current["metadata"].get("annotations") or {}).get(RESTARTS) or restarts)
         why = failed.get("message") or failed.get("reason") or "a trainer pod failed"
         free = preemption(failed, bool((current.get("spec") or {}).get("suspend")) or job.spec.suspend)
+        if free and free.startswith("disrupted") and KUBELET_EVICTION in await disruptions(
+                runtime, job, desired["metadata"]["namespace"]):
+            free, why = None, (f"a trainer pod was evicted by the kubelet ({KUBELET_EVICTION}: node memory or disk "
+                               f"pressure, or a volume over its sizeLimit), which a restart tends to repeat: {why}")
+        limit = job.spec.trainer.preemption_limit
+        if free and preemptions >= limit:
+            free, why = None, (f"{free}, after {preemptions} preemption(s) already (trainer.preemptionLimit "
+                               f"{limit}): {why}")
         if free:
             await record({"restarts": restarts, "preemptions": preemptions + 1})
             await runtime.kube.delete(path, propagation="Foreground")

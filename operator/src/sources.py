@@ -41,6 +41,9 @@ class ModelParts:
     """The trainer's --model-dir (None: it resolves the spec's source itself)."""
     from_hub: bool = False
     """The fetch init container fills the Hugging Face cache: the trainer then reads it offline."""
+    cache_size: str | None = None
+    """The room of the pod's own cache volume the download fills (its sizeLimit and the pod's
+    ephemeral-storage request); None: the cache is on the claim, or nothing large is downloaded."""
 
 
 def _inside(root: str, sub: str) -> str:
@@ -79,6 +82,10 @@ def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, jo
             parts.env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_MOUNT}/token"})
         parts.init_containers.append({"name": FETCH_CONTAINER, "args": ["fetch", job_file]})
         parts.from_hub = True
+        if model.source == "hf" and not on_claim:
+            # Bounded, so a model larger than the room evicts the pod once (an eviction the
+            # restart budget counts) rather than filling the node's disk again at each restart.
+            parts.cache_size = model.hf.cache_size
     if task.pvc:
         parts.volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": task.pvc.claim_name,
                                                                          "readOnly": True}})
@@ -113,6 +120,11 @@ def apply_model_parts(pod_spec: dict, parts: ModelParts, main: str) -> None:
     container["env"] = [*container["env"], *copy.deepcopy(parts.env)]
     if parts.model_dir:
         container["args"] = [*container["args"], "--model-dir", parts.model_dir]
+    if parts.cache_size:
+        cache = next(v for v in pod_spec["volumes"] if v["name"] == "cache")
+        cache["emptyDir"] = {"sizeLimit": parts.cache_size}
+        resources = container.setdefault("resources", {})
+        resources["requests"] = {**resources.get("requests", {}), "ephemeral-storage": parts.cache_size}
     plain = {kind: {k: v for k, v in values.items() if k in ("cpu", "memory", "ephemeral-storage")}
              for kind, values in (container.get("resources") or {}).items()}
     for part in parts.init_containers:

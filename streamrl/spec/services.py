@@ -58,6 +58,11 @@ class TrainerSpec(SpecModel):
     """Restarts of a failed trainer (on Kubernetes, of its whole group) before the run fails;
     each resumes from the newest checkpoint. Unset = the operator's STREAMRL_TRAINER_BACKOFF_LIMIT
     on Kubernetes, 3 for `streamrl run`."""
+    preemption_limit: int = Field(10, ge=0, le=1000)
+    """Kubernetes: group restarts after a preemption (the trainer saved and exited on SIGTERM,
+    a pod was evicted through the API or preempted by the scheduler, a suspension) that are not
+    counted against restart_limit; past this many, each counts. Evictions by the kubelet for
+    node pressure or a volume over its size always count: retried, they tend to repeat."""
     process_group_timeout_seconds: int = Field(300, ge=10, le=86400)
     """How long a collective may wait for every rank: a rank that died fails the others
     within this, instead of leaving them waiting forever."""

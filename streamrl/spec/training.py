@@ -16,6 +16,10 @@ RELATIVE_PATH = r"^(([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)(/([^/.][^/]*|\.[^/.][^/]
 """A path inside a volume: relative, its parts neither empty nor `.` nor `..`."""
 
 
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+"""A Kubernetes quantity of bytes (`50Gi`, `500M`)."""
+
+
 class HfModelSource(SpecModel):
     """A model on the Hugging Face Hub (or the mirror HF_ENDPOINT names), downloaded once into a
     cache with huggingface_hub (the checkpoint volume's, in Kubernetes)."""
@@ -29,6 +33,11 @@ class HfModelSource(SpecModel):
     """Kubernetes: a Secret of the job's namespace whose key `token` is a hub token, mounted as
     a file into the trainer's pods only (never an environment variable). Locally, huggingface_hub
     finds the token itself (HF_TOKEN, or what `hf auth login` stored)."""
+    cache_size: str = Field("50Gi", pattern=QUANTITY, max_length=32)
+    """Kubernetes, without a checkpoint volume: the room the download gets on the node's own disk
+    (the cache emptyDir's sizeLimit, and the trainer pod's ephemeral-storage request, so it is
+    scheduled where that room is). Size it to the repository: a 70B model in bf16 is about 140Gi.
+    With a checkpoint volume the cache lives on the claim and this is not used."""
 
 
 class HfFileSource(SpecModel):
@@ -275,7 +284,7 @@ class CheckpointVolumeSpec(SpecModel):
                                    pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     """An existing PersistentVolumeClaim to use; unset = the operator creates one
     (<job>-checkpoints) with `size`, `storageClass` and `accessMode`."""
-    size: str = Field("20Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    size: str = Field("20Gi", pattern=QUANTITY)
     """Size of the claim the operator creates (a Kubernetes quantity)."""
     storage_class: str | None = Field(None, min_length=1, max_length=253)
     """Storage class of the claim the operator creates (unset = the cluster's default)."""

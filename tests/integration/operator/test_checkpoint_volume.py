@@ -182,6 +182,47 @@ async def test_preemptions_and_disruptions_restart_the_group_without_spending_th
     await wait_for(lambda: status(k8s, "spot")["phase"] == "Failed", what="a real failure still fails it")
 
 
+async def _evicted_pod(k8s, job: str, reason: str) -> None:
+    """A trainer pod as the kubelet or the eviction API leaves it: failed, with a DisruptionTarget condition."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{job}-trainer-0-x1", "namespace": NS,
+        "labels": {"streamrl.io/job": job, "streamrl.io/role": "trainer"}},
+        "spec": {"containers": [{"name": "main", "image": "streamrl:test"}]}}
+    resp = await k8s.post(f"/api/v1/namespaces/{NS}/pods", json=pod)
+    assert resp.status in (200, 201), await resp.text()
+    resp = await k8s.patch(f"/api/v1/namespaces/{NS}/pods/{job}-trainer-0-x1/status", json={"status": {
+        "phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason}]}})
+    assert resp.status == 200, await resp.text()
+
+
+async def test_a_kubelet_eviction_and_preemptions_past_their_limit_spend_the_budget(k8s, operator):
+    """N7: a node-pressure eviction (an emptyDir over its sizeLimit, say) restarted for free
+    would loop forever, holding the GPUs; so would endless preemptions."""
+    body = sharded("evict", nodes=2)
+    body["spec"]["trainer"].update(restartLimit=0, preemptionLimit=1)
+    await create(k8s, body)
+    await wait_for(lambda: status(k8s, "evict")["trainer"]["expectedPods"] == 2, what="status written")
+    await _evicted_pod(k8s, "evict", "TerminationByKubelet")
+    await fail(k8s, "evict", "Pod rl/evict-trainer-0-x1 has condition DisruptionTarget matching FailJob rule at "
+                             "index 1")
+    await wait_for(lambda: status(k8s, "evict")["phase"] == "Failed", what="the eviction counted")
+    assert "evicted by the kubelet (TerminationByKubelet" in status(k8s, "evict")["message"]
+
+    body = sharded("spot2", nodes=2)
+    body["spec"]["trainer"].update(restartLimit=0, preemptionLimit=1)
+    await create(k8s, body)
+    await wait_for(lambda: status(k8s, "spot2")["trainer"]["expectedPods"] == 2, what="status written")
+    message = ("Container main for pod rl/spot2-trainer-0-ab12c failed with exit code 75 matching FailJob rule at "
+               "index 0")
+    uid = trainer_job(k8s, "spot2")["metadata"]["uid"]
+    await fail(k8s, "spot2", message)
+    await wait_for(lambda: trainer_job(k8s, "spot2")["metadata"]["uid"] != uid and
+                   not trainer_job(k8s, "spot2").get("status"), what="the first preemption restarted for free")
+    await fail(k8s, "spot2", message)
+    await wait_for(lambda: status(k8s, "spot2")["phase"] == "Failed", what="the second one counted")
+    assert "after 1 preemption(s) already (trainer.preemptionLimit 1)" in status(k8s, "spot2")["message"]
+
+
 async def test_suspend_lets_the_trainer_save_and_resume_keeps_the_budget(k8s, operator):
     await create(k8s, with_volume(sharded("pause", nodes=2), size="10Gi"))
     await wait_for(lambda: status(k8s, "pause")["trainer"]["expectedPods"] == 2, what="status written")

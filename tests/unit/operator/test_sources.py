@@ -67,6 +67,24 @@ def test_hf_without_a_checkpoint_claim_caches_in_the_pod(tmp_path, capsys):
     pod = trainer["spec"]["template"]["spec"]
     assert _env(pod["containers"][0])["HF_HUB_CACHE"] == "/var/cache/streamrl/hf"
     assert "hf-token" not in {v["name"] for v in pod["volumes"]}
+    # N7: bounded, and scheduled where the room is (the default, then the spec's own).
+    [cache] = [v for v in pod["volumes"] if v["name"] == "cache"]
+    assert cache["emptyDir"] == {"sizeLimit": "50Gi"}
+    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "50Gi"
+    assert pod["initContainers"][0]["resources"]["requests"]["ephemeral-storage"] == "50Gi"
+    job["spec"]["model"]["hf"]["cacheSize"] = "160Gi"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["render", str(path)]) == 0
+    [trainer] = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d and d["kind"] == "Job"]
+    [cache] = [v for v in trainer["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache"]
+    assert cache["emptyDir"] == {"sizeLimit": "160Gi"}
+
+
+def test_hf_on_a_checkpoint_claim_leaves_the_pods_disk_unbounded_and_unrequested(tmp_path, capsys):
+    pod, _ = _render(tmp_path, capsys, {"source": "hf", "hf": {"repo": "org/m"}})
+    [cache] = [v for v in pod["volumes"] if v["name"] == "cache"]
+    assert cache["emptyDir"] == {}
+    assert "ephemeral-storage" not in (pod["containers"][0].get("resources") or {}).get("requests", {})
 
 
 def test_a_claim_is_mounted_read_only_and_named_to_the_trainer(tmp_path, capsys):
