@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from pathlib import Path
 
 import kopf
@@ -13,10 +14,11 @@ import prometheus_client
 import yaml
 
 from streamrl.operator.handlers import register
-from streamrl.operator.kube import KubeClient
+from streamrl.operator.kube import KubeClient, KubeError
+from streamrl.operator.leader import Elector
 from streamrl.operator.reconcile import schema_version
 from streamrl.operator.runtime import Runtime
-from streamrl.operator.settings import Settings, load_settings
+from streamrl.operator.settings import CLUSTER_ID, Settings, load_settings
 
 log = logging.getLogger("streamrl.operator")
 
@@ -60,25 +62,63 @@ def operator_registry(settings: Settings) -> kopf.OperatorRegistry:
     return register(registry, settings)
 
 
+async def cluster_id(kube: KubeClient, settings: Settings) -> str:
+    """The settings' cluster id, else the uid of the kube-system namespace (unique per cluster,
+    stable for its life). ValueError saying how to set one when neither is to be had."""
+    if settings.cluster_id:
+        return settings.cluster_id
+    try:
+        namespace = await kube.get("/api/v1/namespaces/kube-system")
+    except KubeError as err:
+        namespace = None
+        why = f"reading namespace kube-system was refused ({err})"
+    else:
+        why = "there is no namespace kube-system"
+    if namespace is None:
+        raise ValueError(f"the operator needs this cluster's id and {why}: set one with the chart's clusterId "
+                         f"(env {CLUSTER_ID}), different in each cluster that runs an operator")
+    return namespace["metadata"]["uid"]
+
+
 async def serve(settings: Settings) -> None:
     runtime = Runtime(local_client(), settings)
+    elector = None
     try:
         server = (await runtime.kube.version()).get("gitVersion", "")
         runtime.kubernetes_version = schema_version(server)  # ValueError: too old, said before anything runs
+        runtime.cluster_id = await cluster_id(runtime.kube, settings)
+        if settings.leader_election:
+            identity = os.environ.get("POD_NAME") or socket.gethostname()
+            elector = Elector(runtime.kube, settings.namespace, identity)
+            await elector.acquire()
         if settings.metrics_port:
             prometheus_client.start_http_server(settings.metrics_port, registry=runtime.metrics.registry)
         namespaces = list(settings.watch_namespaces)
-        log.info("operator up on Kubernetes %s (children checked against its %s schemas): image %s, CUDA image %s, "
-                 "watching %s, autoscaler reads %s, metrics on :%s, status every %gs", server,
-                 runtime.kubernetes_version, settings.image, settings.cuda_image,
+        log.info("operator up on Kubernetes %s (children checked against its %s schemas) as cluster %s: image %s, "
+                 "CUDA image %s, watching %s, autoscaler reads %s, metrics on :%s, status every %gs", server,
+                 runtime.kubernetes_version, runtime.cluster_id, settings.image, settings.cuda_image,
                  ", ".join(namespaces) or "every namespace",
                  settings.prometheus_url or "only allowed URLs RLJobs name", settings.metrics_port or "(off)",
                  settings.status_interval_s)
-        await kopf.operator(registry=operator_registry(settings), settings=kopf_settings(), standalone=True,
-                            clusterwide=not namespaces,
-                            namespaces=namespaces, memo=kopf.Memo(runtime=runtime),
-                            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz")
+        stop = asyncio.Event()
+        operator = asyncio.create_task(kopf.operator(
+            registry=operator_registry(settings), settings=kopf_settings(), standalone=True,
+            clusterwide=not namespaces, namespaces=namespaces, memo=kopf.Memo(runtime=runtime), stop_flag=stop,
+            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz"))
+        if elector is None:
+            await operator
+            return
+        keep = asyncio.create_task(elector.keep())
+        done, _ = await asyncio.wait({operator, keep}, return_when=asyncio.FIRST_COMPLETED)
+        if keep in done:  # lost the lease: stop reconciling before another replica starts to
+            stop.set()
+            await operator
+            keep.result()  # raises LostLeadership: the process exits non-zero and is restarted
+        keep.cancel()
+        operator.result()
     finally:
+        if elector is not None:
+            await elector.release()
         await runtime.kube.close()
 
 

@@ -23,6 +23,8 @@ NAMESPACE = "STREAMRL_OPERATOR_NAMESPACE"
 STATUS_INTERVAL_S = "STREAMRL_OPERATOR_STATUS_INTERVAL_S"
 PROMETHEUS_URL = "STREAMRL_PROMETHEUS_URL"
 METRICS_PORT = "STREAMRL_OPERATOR_METRICS_PORT"
+CLUSTER_ID, LEADER_ELECTION = "STREAMRL_CLUSTER_ID", "STREAMRL_LEADER_ELECTION"
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
 
@@ -72,6 +74,14 @@ class Settings:
     """The NetworkPolicy peer (namespaceSelector and/or podSelector) Prometheus scrapes job pods
     from; None = no scraping allowed. Env STREAMRL_NETWORK_POLICY_PROMETHEUS, JSON (chart:
     networkPolicy.prometheus)."""
+    cluster_id: str = ""
+    """This cluster's name in the origin labels of the objects it puts in other clusters, and in
+    every job token's derivation: two home clusters sharing a remote one must differ. "" = the
+    uid of this cluster's kube-system namespace, read at startup. Env STREAMRL_CLUSTER_ID
+    (chart: clusterId)."""
+    leader_election: bool = True
+    """Whether the operator reconciles only while it holds the Lease streamrl-operator in its
+    namespace (so several replicas never both reconcile). Env STREAMRL_LEADER_ELECTION."""
     token_key_secret: str = "streamrl-job-token-key"
     """The Secret, in the operator's namespace, holding the key every job's token is derived
     from (the operator creates it when missing). Env STREAMRL_TOKEN_KEY_SECRET."""
@@ -152,6 +162,10 @@ def load_settings(environ: Mapping[str, str], *, namespaces: list[str] | tuple[s
                             'JSON of a NetworkPolicy peer ({"namespaceSelector": {...}, "podSelector": {...}})',
                             d.prometheus_peer),
         token_key_secret=environ.get(TOKEN_KEY_SECRET) or d.token_key_secret,
+        cluster_id=env(CLUSTER_ID, str, lambda v: bool(LABEL_VALUE.match(v)),
+                       "a label value (letters, digits, '-', '_', '.'; at most 63)", d.cluster_id),
+        leader_election=env(LEADER_ELECTION, str.lower, lambda v: v in ("true", "false"), "true or false",
+                            "true") == "true",
         prometheus_url_allow=env(PROMETHEUS_URL_ALLOW, _url_prefixes, lambda v: True,
                                  "http:// or https:// URL prefixes separated by commas", d.prometheus_url_allow),
         image_pull_policy=env(IMAGE_PULL_POLICY, str, lambda v: v in PULL_POLICIES,

@@ -139,7 +139,7 @@ def test_crds_come_from_the_generated_files_and_are_kept():
 
 @pytest.mark.parametrize("bad, message", [
     ("bogus=1", "additional properties 'bogus' not allowed"),
-    ("operator.replicas=2", "additional properties 'replicas' not allowed"),
+    ("operator.replicas=0", "minimum: got 0, want 1"),
     ("jobs.imagePullPolicy=Always", "additional properties 'imagePullPolicy' not allowed"),
     ("jobs.imagePullSecrets[0].secretName=regcred", "additional properties 'secretName' not allowed"),
     ("networkPolicy.prometheus.ipBlock.cidr=10.0.0.0/8", "additional properties 'ipBlock' not allowed"),
@@ -173,7 +173,10 @@ def test_values_schema_rejects_bad_values(bad, message):
 def test_operator_runs_one_replica_recreated_non_root():
     [deployment] = by_kind(render())["Deployment"]
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Replicas take turns through the Lease, so a rolling update hands over rather than overlaps.
+    assert spec["replicas"] == 1 and "strategy" not in spec
+    [ha] = by_kind(render("operator.replicas=2"))["Deployment"]
+    assert ha["spec"]["replicas"] == 2
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     [container] = pod["containers"]
@@ -308,7 +311,12 @@ def test_rbac_is_least_privilege():
     # In the operator's namespace: RLClusters' kubeconfigs and the token key (created when missing).
     [secret_role] = [r for r in objects["Role"] if any("secrets" in x["resources"] for x in r["rules"])]
     assert secret_role["metadata"]["namespace"] == "streamrl-system"
-    assert secret_role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]}]
+    assert secret_role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+        # Leader election: its one Lease read and renewed by name, created when missing.
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["streamrl-operator"],
+         "verbs": ["get", "patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
     # kopf patches; nothing updates RLJobs or RLClusters (finalizers/update: owner references' blockOwnerDeletion).
     ours = [r for r in rules if r["apiGroups"] == ["streamrl.io"]]
     assert {res for r in ours for res in r["resources"]} == {
@@ -335,7 +343,14 @@ def test_rbac_is_least_privilege():
     assert all(r["rules"] == cluster_jobs["rules"] for r in job_roles)
     cluster_wide = {res for r in operator_roles(scoped) if r["kind"] == "ClusterRole"
                     for x in r["rules"] for res in x["resources"]}
-    assert cluster_wide == {"rlclusters", "rlclusters/status"}
+    assert cluster_wide == {"rlclusters", "rlclusters/status", "namespaces"}
+    [namespaces] = [x for r in operator_roles(scoped) for x in r["rules"] if "namespaces" in x["resources"]]
+    assert namespaces == {"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"],
+                          "verbs": ["get"]}  # the cluster's id, nothing else
+    named = by_kind(render("clusterId=prod-eu"))
+    assert not any("namespaces" in x["resources"] for r in operator_roles(named) for x in r["rules"])
+    [container] = named["Deployment"][0]["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["STREAMRL_CLUSTER_ID"] == "prod-eu"
     [deployment] = scoped["Deployment"]
     assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][2:] == \
         ["--namespace=team-a", "--namespace=team-b"]

@@ -49,6 +49,7 @@ FIELD_MANAGER_REQUIRED = "fieldManager is required for apply requests"
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 WITH_STATUS = {("", "services"), ("", "persistentvolumeclaims"), ("apps", "deployments"), ("batch", "jobs"),
                ("streamrl.io", "rljobs"), ("streamrl.io", "rlclusters"), ("", "pods")}
@@ -149,6 +150,9 @@ class Emulator(kmock.KubernetesEmulator):
         """(verb, resource, namespace or None for every namespace) SelfSubjectAccessReviews deny."""
         self.pod_logs: dict[tuple[str, str, str], str] = {}
         """(namespace, pod, container) -> what GET pods/<pod>/log answers (the tests write it)."""
+        self.namespaces: dict[str, dict] = {}
+        """name -> the Namespace GET /api/v1/namespaces/<name> answers (kmock reads that path as
+        a list in the namespace; the tests write what the real server would hold)."""
         self.fail_once: dict[tuple[str, str], int] = {}
         """(method, path) -> an HTTP status the next such request gets instead of being served
         (a server that fails between two of the operator's writes)."""
@@ -164,6 +168,12 @@ class Emulator(kmock.KubernetesEmulator):
             return await self._render_error(kmock.KubernetesError(status=failure, reason="InternalError",
                                                                   message="injected failure"))
         try:
+            one = NAMESPACE_PATH.match(request.url.path)
+            if one and getattr(request.method, "value", request.method) == "GET":
+                if one[1] not in self.namespaces:
+                    raise kmock.KubernetesError(status=404, reason="NotFound",
+                                                message=f'namespaces "{one[1]}" not found')
+                return aiohttp.web.json_response(self.namespaces[one[1]])
             if request.resource is not None and request.resource.plural == "selfsubjectaccessreviews":
                 return self._access_review(request)
             if request.resource is not None:

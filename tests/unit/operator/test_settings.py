@@ -22,11 +22,13 @@ def test_defaults_then_environment_then_flags():
     env = {"STREAMRL_JOB_IMAGE": "registry.local/streamrl:dev", "STREAMRL_JOB_IMAGE_PULL_POLICY": "Always",
            "STREAMRL_TRAINER_BACKOFF_LIMIT": "0", "STREAMRL_OPERATOR_NAMESPACE": "streamrl-system",
            "STREAMRL_OPERATOR_STATUS_INTERVAL_S": "2.5", "STREAMRL_PROMETHEUS_URL": "http://prom:9090",
-           "STREAMRL_OPERATOR_METRICS_PORT": "9100"}
+           "STREAMRL_OPERATOR_METRICS_PORT": "9100", "STREAMRL_CLUSTER_ID": "prod-eu",
+           "STREAMRL_LEADER_ELECTION": "false"}
     loaded = load_settings(env)
     assert loaded == Settings(image="registry.local/streamrl:dev", image_pull_policy="Always",
                               trainer_backoff_limit=0, namespace="streamrl-system", status_interval_s=2.5,
-                              prometheus_url="http://prom:9090", metrics_port=9100)
+                              prometheus_url="http://prom:9090", metrics_port=9100, cluster_id="prod-eu",
+                              leader_election=False)
     flagged = load_settings(env, namespaces=["rl"], health_port=9000, metrics_port=0, prometheus_url="")
     assert (flagged.watch_namespaces, flagged.health_port, flagged.metrics_port, flagged.prometheus_url) == \
         (("rl",), 9000, 0, "")
@@ -40,6 +42,8 @@ def test_defaults_then_environment_then_flags():
     ({"STREAMRL_OPERATOR_STATUS_INTERVAL_S": "0"}, {},
      "STREAMRL_OPERATOR_STATUS_INTERVAL_S must be a number of seconds > 0, got '0'"),
     ({"STREAMRL_TRAINER_BACKOFF_LIMIT": "-1"}, {}, "STREAMRL_TRAINER_BACKOFF_LIMIT must be an integer >= 0, got '-1'"),
+    ({"STREAMRL_CLUSTER_ID": "prod/eu"}, {},
+     "STREAMRL_CLUSTER_ID must be a label value (letters, digits, '-', '_', '.'; at most 63), got 'prod/eu'"),
     ({"STREAMRL_JOB_IMAGE_PULL_POLICY": "Sometimes"}, {},
      "STREAMRL_JOB_IMAGE_PULL_POLICY must be one of Always, IfNotPresent, Never, got 'Sometimes'"),
     ({"STREAMRL_OPERATOR_METRICS_PORT": "http"}, {},
