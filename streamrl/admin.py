@@ -54,7 +54,10 @@ class AdminServer:
         ready: Callable[[], bool],
         host: str = "127.0.0.1",
         port: int = 0,
+        waiting_for: Callable[[], str] = lambda: "",
     ):
+        """`waiting_for`: what keeps the service from being ready ("" when nothing in
+        particular), the `waiting_for` of a 503 /readyz body."""
         import uvicorn
         from fastapi import FastAPI, Response
         from fastapi.responses import JSONResponse
@@ -68,7 +71,8 @@ class AdminServer:
         @app.get("/readyz")
         def readyz() -> Response:
             ok = ready()
-            return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+            why = "" if ok else waiting_for()
+            return JSONResponse({"ready": ok, **({"waiting_for": why} if why else {})}, status_code=200 if ok else 503)
 
         @app.get("/metrics")
         def metrics() -> Response:

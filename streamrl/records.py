@@ -198,6 +198,9 @@ class TrainerStatus(Record):
     uptime_s: float
     last: IterationRecord | None = None
     generators: dict[str, GeneratorStatus] = {}
+    generator_joins: list[GeneratorJoin] = []
+    """Every replica whose first sample this start of the trainer accepted, in order (departed
+    ones included): `streamrl run` tells a replica that served from one that died before."""
     num_prompts_inflight: int = 0
     num_samples_pending: int = 0
     num_groups_ready: int = 0
@@ -321,11 +324,12 @@ class LocalRun(Record):
 class RunEvent(Record):
     """A line of events.jsonl: something that happened to a process of the run, for the
     report's timeline and its table of events. Written by whoever saw it: `streamrl run`
-    (died, restarted, replaced, scaled), the trainer (resumed, checkpoint, preempted)."""
+    (died, backoff, restarted, replaced, scaled), the trainer (resumed, checkpoint, preempted)."""
 
     time_unix: float
     kind: str
-    """died | restarted | replaced | resumed | checkpoint | preempted | scaled"""
+    """died | backoff | restarted | replaced | resumed | checkpoint | preempted | scaled (backoff: a
+    replica died before it served; its replacement waits, the detail says how long)"""
     process: str
     """The process it happened to (its timeline's name: trainer, trainer-rank-1, gen-default-0...)."""
     detail: str = ""

@@ -59,6 +59,7 @@ STATES = {  # (state, reason) -> (colour, legend)
 EVENT_MARKERS = {  # RunEvent.kind -> (marker, colour, legend)
     "died": ("X", "#d7191c", "died"),
     "restarted": ("^", "#ff7f00", "restarted"),
+    "backoff": ("x", "#d7191c", "died before serving: its replacement backs off"),
     "replaced": ("v", "#ff7f00", "replaced by another replica"),
     "resumed": (">", "#1a9641", "resumed from a checkpoint"),
     "checkpoint": ("d", "#08519c", "checkpoint saved"),

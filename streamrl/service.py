@@ -62,7 +62,9 @@ class Service:
         self.endpoint_file = endpoint_file
         self.ready_when: Callable[[], bool] = lambda: True
         """What else readiness needs besides serving (e.g. the trainer running, a replica connected)."""
-        self.admin = AdminServer(registry, status, self.ready, host, admin_port)
+        self.waiting_for: Callable[[], str] = lambda: ""
+        """What it waits for while not ready (e.g. an absent trainer), for /readyz's body."""
+        self.admin = AdminServer(registry, status, self.ready, host, admin_port, lambda: self.waiting_for())
         self.server: grpc.aio.Server | None = None
         self.grpc_port = 0
         self._health: health.aio.HealthServicer | None = None

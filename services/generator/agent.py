@@ -37,6 +37,7 @@ from streamrl.spec import ReconnectSpec, SecuritySpec
 from streamrl.v1 import rollout_pb2_grpc
 from streamrl.wire.channels import open_channel
 from streamrl.wire.convert import request_to_pb, response_from_pb
+from streamrl.wire.model_files import WAIT_LOG_S
 from streamrl.wire.transfer import WeightSource
 
 log = logging.getLogger("streamrl.generator")
@@ -116,6 +117,8 @@ class GeneratorAgent:
         self.drain_timeout_s = 120.0
         """A drain that takes longer stops at once (the trainer re-dispatches what is left)."""
         self.report_interval_s = 0.5
+        self.wait_log_s = WAIT_LOG_S
+        """How often it says what it waits for while the trainer is unreachable."""
         self.exit_code = 0
         self.started_unix = started_unix
         """When this replica's process started (Unix seconds; 0 = unknown): the trainer measures its join."""
@@ -126,6 +129,10 @@ class GeneratorAgent:
         self._draining = False
         self._left_early = False
         self._sent_one = False
+        self._waiting_since: float | None = None
+        """Since when it waits for the trainer's channel before its first stream (monotonic; None: not)."""
+        self._broke_at: float | None = None
+        """When its latest live stream broke (monotonic; None: never)."""
 
     # ---- from the engine thread -------------------------------------------------------
     def _from_engine(self, msg: Sample | WeightsLoaded) -> None:
@@ -224,10 +231,12 @@ class GeneratorAgent:
                                          tuple(self.engine.latency_profile()), self.worker.skewness_bubble_s))
 
     # ---- lifecycle --------------------------------------------------------------------
-    async def run(self, connect_timeout_s: float = 60.0) -> int:
+    async def run(self) -> int:
         """Connect and serve until the trainer says goodbye (0), a drain completes (0), stop()
-        is called (0), the trainer refuses this replica (1) or cannot be reached again within
-        spec.generators.reconnect.giveUpAfterSeconds of a break (1)."""
+        is called (0), the trainer refuses this replica (1) or stays unreachable for
+        spec.generators.reconnect.giveUpAfterSeconds, when set, before its first Welcome or
+        after a break (1). Unset, a trainer not up yet (queued, loading) or gone (restarting)
+        is waited for as long as it takes: not ready meanwhile, saying what it waits for."""
         if self._left_early:
             return 0
         self._loop = asyncio.get_running_loop()
@@ -235,17 +244,15 @@ class GeneratorAgent:
         self._engine = _on_compute_thread(self.worker.run, "engine")
         channel = open_channel(self.trainer_address, self.security)
         try:
-            await asyncio.wait_for(channel.channel_ready(), connect_timeout_s)
+            if not await self._wait_for_trainer(channel):
+                await self._end_before_serving(channel)
+                return self.exit_code
             capacity = self.engine.stats().capacity
             sizes = ptl_batch_sizes(capacity)
             t0 = time.monotonic()
             # On the engine thread, where the engine steps from now on.
             await asyncio.wrap_future(self.worker.submit(self.engine.measure_latency, sizes))
             log.info("PTL(BS) measured at %d batch sizes in %.2fs", len(sizes), time.monotonic() - t0)
-        except TimeoutError:
-            log.error("trainer %s unreachable after %.0fs", self.trainer_address, connect_timeout_s)
-            await self._end_before_serving(channel)
-            return 1
         except BaseException:
             await self._end_before_serving(channel)
             raise
@@ -256,6 +263,51 @@ class GeneratorAgent:
             self.worker.stop()
             await self._engine  # an engine that failed raises here
         return self.exit_code
+
+    async def _wait_for_trainer(self, channel) -> bool:
+        """Until the channel to the trainer is ready (True), stop() (False) or, when set,
+        giveUpAfterSeconds pass (False, exit code 1); says every wait_log_s what it waits for."""
+        bound = self.reconnect.give_up_after_seconds
+        started = self._waiting_since = time.monotonic()
+        ready = asyncio.ensure_future(channel.channel_ready())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while True:
+                waited = time.monotonic() - started
+                timeout = self.wait_log_s if bound is None else max(0.0, min(self.wait_log_s, bound - waited))
+                await asyncio.wait({ready, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if ready.done():
+                    ready.result()
+                    return True
+                if stopping.done():
+                    log.info("stopped while waiting for the trainer at %s", self.trainer_address)
+                    return False
+                waited = time.monotonic() - started
+                if bound is not None and waited >= bound:
+                    log.error("giving up: trainer %s unreachable for %.0fs (spec.generators.reconnect."
+                              "giveUpAfterSeconds %g)", self.trainer_address, waited, bound)
+                    self.exit_code = 1
+                    return False
+                log.warning("not ready: waiting for %s (%s)", self.waiting_for(),
+                            "no bound: spec.generators.reconnect.giveUpAfterSeconds is unset" if bound is None
+                            else f"giving up after {bound:g}s")
+        finally:
+            self._waiting_since = None
+            for task in (ready, stopping):
+                task.cancel()
+            await asyncio.gather(ready, stopping, return_exceptions=True)
+
+    def waiting_for(self) -> str:
+        """What keeps this replica from being ready, for /readyz and its log ("" when ready)."""
+        if self.connected.is_set():
+            return ""
+        if self._waiting_since is not None:
+            return (f"the trainer at {self.trainer_address} (unreachable for "
+                    f"{time.monotonic() - self._waiting_since:.0f}s)")
+        if self._broke_at is not None:
+            return (f"the trainer at {self.trainer_address} to come back (its stream broke "
+                    f"{time.monotonic() - self._broke_at:.0f}s ago; reconnecting)")
+        return f"a Welcome from the trainer at {self.trainer_address}"
 
     async def _end_before_serving(self, channel) -> None:
         await channel.close()
@@ -276,11 +328,15 @@ class GeneratorAgent:
             now = time.monotonic()
             if backoff is None or ended.welcomed:  # a live link broke (not just a failed attempt)
                 backoff = Backoff(self.reconnect, now)
+                self._broke_at = now
                 in_engine, unsent = await self._abandon()
                 log.warning("the stream to trainer %s broke (%s): abandoned its work, %d samples generating or "
                             "queued and %d finished but unsent (the trainer issues them again); keeping the engine "
-                            "and weights v%d and reconnecting for up to %gs", self.trainer_address, ended.cause,
-                            in_engine, unsent, self.engine.policy_version, self.reconnect.give_up_after_seconds)
+                            "and weights v%d and reconnecting %s", self.trainer_address, ended.cause,
+                            in_engine, unsent, self.engine.policy_version,
+                            "until it is back (spec.generators.reconnect.giveUpAfterSeconds is unset)"
+                            if self.reconnect.give_up_after_seconds is None
+                            else f"for up to {self.reconnect.give_up_after_seconds:g}s")
             wait = backoff.next_wait(now)
             if wait is None:
                 log.error("giving up: trainer %s not reachable again within %gs of the break "
@@ -363,8 +419,9 @@ class GeneratorAgent:
             self._stop()
             return
         self._draining = True
-        if self.run_id and not self.connected.is_set():
-            log.info("draining (%s) while reconnecting: this replica holds nothing; leaving", reason or "asked")
+        if not self.connected.is_set():
+            log.info("draining (%s) while %s: this replica holds nothing; leaving", reason or "asked",
+                     "reconnecting" if self.run_id else "waiting for the trainer")
             self._stop()
             return
         log.info("draining (%s): finishing the samples this replica holds", reason or "asked")

@@ -3,7 +3,7 @@ gRPC server) in the service shell. It boots from the trainer: the model's config
 tokenizer files come over FetchModel, the weights as the version the trainer tells it to
 fetch, so it needs no model directory (given one, it loads from it instead). SIGTERM drains
 it (scale-down, pod deletion); a second one stops it at once. A trainer that goes away is
-dialled again (spec.generators.reconnect)."""
+dialled again (spec.generators.reconnect); one not there yet is waited for."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
                 host: str = "127.0.0.1", admin_port: int = 0, relay_port: int = 0, advertise_host: str | None = None,
                 endpoint_file: Path | None = None, timeline: Path | None = None) -> int:
     """Serve until the trainer closes the stream (exit 0), a drain completes (0), or the trainer
-    refuses it or stays unreachable for spec.generators.reconnect.giveUpAfterSeconds after a
-    break (1). Without `model_dir` it boots from the trainer."""
+    refuses it or, when spec.generators.reconnect.giveUpAfterSeconds is set, stays unreachable
+    that long (1); unset, an absent trainer is waited for, not ready meanwhile, /readyz and the
+    log saying what it waits for. Without `model_dir` it boots from the trainer."""
     started = process_started_unix()
     log.info("imports done %.1fs after the process started", time.time() - started)
     spec = job.spec
@@ -45,14 +46,26 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
     metrics = ServiceMetrics("generator", timeline)
     gid = generator_id or f"{pool.name}-{socket.gethostname()}-{os.getpid()}"
     up: dict[str, GeneratorAgent] = {}  # the agent, once the engine is loaded
+    booting = {"since": None}  # monotonic seconds since it waits for the model's files from the trainer
+
+    def waiting_for() -> str:
+        agent = up.get("agent")
+        if agent is not None:
+            return agent.waiting_for()
+        if booting["since"] is not None:
+            return (f"the model's files from the trainer at {trainer_address} (waiting "
+                    f"{time.monotonic() - booting['since']:.0f}s)")
+        return "its engine to load"
 
     def status() -> dict:
         agent = up.get("agent")
         if agent is None:
-            return {"generator_id": gid, "pool": pool.name, "phase": "Loading"}
+            return {"generator_id": gid, "pool": pool.name, "phase": "Loading", "waiting_for": waiting_for()}
         st = agent.engine.stats()
-        phase = "Reconnecting" if agent.run_id and not agent.connected.is_set() else "Serving"
-        return {"generator_id": gid, "pool": pool.name, "phase": phase, "run_id": agent.run_id,
+        phase = ("Serving" if agent.connected.is_set() else "Reconnecting" if agent.run_id
+                 else "WaitingForTrainer")
+        return {"generator_id": gid, "pool": pool.name, "phase": phase, "waiting_for": waiting_for(),
+                "run_id": agent.run_id,
                 "num_reconnects": agent.num_reconnects,
                 "policy_version": agent.engine.policy_version, "num_running": st.num_running,
                 "num_waiting": st.num_waiting, "num_generated_tokens": st.num_generated_tokens,
@@ -60,13 +73,16 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
 
     shell = Service("generator", metrics.registry, status, host, admin_port, endpoint_file, spec.security)
     shell.ready_when = lambda: "agent" in up and up["agent"].connected.is_set()
+    shell.waiting_for = waiting_for
     shell.start_admin()  # scrapes see the replica while its model loads (and every counter from zero)
     booted = None  # the directory of the model's files fetched from the trainer (removed on the way out)
     try:
         if model_dir is None:
             booted = model_dir = Path(tempfile.mkdtemp(prefix="streamrl-model-"))
+            booting["since"] = time.monotonic()
             names = await wait_for_model_files(lambda address: open_channel(address, spec.security), model_dir,
                                                trainer_address, spec.generators.reconnect.give_up_after_seconds)
+            booting["since"] = None
             log.info("booting from the trainer: %d model files (%s) %.1fs after the process started; the weights "
                      "come as the trainer's current version", len(names), ", ".join(names), time.time() - started)
         if booted is None:

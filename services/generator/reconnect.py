@@ -1,10 +1,11 @@
 """How long a generator waits before dialling its trainer again after the stream broke:
 exponential backoff with full jitter (each wait drawn uniformly between zero and a cap that
 doubles from `initialBackoffSeconds` up to `maxBackoffSeconds`), until `giveUpAfterSeconds`
-have passed since the break. Knows nothing of gRPC or of the trainer."""
+have passed since the break (unset: for ever). Knows nothing of gRPC or of the trainer."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from streamrl.spec import ReconnectSpec
@@ -26,12 +27,14 @@ class Backoff:
         return min(self.spec.max_backoff_seconds, self.spec.initial_backoff_seconds * 2.0 ** min(attempt, 64))
 
     def left_s(self, now: float) -> float:
-        """Seconds until the give-up deadline (negative once past it)."""
+        """Seconds until the give-up deadline (negative once past it; inf without one)."""
+        if self.spec.give_up_after_seconds is None:
+            return math.inf
         return self.spec.give_up_after_seconds - (now - self.broke_at)
 
     def next_wait(self, now: float) -> float | None:
         """Seconds to wait before the next attempt (never past the give-up deadline); None
-        once `giveUpAfterSeconds` have passed since the break: give up."""
+        once `giveUpAfterSeconds` (when set) have passed since the break: give up."""
         left = self.left_s(now)
         if left <= 0:
             return None

@@ -258,6 +258,7 @@ class Coordinator(Fleet):
                     join_s=round(r.join_s, 3) if r.join_s is not None else None)
                 for r in self.replicas.values()
             },
+            "generator_joins": list(self.joins),
             "num_prompts_inflight": self.groups.num_inflight,
             "num_samples_pending": self.queue.num_samples_pending,
             "num_groups_ready": self.groups.num_groups_ready,

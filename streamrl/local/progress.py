@@ -1,6 +1,7 @@
 """The progress bar of a local run: the trainer's /status (a TrainerStatus) every half
 second until the trainer exits for good (a tick may restart it), and a warning when another
-process exits with an error. Knows nothing of what the ticks it runs do."""
+process exits with an error. Each tick is handed the status just read. Knows nothing of what
+the ticks it runs do."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from streamrl.local.plan import RunPlan
 from streamrl.records import METRICS_FILE, IterationRecord, TrainerStatus
 
 POLL_S = 0.5
+Say = Callable[[str], None]
+Tick = Callable[[Say, TrainerStatus | None], None]
+"""What runs every poll: given `say` (prints above the bar) and the trainer's status just read
+(None: it did not answer)."""
 
 
 def show_progress(plan: RunPlan, services: Services, quiet: bool,
-                  tick: Callable[[Callable[[str], None]], None] = lambda say: None) -> None:
-    """Show progress until the trainer exits and `tick(say)`, which runs every POLL_S (`say`
-    prints above the bar), has not started it again. Exceptions from `tick` end the wait (the
-    caller stops the run)."""
+                  tick: Tick = lambda say, status: None) -> None:
+    """Show progress until the trainer exits and `tick(say, status)`, which runs every POLL_S,
+    has not started it again. Exceptions from `tick` end the wait (the caller stops the run)."""
     from tqdm import tqdm
 
     job = plan.job
@@ -47,7 +51,7 @@ def show_progress(plan: RunPlan, services: Services, quiet: bool,
                             and child.role != "trainer":  # the trainer's exits are the tick's to tell
                         failed.add(child.name)
                         bar.write(f"warning: {child.name} exited with {child.proc.returncode}; see {child.log_path}")
-                tick(say)
+                tick(say, status)
                 if not alive and not services.trainer.running():  # exited, and not restarted
                     break
                 time.sleep(POLL_S)

@@ -15,12 +15,20 @@ from streamrl.local import RunFailed
 from streamrl.local.launch import Services, start_services
 from streamrl.local.monitor import RunMonitor
 from streamrl.local.plan import RunPlan, plan_run
-from streamrl.local.progress import show_progress
+from streamrl.local.progress import Tick, show_progress
 from streamrl.local.resume import Resume, Start, decide
 from streamrl.local.scale import LocalAutoscaler, autoscale
 from streamrl.local.supervise import Deaths, ReplicaRestarts, TrainerRestarts
 from streamrl.models import resolve_model_dir
-from streamrl.records import LOCAL_RUN_FILE, METRICS_FILE, SUMMARY_FILE, LocalRun, RunSummary, write_json
+from streamrl.records import (
+    LOCAL_RUN_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    LocalRun,
+    RunSummary,
+    TrainerStatus,
+    write_json,
+)
 from streamrl.spec import load_job
 
 Say = Callable[[str], None]
@@ -130,17 +138,20 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
     return 1 if record.failure else 0 if code == 0 else code or 1
 
 
-def _ticks(keeper: Keeper, monitor: RunMonitor | None, services: Services) -> Callable[[Say], None]:
+def _ticks(keeper: Keeper, monitor: RunMonitor | None, services: Services) -> Tick:
     """What runs every progress poll: the trainer's restarts (said even with --quiet), the
-    deaths of other processes, the supervisor or autoscaler, then Prometheus's targets."""
+    deaths of other processes, the supervisor (told which replicas served, by the trainer's
+    status) or autoscaler, then Prometheus's targets."""
     from tqdm import tqdm
 
     plan = services.trainer_group.plan
     trainer, deaths = TrainerRestarts(services, plan.job.spec.trainer.restart_limit, plan.out_dir), Deaths(plan.out_dir)
 
-    def tick(say: Say) -> None:
+    def tick(say: Say, status: TrainerStatus | None) -> None:
         trainer.tick(lambda msg: tqdm.write(msg, file=sys.stderr))
         deaths.tick(services.children())
+        if isinstance(keeper, ReplicaRestarts):
+            keeper.observe(status)
         keeper.tick(say)
         if monitor is not None:
             monitor.update(services.children())

@@ -2,9 +2,10 @@
 is restarted as its Job would restart it (every rank, within trainer.restartLimit, the same
 command line and ports: it resumes from its newest checkpoint and its generators reconnect);
 a fixed generator replica that crashed is replaced as a Deployment would replace its pod (its
-work is re-dispatched by the trainer), up to MAX_REPLICA_RESTARTS in a run. A replica that
-exits 0 (drained, or the run ended) is not replaced; elastic runs leave their replicas to the
-autoscaler. Every death, restart and replacement is a line of <out>/events.jsonl."""
+work is re-dispatched by the trainer): at once when it had served, after a kubelet-style
+backoff when it died before serving (crashloop.py). A replica that exits 0 (drained, or the
+run ended) is not replaced; elastic runs leave their replicas to the autoscaler. Every death,
+backoff, restart and replacement is a line of <out>/events.jsonl."""
 
 from __future__ import annotations
 
@@ -14,17 +15,10 @@ from pathlib import Path
 
 from streamrl.local import RunFailed
 from streamrl.local.children import Child
+from streamrl.local.crashloop import Slot
 from streamrl.local.launch import GeneratorLauncher, Services
-from streamrl.records import RunEvent, append_event
+from streamrl.records import RunEvent, TrainerStatus, append_event
 
-MAX_REPLICA_RESTARTS = 3
-"""Replicas that crash before they start serving (a crash loop: a bad engine, a bad model) a
-local run replaces before it stops replacing them; a replica that was serving is always
-replaced, as a Deployment would replace its pod."""
-CRASH_LOOP_S = 30.0
-"""A replica that dies within this many seconds of its start counts toward the crash loop,
-even when it had written its endpoint file: one that crashes once listening, on its first
-weights or first batch, would otherwise be replaced without end."""
 TRAINER_RESTART_LIMIT = 3
 """Trainer restarts of `streamrl run` when spec.trainer.restartLimit is unset."""
 FINISHED = (0, 130)
@@ -100,50 +94,99 @@ class Deaths:
 
 
 class ReplicaRestarts:
-    """Each tick, replaces the replicas that crashed since the last: always, unless
-    `max_restarts` replicas already crashed before they were serving (a crash loop: replacing
-    more would only repeat it). With none left running and none replaced, the run
-    fails, saying so, rather than wait for samples nobody will send."""
+    """Each tick, notes the replicas that served (`observe`: the trainer accepted a sample of
+    theirs) and replaces the fixed replicas that died with an error since the last tick, in
+    their slot: at once when the one that died had served; after its slot's backoff
+    (crashloop.py: 10 s doubling to 5 min) when it died before serving, said in the progress
+    line and as a `backoff` event before the `replaced` one.
 
-    def __init__(self, launcher: GeneratorLauncher, max_restarts: int = MAX_REPLICA_RESTARTS,
-                 out_dir: Path | None = None, crash_loop_s: float = CRASH_LOOP_S):
+    The run fails only when it cannot make progress: no replica runs and every slot waiting for
+    a start is hopeless (HOPELESS_CRASHES replicas in a row died before serving). Nothing will
+    generate the samples the trainer waits for, and a slot that failed six starts over five
+    minutes of waits is a bad engine, model or image that another 5 min per try would not mend;
+    the error names each slot's last replica and shows its log. While one slot's replica runs,
+    a hopeless slot goes on trying every 5 min, as a Deployment would."""
+
+    def __init__(self, launcher: GeneratorLauncher, out_dir: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.launcher = launcher
-        self.max_restarts = max_restarts
-        self.crash_loop_s = crash_loop_s
-        self.quick_crashes = 0
-        """Replicas that died within crash_loop_s of their start."""
         self.out_dir = out_dir
         """Where events.jsonl is written (None: nowhere)."""
+        self.clock = clock
+        """Seconds, for the backoff (monotonic; a test's own clock)."""
+        self.slots: list[Slot] = []
+        """One per fixed replica the run started with (and any other started beside them)."""
+        self.slot_of: dict[str, Slot] = {}
+        """Replica process name -> its slot (a replacement takes its predecessor's)."""
+        self.served: set[str] = set()
+        """Ids of the replicas the trainer was seen accepting a sample from (ids are never reused)."""
         self.crashed: list[str] = []
-        """Names of the replicas seen crashed, in order (replaced or not)."""
+        """Names of the replicas seen exit with an error, in order."""
+        self._waiting: dict[str, tuple[Child, float]] = {}
+        """Slot name -> the replica that died and the backoff its successor waits."""
 
-    def _was_serving(self, child: Child) -> bool:
-        """It had lived crash_loop_s and, where it has one, written its endpoint file
-        (listening, engine loaded)."""
-        listening = child.endpoint_file is None or child.endpoint_file.exists()
-        return listening and child.seconds() >= self.crash_loop_s
+    def observe(self, status: TrainerStatus | None) -> None:
+        """Note the replicas that served as the trainer's /status tells (None: it did not answer):
+        those connected with an accepted sample, and every one whose first sample this start of
+        the trainer accepted (also those gone since: one may serve and die between two polls)."""
+        if status is not None:
+            self.served.update(gid for gid, g in status.generators.items() if g.num_samples > 0)
+            self.served.update(j.generator_id for j in status.generator_joins)
 
     def tick(self, say: Callable[[str], None]) -> None:
-        """Replace every replica that crashed since the last tick, unless they crash-loop."""
-        seen = set(self.crashed)
-        declined = None
-        for child in list(self.launcher.children):
-            if child.name in seen or child.running() or child.proc.returncode == 0:
+        """Replace the replicas that died with an error (at once, or once their slot's backoff is
+        over); RunFailed when the run cannot make progress (see the class)."""
+        now = self.clock()
+        children = list(self.launcher.children)
+        for child in children:
+            if child.name not in self.slot_of:
+                self.slots.append(slot := Slot(child.labels.get("replica", child.name), child.pool))
+                self.slot_of[child.name] = slot
+            slot = self.slot_of[child.name]
+            if child.name not in self.crashed and child.labels.get("replica") in self.served:
+                slot.served(now)
+        for child in children:
+            if child.name in self.crashed or child.running() or child.proc.returncode == 0:
                 continue
             self.crashed.append(child.name)
-            code = child.proc.returncode
-            if not self._was_serving(child):
-                self.quick_crashes += 1
-                if self.quick_crashes > self.max_restarts:
-                    say(f"{child.name} exited with {code} {child.seconds():.0f} s after it started, before it was "
-                        f"serving; not replaced: {self.max_restarts} replicas already crashed so (a crash loop; "
-                        f"see {child.log_path})")
-                    declined = child
-                    continue
-            replacement = self.launcher.start(child.pool)
-            _event(self.out_dir, "replaced", child.name, f"by {replacement.name}")
-            say(f"{child.name} exited with {code}; started {replacement.name} in its place")
-        if declined is not None and not any(c.running() for c in self.launcher.children):
-            raise RunFailed(f"no generator replica is left running (the last, {declined.name}, exited with "
-                            f"{declined.proc.returncode}; see {declined.log_path}): nothing can generate the samples "
-                            "the trainer waits for")
+            slot, code = self.slot_of[child.name], child.proc.returncode
+            wait = slot.died(now)
+            if wait == 0:
+                replacement = self._start(slot)
+                _event(self.out_dir, "replaced", child.name, f"by {replacement.name}")
+                say(f"{child.name} exited with {code}; started {replacement.name} in its place")
+                continue
+            self._waiting[slot.name] = child, wait
+            _event(self.out_dir, "backoff", child.name,
+                   f"crash-looping: died {child.seconds():.0f} s after its start, before it served ({slot.crashes} "
+                   f"in a row in slot {slot.name}); next start in {wait:.0f} s")
+            say(f"generator {slot.name} crash-looping: next start in {wait:.0f} s ({child.name} exited with {code} "
+                f"{child.seconds():.0f} s after it started, before it served; {slot.crashes} in a row; see "
+                f"{child.log_path})")
+        self._fail_if_stuck()
+        for slot in self.slots:
+            if slot.due(now):
+                dead, wait = self._waiting.pop(slot.name)
+                replacement = self._start(slot)
+                _event(self.out_dir, "replaced", dead.name, f"by {replacement.name} after a {wait:.0f} s backoff")
+                say(f"generator {slot.name}: started {replacement.name} in place of {dead.name} after a "
+                    f"{wait:.0f} s backoff")
+
+    def _start(self, slot: Slot) -> Child:
+        slot.next_start_at = None
+        replacement = self.launcher.start(slot.pool)
+        self.slot_of[replacement.name] = slot
+        return replacement
+
+    def _fail_if_stuck(self) -> None:
+        """RunFailed when no replica runs and every slot waiting for a start is hopeless."""
+        waiting = [s for s in self.slots if s.next_start_at is not None]
+        if not waiting or any(c.running() for c in self.launcher.children) or not all(s.hopeless for s in waiting):
+            return
+        last = [self._waiting[s.name][0] for s in waiting]
+        slots = "; ".join(f"slot {s.name}: {s.crashes} in a row, the last {c.name} exited with {c.proc.returncode} "
+                          f"{c.seconds():.0f} s after it started (see {c.log_path})" for s, c in zip(waiting, last))
+        raise RunFailed(f"no generator replica is running and every slot is crash-looping, its replicas dying before "
+                        f"the trainer accepted a sample of theirs ({slots}): nothing can generate the samples the "
+                        f"trainer waits for (a bad engine, model or image?); {last[-1].name}'s log ends:\n"
+                        f"{last[-1].tail()}")

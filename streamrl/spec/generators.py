@@ -125,14 +125,17 @@ class DispatchSpec(SpecModel):
 
 
 class ReconnectSpec(SpecModel):
-    """How a generator whose stream to the trainer broke dials it again (exponential backoff
-    with full jitter); it keeps its engine and weights meanwhile."""
+    """How a generator dials a trainer that is not there yet or whose stream broke (exponential
+    backoff with full jitter); it keeps its engine and weights meanwhile."""
 
     initial_backoff_seconds: float = Field(0.5, gt=0, le=60)
     """The first wait's upper bound; each next one doubles, up to `maxBackoffSeconds`."""
     max_backoff_seconds: float = Field(10.0, gt=0, le=600)
-    give_up_after_seconds: float = Field(600.0, ge=0, le=86400)
-    """A generator that could not reconnect for this long exits with an error (1)."""
+    give_up_after_seconds: float | None = Field(None, ge=0, le=86400)
+    """How long a generator waits for an absent trainer (not yet up: queued, loading; or gone
+    after a break: restarting, preempted) before it exits with an error (1). Unset: it waits
+    as long as it takes, not ready and saying what it waits for, instead of exiting into a
+    crash loop."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ReconnectSpec:
@@ -154,7 +157,8 @@ class GeneratorsSpec(SpecModel):
     dispatch: DispatchSpec = Field(default_factory=DispatchSpec)
     """Dispatch policy."""
     reconnect: ReconnectSpec = Field(default_factory=ReconnectSpec)
-    """Reconnecting to a trainer that went away (restarted, preempted)."""
+    """Waiting for a trainer that is not up yet and reconnecting to one that went away
+    (restarted, preempted)."""
 
     @model_validator(mode="after")
     def _unique_pools(self) -> GeneratorsSpec:

@@ -26,6 +26,8 @@ CHUNK_BYTES = 1 << 20
 MAX_FILE_BYTES = 256 << 20
 """A non-weight file larger than this is refused when the trainer reads the directory (a
 weight file under another name would otherwise be sent to every replica)."""
+WAIT_LOG_S = 30.0
+"""How often a replica waiting for an unreachable trainer says so in its log."""
 
 
 @dataclass(frozen=True)
@@ -100,13 +102,16 @@ async def fetch_model_files(channel: grpc.aio.Channel, dest: Path) -> list[str]:
     return names
 
 
-async def wait_for_model_files(open_channel, dest: Path, address: str, give_up_after_s: float,
-                               retry_s: float = 1.0) -> list[str]:
+async def wait_for_model_files(open_channel, dest: Path, address: str, give_up_after_s: float | None,
+                               retry_s: float = 1.0, log_every_s: float = WAIT_LOG_S) -> list[str]:
     """fetch_model_files from the trainer at `address`, dialled again every `retry_s` while it
-    is unreachable (it may start after this replica); RuntimeError naming the trainer once
-    `give_up_after_s` passed, or at once when it refuses."""
+    is unreachable (it may start after this replica: queued, loading), saying so every
+    `log_every_s`; RuntimeError naming the trainer once `give_up_after_s` passed (None: never),
+    or at once when it refuses."""
     started = time.monotonic()
-    said = False
+    said = None
+    bound = "no bound: generators.reconnect.giveUpAfterSeconds is unset" if give_up_after_s is None \
+        else f"giving up after {give_up_after_s:.0f}s"
     while True:
         channel = open_channel(address)
         try:
@@ -115,15 +120,16 @@ async def wait_for_model_files(open_channel, dest: Path, address: str, give_up_a
             if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise RuntimeError(f"the trainer at {address} refused the model's files: {err.code().name}: "
                                    f"{err.details()}") from err
-            waited = time.monotonic() - started
-            if waited >= give_up_after_s:
+            now = time.monotonic()
+            waited = now - started
+            if give_up_after_s is not None and waited >= give_up_after_s:
                 raise RuntimeError(f"the trainer at {address} stayed unreachable for {waited:.0f}s while this replica "
                                    f"waited for the model's files (generators.reconnect.giveUpAfterSeconds "
                                    f"{give_up_after_s:.0f}): {err.details()}") from err
-            if not said:
-                log.info("waiting for the trainer at %s to serve the model's files (giving up after %.0fs)", address,
-                         give_up_after_s)
-                said = True
+            if said is None or now - said >= log_every_s:
+                log.info("waiting for the trainer at %s to serve the model's files: unreachable for %.0fs (%s)",
+                         address, waited, bound)
+                said = now
         finally:
             await channel.close()
         await asyncio.sleep(retry_s)

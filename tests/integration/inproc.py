@@ -43,9 +43,11 @@ class LoopThread:
 
 class TrainerServer(LoopThread):
     def __init__(self, store: WeightStore, relay_pools: frozenset[str] = frozenset(),
-                 security: SecuritySpec | None = None, vocab_size: int | None = None):
+                 security: SecuritySpec | None = None, vocab_size: int | None = None, port: int = 0):
         super().__init__()
         self.store = store
+        self.port = port
+        """Where it listens (0: a free port, chosen when it starts)."""
         self.relay_pools = relay_pools
         self.security = security or SecuritySpec()
         self.vocab_size = vocab_size
@@ -58,7 +60,7 @@ class TrainerServer(LoopThread):
         self.server = new_server(self.security)
         self.server.add_generic_rpc_handlers((RolloutServicer(self.coordinator, self.store, "run").handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), self.server)
-        self.port = add_port(self.server, "127.0.0.1:0", self.security)
+        self.port = add_port(self.server, f"127.0.0.1:{self.port}", self.security)
         await self.server.start()
 
     def publish(self, policy_version: int, tensors) -> WeightsNotice:

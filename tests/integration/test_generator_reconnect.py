@@ -3,7 +3,9 @@ SIGKILLed trainer process, backs off while nothing listens, and when a trainer s
 the same port the same process says Hello again, is welcomed by the new start, rolls its
 weights back to the new trainer's version and generates the new run to its end. A generator
 that cannot reach its trainer again gives up loudly after the spec's deadline; one asked to
-drain meanwhile leaves at once."""
+drain meanwhile leaves at once. A generator whose trainer is not up yet (queued, loading)
+waits for it without a deadline unless one is set, not ready and saying what it waits for,
+and serves once it comes."""
 
 from __future__ import annotations
 
@@ -164,3 +166,56 @@ def test_a_draining_generator_does_not_reconnect(tiny_model_dir, caplog):
     time.sleep(1.0)
     assert sum(r.getMessage().startswith("reconnecting") for r in caplog.records) == attempts
     assert any("draining (SIGTERM) while reconnecting" in r.getMessage() for r in caplog.records)
+
+
+def _agent(tiny_model_dir, address: str, reconnect: ReconnectSpec | None = None) -> GeneratorAgent:
+    engine = TorchEngine(load_model(tiny_model_dir), 2, eos_token_id=2)
+    agent = GeneratorAgent(engine, address, "g0", "default", ServiceMetrics("generator"), reconnect=reconnect)
+    agent.wait_log_s = 0.2
+    return agent
+
+
+def test_a_generator_waits_for_a_trainer_not_up_yet_saying_what_it_waits_for(tiny_model_dir, caplog):
+    caplog.set_level(logging.INFO, "streamrl.generator")
+    port = free_port()
+    agent = _agent(tiny_model_dir, f"127.0.0.1:{port}")  # the spec's default: giveUpAfterSeconds unset
+    running = AgentThread(agent)
+    deadline = time.monotonic() + 30
+    said = []
+    while len(said) < 5:  # a second and more without a trainer, said every 0.2 s
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not ready: waiting for")]
+        assert not running.done.done(), "it exited without its trainer"
+        assert time.monotonic() < deadline, "it never said what it waits for"
+        time.sleep(0.05)
+    assert said[0].startswith(f"not ready: waiting for the trainer at 127.0.0.1:{port} (unreachable for ")
+    assert said[0].endswith("(no bound: spec.generators.reconnect.giveUpAfterSeconds is unset)")
+    assert agent.waiting_for().startswith(f"the trainer at 127.0.0.1:{port} (unreachable for ")
+    assert not agent.connected.is_set()
+    trainer = TrainerServer(WeightStore(2, 64 * 1024), port=port)  # the trainer comes up at last
+    try:
+        deadline = time.monotonic() + 30
+        while not agent.connected.is_set():
+            assert not running.done.done() and time.monotonic() < deadline, "it never connected"
+            time.sleep(0.02)
+        assert agent.waiting_for() == ""
+        assert running.stop() == 0
+    finally:
+        trainer.stop()
+
+
+def test_a_generator_with_a_give_up_bound_exits_1_without_its_trainer_and_one_stopped_while_waiting_0(
+        tiny_model_dir, caplog):
+    caplog.set_level(logging.INFO, "streamrl.generator")
+    address = f"127.0.0.1:{free_port()}"
+    bounded = AgentThread(_agent(tiny_model_dir, address, ReconnectSpec(give_up_after_seconds=0.6)))
+    assert bounded.done.result(30) == 1
+    bounded.close()
+    gave_up = [r.getMessage() for r in caplog.records if r.getMessage().startswith("giving up")]
+    assert len(gave_up) == 1 and gave_up[0].startswith(f"giving up: trainer {address} unreachable for ")
+    assert gave_up[0].endswith("(spec.generators.reconnect.giveUpAfterSeconds 0.6)")
+    waiting = AgentThread(_agent(tiny_model_dir, address))
+    time.sleep(0.5)
+    waiting.agent.drain("SIGTERM")  # the first SIGTERM: it holds nothing, it leaves at once
+    assert waiting.done.result(5) == 0
+    waiting.close()
+    assert any("draining (SIGTERM) while waiting for the trainer" in r.getMessage() for r in caplog.records)

@@ -1,6 +1,6 @@
 """The service shell: gRPC health and readiness turn NOT_SERVING the moment a service begins
 to leave (a signal), before it stops; a real generator process answers NOT_SERVING while it
-drains and still finishes what it holds."""
+drains and still finishes what it holds. A service not ready says in /readyz what it waits for."""
 
 from __future__ import annotations
 
@@ -55,6 +55,24 @@ async def test_health_turns_not_serving_when_the_first_signal_arrives_and_the_se
     os.kill(os.getpid(), signal.SIGTERM)
     assert await asyncio.wait_for(run, 10) == ExitCode.OK
     assert seen == {"health": NOT_SERVING, "readyz": 503}
+
+
+async def test_readyz_says_what_a_service_not_ready_waits_for():
+    shell = Service("test", CollectorRegistry(), lambda: {"ok": True})
+    waiting = ["the trainer at 127.0.0.1:9 (unreachable for 75s)"]
+    shell.ready_when = lambda: not waiting
+    shell.waiting_for = lambda: waiting[0] if waiting else ""
+    shell.start_admin()
+    try:
+        await shell.serving()
+        readyz = f"http://127.0.0.1:{shell.admin.port}/readyz"
+        reply = await asyncio.to_thread(httpx.get, readyz)
+        assert (reply.status_code, reply.json()) == (503, {"ready": False, "waiting_for": waiting[0]})
+        waiting.clear()
+        reply = await asyncio.to_thread(httpx.get, readyz)
+        assert (reply.status_code, reply.json()) == (200, {"ready": True})
+    finally:
+        await shell.stop()
 
 
 def _wait(cond, what: str, timeout_s: float = 120):

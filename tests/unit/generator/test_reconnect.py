@@ -1,6 +1,6 @@
 """The backoff between a generator's attempts to reach its trainer again: each wait within
 its doubling cap and never past the give-up deadline, drawn at random (full jitter), and
-none once the deadline has passed."""
+none once the deadline has passed; without a deadline, waits for ever."""
 
 from __future__ import annotations
 
@@ -50,6 +50,12 @@ def test_no_wait_runs_past_the_give_up_deadline_and_none_is_given_after_it():
     assert backoff.next_wait(112.0) is None
     assert backoff.next_wait(500.0) is None
     assert backoff.attempts == 2
+
+
+def test_without_a_give_up_bound_it_waits_for_ever_within_its_cap():
+    backoff = Backoff(ReconnectSpec(max_backoff_seconds=4.0), broke_at=0.0, rng=random.Random(3))
+    waits = [backoff.next_wait(now=86400.0 * 30) for _ in range(50)]  # a month after the break
+    assert None not in waits and all(0.0 <= w <= 4.0 for w in waits) and backoff.attempts == 50
 
 
 def test_zero_give_up_means_never_reconnect():
