@@ -191,6 +191,8 @@ def template_hash(job: RLJob) -> str:
     the like change with an operator upgrade, which must not restart every running group (a
     group started after the upgrade gets them)."""
     loaded = _loaded(job)
+    for key in ("pools", "ranker"):  # the trainer's pods read neither (config_hash says why)
+        loaded.pop(key)
     for section, key in TRAINER_AT_NEXT_START:
         loaded[section].pop(key, None)
     spec, volume = job.spec, job.spec.checkpoint.volume

@@ -7,8 +7,12 @@ RLJob."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
+import json
 import re
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -24,6 +28,11 @@ if TYPE_CHECKING:
     from streamrl.operator.runtime import Runtime
 
 
+REVIEW_S = 600.0
+"""How often a kept cluster client's permissions are checked again (SelfSubjectAccessReviews,
+18 per allowed namespace); its reachability is probed every time."""
+_RETIRING: set[asyncio.Task] = set()
+"""Replaced clients waiting out their grace before they close (kept referenced until then)."""
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -113,26 +122,42 @@ class Registration:
 
 
 async def register(runtime: Runtime, cluster: str, raw_spec: object) -> Registration:
-    """Check an RLCluster and, when usable, keep its client in runtime.clusters (replacing and
-    closing the one before); else forget it."""
+    """Check an RLCluster and, when usable, keep its client in runtime.clusters: the same one
+    while its kubeconfig is unchanged; a replaced one is closed once the requests in flight on
+    it had time to finish (a reconcile may be using it). Else forget it."""
     result, client, allowed = await _check(runtime, cluster, raw_spec)
     old = runtime.clusters.pop(cluster, None)
     if old is not None and old is not client:
-        await old.close()
+        _retire(runtime, old)
     if client is not None:
         runtime.clusters[cluster] = client
         runtime.allowed_namespaces[cluster] = allowed
     else:
         runtime.allowed_namespaces.pop(cluster, None)
+        runtime.cluster_digests.pop(cluster, None)
+        runtime.cluster_reviewed.pop(cluster, None)
     return result
 
 
+def _retire(runtime: Runtime, client: KubeClient) -> None:
+    """Close `client` after runtime.client_grace_s, leaving requests in flight on it to finish."""
+    async def close_later() -> None:
+        await asyncio.sleep(runtime.client_grace_s)
+        await client.close()
+
+    task = asyncio.ensure_future(close_later())
+    _RETIRING.add(task)
+    task.add_done_callback(_RETIRING.discard)
+
+
 async def forget(runtime: Runtime, cluster: str) -> None:
-    """The RLCluster is gone: close and drop its client."""
+    """The RLCluster is gone: drop its client (closed after the grace)."""
     runtime.allowed_namespaces.pop(cluster, None)
+    runtime.cluster_digests.pop(cluster, None)
+    runtime.cluster_reviewed.pop(cluster, None)
     client = runtime.clusters.pop(cluster, None)
     if client is not None:
-        await client.close()
+        _retire(runtime, client)
 
 
 async def missing_permissions(client: KubeClient, namespaces: list[str]) -> list[str]:
@@ -174,17 +199,26 @@ async def _check(runtime: Runtime, cluster: str,
     problems = kubeconfig_problems(config)
     if problems:
         return Registration(tuple(problems), "InvalidKubeconfig"), None, ()
+    digest = hashlib.sha256(raw.encode() + json.dumps(spec.allowed_namespaces).encode()).hexdigest()
+    kept = runtime.clusters.get(cluster) if runtime.cluster_digests.get(cluster) == digest else None
     try:
-        client = KubeClient.from_kubeconfig(config, cluster)
+        client = kept or KubeClient.from_kubeconfig(config, cluster)
     except (ValueError, OSError) as err:  # an unreadable CA or client certificate
         return Registration((f"kubeconfig: {err}",), "InvalidKubeconfig"), None, ()
+    now = time.monotonic()
+    review = kept is None or now - runtime.cluster_reviewed.get(cluster, -REVIEW_S) >= REVIEW_S
     try:
         version = (await client.version()).get("gitVersion", "")
-        missing = await missing_permissions(client, spec.allowed_namespaces)
+        missing = await missing_permissions(client, spec.allowed_namespaces) if review else []
     except (KubeError, httpx.HTTPError) as err:
-        await client.close()
+        if client is not kept:
+            await client.close()
         return Registration((f"cannot reach {client.server}: {err}",), "Unreachable"), None, ()
     if missing:
-        await client.close()
+        if client is not kept:
+            await client.close()
         return Registration((f"the kubeconfig's user may not: {', '.join(missing)}",), "Forbidden"), None, ()
+    runtime.cluster_digests[cluster] = digest
+    if review:
+        runtime.cluster_reviewed[cluster] = now
     return Registration(version=version), client, tuple(spec.allowed_namespaces)

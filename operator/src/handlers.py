@@ -18,7 +18,9 @@ RLCluster: checked and probed (clusters.py) on change and on a timer; the result
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime
+import time
 
 import httpx
 import kopf
@@ -40,6 +42,10 @@ from streamrl.spec import API_VERSION, GROUP, KIND, VERSION, RLJob, SpecError
 RLJOBS, RLCLUSTERS = (GROUP, VERSION, "rljobs"), (GROUP, VERSION, "rlclusters")
 GROUP_EVENTS = {"restarting": ("Warning", "GroupRestarted"), "rolling": ("Normal", "GroupReplaced")}
 """Events on the RLJob for what is done to its trainer group (a restart after a preemption: Preempted)."""
+FINISHED_RESYNC_S = 600.0
+"""How often the timer looks at a finished job again (its pools and ranker at zero, nothing to supervise)."""
+WATCHED = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"))
+"""Children whose changes a watch keeps in Runtime.children (reconcile.WATCHED_KINDS)."""
 CLUSTER_PROBE_INTERVAL_S = 60.0
 """How often a registered RLCluster is probed again (reachable, and allowed what the operator does there)."""
 
@@ -48,13 +54,28 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def reconcile_rljob(meta, namespace, memo, logger, **_):
+async def remember_child(type, body, memo, **_):  # noqa: A002 (kopf's name for the event type)
+    """A watched child changed (or was listed): what reconcile.read_child returns for it."""
+    meta = body["metadata"]
+    path = path_of(body["apiVersion"], body["kind"], meta.get("namespace"), meta["name"])
+    memo.runtime.children[path] = None if type == "DELETED" else copy.deepcopy(dict(body))
+
+
+async def reconcile_rljob(meta, namespace, memo, logger, status=None, **kwargs):
     """One round, on the RLJob as the API server holds it now (not kopf's snapshot, which a
     round waiting for the lock may have outlived); its status is written before the lock is
-    released, so the next round reads what this one decided."""
+    released, so the next round reads what this one decided. A finished job's timer rounds
+    run only every FINISHED_RESYNC_S: its children are at zero and stay so."""
     runtime: Runtime = memo.runtime
+    key = f"{namespace}/{meta['name']}"
+    now = time.monotonic()
+    if kwargs.get("reason") is None and _final(status or {}) is not None:  # the timer (not a change)
+        if now - runtime.settled.get(key, -FINISHED_RESYNC_S) < FINISHED_RESYNC_S:
+            return
+        runtime.settled[key] = now
+    reconcile.due_for_resync(runtime, key, now)
     path = path_of(API_VERSION, KIND, namespace, meta["name"])
-    async with runtime.lock(f"{namespace}/{meta['name']}"):
+    async with runtime.lock(key):
         body = await runtime.kube.get(path)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -106,6 +127,7 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
             await _keep_scale_total(runtime, body, job, namespace, logger)
         seen = await reconcile.apply_all(runtime, runtime.kube, key,
                                          [c for c in children if c is not trainer and c is not claim], logger)
+        runtime.resynced.setdefault(key, time.monotonic())  # a round that read them all: the cache holds
         adopt = (body["metadata"].get("annotations") or {}).get(ADOPT_CHECKPOINTS) == "true"
         claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger, adopt)
         group = await reconcile.ensure_trainer(runtime, job, trainer, _count(status, "restarts"),
@@ -248,6 +270,9 @@ def register(registry: kopf.OperatorRegistry, settings: Settings,
     kopf.timer(*RLJOBS, id="refresh", interval=interval, initial_delay=interval / 2, backoff=interval,
                registry=registry)(reconcile_rljob)
     kopf.daemon(*RLJOBS, cancellation_backoff=2.0, cancellation_timeout=5.0, registry=registry)(autoscale_rljob)
+    for resource in WATCHED:
+        kopf.on.event(*resource, labels={"app.kubernetes.io/managed-by": "streamrl-operator"},
+                      registry=registry)(remember_child)
     kopf.on.delete(*RLJOBS, when=_has_remote_pools, registry=registry)(delete_remote_children)
     kopf.on.update(*RLCLUSTERS, field="spec", registry=registry)(register_cluster)
     for on in (kopf.on.create, kopf.on.resume):

@@ -100,18 +100,54 @@ def foreign(desired: dict, current: dict) -> str | None:
     return None
 
 
+WATCHED_KINDS = frozenset({"ConfigMap", "Service", "Deployment"})
+"""Children whose changes the operator watches (handlers.remember_child): read from
+Runtime.children rather than GET each round. A stale event there costs at most one no-op
+apply. (The trainer Job is read each round: a stale event could count a failure twice.)"""
+RESYNC_S = 300.0
+"""How often each job's children are read from the API server all the same (as an informer
+resyncs): a watch that missed an event is repaired within this."""
+
+
+async def read_child(runtime: Runtime, client: KubeClient, key: str, path: str, kind: str) -> dict | None:
+    """A child as the API server holds it: from the watch's cache for this cluster's watched
+    kinds (between resyncs of the job `key`), else a GET (which refreshes the cache)."""
+    cached = client is runtime.kube and kind in WATCHED_KINDS
+    if cached and path in runtime.children and key in runtime.resynced:
+        return runtime.children[path]
+    current = await client.get(path)
+    if cached:
+        runtime.children[path] = current
+    return current
+
+
+def _remember(runtime: Runtime, client: KubeClient, path: str, kind: str, obj: dict | None) -> None:
+    if client is runtime.kube and kind in WATCHED_KINDS:
+        runtime.children[path] = obj
+
+
+def due_for_resync(runtime: Runtime, key: str, now: float) -> bool:
+    """Whether this round reads the job's children from the API server (the first round, then
+    every RESYNC_S); it marks the resync as started."""
+    if now - runtime.resynced.get(key, -RESYNC_S) >= RESYNC_S:
+        runtime.resynced.pop(key, None)
+        return True
+    return False
+
+
 async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: list[dict],
                     logger: Logger) -> dict[str, dict]:
     """Server-side apply each object, unless the operator applied exactly this before and
-    the object has not changed since (same resourceVersion): an unchanged child costs one
-    GET and no write; a deleted or edited one is repaired. Returns each object as the
-    server holds it now, by API path. ForeignObject, before anything of it is written, for an
-    object that exists and is not the operator's (`foreign`)."""
+    the object has not changed since (same resourceVersion): an unchanged child costs no
+    write, and no read where a watch keeps it (read_child); a deleted or edited one is
+    repaired. Returns each object as the server holds it now, by API path. ForeignObject,
+    before anything of it is written, for an object that exists and is not the operator's
+    (`foreign`)."""
     memory = runtime.applied.setdefault(key, {})
     out: dict[str, dict] = {}
     for obj in objects:
         path = path_for(obj)
-        current = await client.get(path)
+        current = await read_child(runtime, client, key, path, obj["kind"])
         digest = _digest(obj)
         if current is not None:
             problem = foreign(obj, current)
@@ -125,6 +161,7 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
                 continue
         result = await client.apply(obj)
         memory[(client.name, path)] = (digest, result["metadata"].get("resourceVersion"))
+        _remember(runtime, client, path, obj["kind"], result)
         out[path] = result
         if current is None:
             logger.info("created %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
@@ -225,7 +262,7 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
     deleted, the new counts are `record`ed (the status): an operator that dies in between
     finds the same failed Job and counts the same restart again, not one more."""
     path = path_for(desired)
-    current = await runtime.kube.get(path)
+    current = await runtime.kube.get(path)  # never from the watch's cache: a late event must not fail a group twice
     seen = (current or {}).get("status") or {}
     if finished:
         return TrainerGroup("finished", restarts, job_status=seen if current else None, preemptions=preemptions)

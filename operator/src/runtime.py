@@ -48,6 +48,22 @@ class Runtime:
     the resourceVersion it came back with). Equal to what is built and found: nothing to write."""
     pruned: dict = field(default_factory=dict)
     """Per RLJob (and per RLJob and cluster): the desired set the last prune was done for."""
+    children: dict[str, dict | None] = field(default_factory=dict)
+    """This cluster's children of RLJobs as the watch last saw them (or the operator last wrote
+    them), by API path; None: seen deleted. Read instead of a GET per child per round."""
+    resynced: dict[str, float] = field(default_factory=dict)
+    """Per RLJob: when (time.monotonic) its children were last read from the API server
+    rather than from `children` (a watch can miss an event; a resync repairs that)."""
+    settled: dict[str, float] = field(default_factory=dict)
+    """Per finished RLJob: when (time.monotonic) it was last reconciled (finished jobs are
+    looked at again only every FINISHED_RESYNC_S)."""
+    cluster_digests: dict[str, str] = field(default_factory=dict)
+    """Per registered cluster: a digest of its kubeconfig and allowed namespaces (unchanged: its
+    client is kept, not replaced, by the next probe)."""
+    cluster_reviewed: dict[str, float] = field(default_factory=dict)
+    """Per registered cluster: when (time.monotonic) its permissions were last checked."""
+    client_grace_s: float = 30.0
+    """How long a replaced remote client stays open for the requests still in flight on it."""
     token_key: bytes | None = None
     """The key job tokens derive from (perimeter.token_key), once read."""
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -58,7 +74,8 @@ class Runtime:
 
     def forget(self, key: str) -> None:
         """Drop what is kept for an RLJob ("namespace/name") that is gone."""
-        for memory in (self.scaling, self.unreadable, self.resumed, self.applied, self.locks):
+        for memory in (self.scaling, self.unreadable, self.resumed, self.applied, self.locks, self.resynced,
+                       self.settled):
             memory.pop(key, None)
         for k in [k for k in self.pruned if k == key or (isinstance(k, tuple) and k[0] == key)]:
             del self.pruned[k]

@@ -27,6 +27,8 @@ async def test_serve_reconciles_with_the_settings_it_was_started_with(k8s, monke
     monkeypatch.setattr(operator_main, "local_client", lambda: KubeClient(url))  # kmock speaks http, not https
     settings = load_settings({"STREAMRL_JOB_IMAGE": "streamrl:served", "STREAMRL_OPERATOR_STATUS_INTERVAL_S": "0.5"},
                              metrics_port=0, health_port=unused_tcp_port)
+    k8s.namespaces["kube-system"] = {"apiVersion": "v1", "kind": "Namespace",
+                                     "metadata": {"name": "kube-system", "uid": "0e6c1b9d-kube-system"}}
     task = asyncio.create_task(operator_main.serve(settings))
     try:
         await create(k8s, example("served"))
@@ -37,9 +39,16 @@ async def test_serve_reconciles_with_the_settings_it_was_started_with(k8s, monke
         async with httpx.AsyncClient() as http:
             assert (await http.get(f"http://127.0.0.1:{unused_tcp_port}/healthz")).status_code == 200
         assert not task.done(), task
+        # It leads (the Lease in its namespace), and is this cluster by kube-system's uid.
+        lease = get_lease(k8s, settings.namespace)
+        assert lease["spec"]["holderIdentity"] and lease["spec"]["leaseDurationSeconds"] == 15
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def get_lease(k8s, namespace: str) -> dict:
+    return k8s.objects["coordination.k8s.io/v1/leases", namespace, "streamrl-operator"]
 
 
 class _FakeOldServer:

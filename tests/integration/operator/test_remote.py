@@ -6,6 +6,7 @@ the operator needs there; deleting a job never hangs on a cluster that is gone."
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import pytest
@@ -157,8 +158,32 @@ async def test_a_cluster_whose_user_may_not_do_what_the_operator_does_there_is_i
     assert operator.allowed_namespaces["dc-west"] == (NS,)
 
 
+async def test_a_cluster_whose_kubeconfig_is_unchanged_keeps_its_client_and_is_not_reviewed_each_probe(
+        k8s, registered, operator):
+    """N16: each 60 s probe replaced and closed the live client under in-flight reconciles and
+    posted 18 SelfSubjectAccessReviews per allowed namespace."""
+    remote, clients = registered
+    await _register(k8s, operator, [NS])
+    await wait_for(lambda: cluster_status(k8s)["phase"] == "Active", what="Active")
+    reviews = sum(1 for r in remote._requests if r.url.path.endswith("/selfsubjectaccessreviews"))
+    versions = sum(1 for r in remote._requests if r.url.path == "/version")
+    await asyncio.sleep(3.5)  # three more probes (one a second here)
+    assert len(clients) == 1 and not clients[0]._http.is_closed and operator.clusters["dc-west"] is clients[0]
+    assert sum(1 for r in remote._requests if r.url.path.endswith("/selfsubjectaccessreviews")) == reviews
+    assert sum(1 for r in remote._requests if r.url.path == "/version") >= versions + 3  # still probed
+    # A new kubeconfig: a new client; the old one stays open for its grace, then closes.
+    operator.client_grace_s = 0.5
+    secret = f"/api/v1/namespaces/{operator.settings.namespace}/secrets/west-kubeconfig"
+    config = base64.b64encode(yaml.safe_dump({**KUBECONFIG, "preferences": {"colors": True}}).encode()).decode()
+    assert (await k8s.patch(secret, json={"data": {"kubeconfig": config}})).status == 200
+    await wait_for(lambda: len(clients) == 2, what="a new client for the new kubeconfig")
+    assert not clients[0]._http.is_closed
+    await wait_for(lambda: clients[0]._http.is_closed, what="the old client closed after its grace")
+
+
 async def test_a_cluster_that_stops_answering_turns_inactive_on_the_next_probe(k8s, registered, operator):
     remote, clients = registered
+    operator.client_grace_s = 0.1
     await _register(k8s, operator, ["*"])
     await wait_for(lambda: cluster_status(k8s)["phase"] == "Active", what="Active")
     remote.fail_once[("GET", "/version")] = 503
