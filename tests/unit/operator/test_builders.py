@@ -229,7 +229,8 @@ def test_an_operator_upgrade_or_an_operator_only_field_never_replaces_a_running_
                         image_pull_secrets=("regcred",), image_pull_policy="Always", trainer_backoff_limit=7)
     more_pools = {"pools": [{"name": "default", "replicas": 3}, {"name": "extra", "replicas": 1}]}
     for other in (trainer_job(upgraded), trainer_job(trainer={"restartLimit": 9, "minGenerators": 2}),
-                  trainer_job(generators=more_pools), trainer_job(ranker={"predictor": "causal-lm", "modelPath": "/models/r"}),
+                  trainer_job(generators=more_pools),
+                  trainer_job(ranker={"predictor": "causal-lm", "modelPath": "/models/r"}),
                   trainer_job(checkpoint={"everyIterations": 3, "keep": 5})):
         assert other["metadata"]["annotations"][TEMPLATE_HASH] == base["metadata"]["annotations"][TEMPLATE_HASH]
     assert trainer_job(upgraded)["spec"]["template"] != base["spec"]["template"]  # what a new group would get
