@@ -26,7 +26,8 @@ import httpx
 PLURALS = {"Namespace": "namespaces", "ConfigMap": "configmaps", "Service": "services", "Secret": "secrets",
            "Deployment": "deployments", "Job": "jobs", "RLJob": "rljobs", "RLCluster": "rlclusters",
            "Event": "events", "PersistentVolumeClaim": "persistentvolumeclaims", "Pod": "pods",
-           "NetworkPolicy": "networkpolicies", "SelfSubjectAccessReview": "selfsubjectaccessreviews"}
+           "NetworkPolicy": "networkpolicies", "SelfSubjectAccessReview": "selfsubjectaccessreviews",
+           "Workload": "workloads"}
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 FIELD_MANAGER = "streamrl-operator"
 """The field manager of every write (managedFields shows it; server-side apply owns by it)."""

@@ -48,6 +48,10 @@ class Runtime:
     the resourceVersion it came back with). Equal to what is built and found: nothing to write."""
     pruned: dict = field(default_factory=dict)
     """Per RLJob (and per RLJob and cluster): the desired set the last prune was done for."""
+    queued: set[str] = field(default_factory=set)
+    """RLJobs ("namespace/name") whose trainer Job Kueue took without their label (its
+    LocalQueue defaulting, manageJobsWithoutQueueName): suspended, they get no Job at all (Kueue
+    would admit one), as a job with the label."""
     token_key: bytes | None = None
     """The key job tokens derive from (perimeter.token_key), once read."""
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -60,6 +64,7 @@ class Runtime:
         """Drop what is kept for an RLJob ("namespace/name") that is gone."""
         for memory in (self.scaling, self.unreadable, self.resumed, self.applied, self.locks):
             memory.pop(key, None)
+        self.queued.discard(key)
         for k in [k for k in self.pruned if k == key or (isinstance(k, tuple) and k[0] == key)]:
             del self.pruned[k]
 
