@@ -12,7 +12,8 @@ first); the trainer's run directory on a PersistentVolumeClaim when checkpoint.v
 as a Deployment and Service (skewness-aware dispatch only); one generator Deployment per
 pool, with that pool's node selector, tolerations, GPUs and template; and the perimeter
 (perimeter.py): the job's token Secret and its NetworkPolicies. A finished job's
-Deployments are built at 0 replicas: it keeps no GPU.
+Deployments are built at 0 replicas: it keeps no GPU; so are a queued job's, held while
+Kueue has not admitted its trainer Job (admission.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from streamrl.operator.names import (
     RELAY_PORT,
     RENDEZVOUS_PORT,
     RESTARTS,
+    SUSPENDED_BY,
     TEMPLATE_HASH,
     TRAINER_GRPC_PORT,
     labels,
@@ -237,7 +239,8 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     never half of it: within its budget, or free when the failure was a preemption: exit code
     PREEMPTED_EXIT_CODE first, a disruption next); rank 0 (index 0) finishing completes it.
     Queued through Kueue (queue_name), it is created suspended and Kueue admits the group
-    whole; else it is suspended while spec.suspend says so."""
+    whole; else it is suspended while spec.suspend says so, marked as the operator's own
+    suspension (SUSPENDED_BY: the only one it lifts)."""
     j, trainer = job.metadata.name, job.spec.trainer
     if len(f"{name(j, 'trainer')}-{trainer.nodes - 1}") > HOSTNAME_MAX:
         raise SpecError(f"metadata.name: {j!r} is too long for a trainer of {trainer.nodes} nodes: its pods' "
@@ -272,6 +275,8 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     meta = object_meta(name(j, "trainer"), namespace, {**labels(j, "trainer"), **_queued(job)}, owner)
     meta["annotations"] = {TEMPLATE_HASH: template_hash(job), RESTARTS: str(restarts),
                            OPERATOR_VERSION: __version__}
+    if spec["suspend"] and not queue_name(job):
+        meta["annotations"][SUSPENDED_BY] = "spec.suspend"
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 
@@ -324,9 +329,9 @@ def build_trainer_ranks_service(job: RLJob, namespace: str, owner: dict | None =
 
 # ---- the ranker and the generators --------------------------------------------------
 def _deployment(job: RLJob, namespace: str, role: str, replicas: int, template: dict, owner: dict | None,
-                pool: str | None = None, finished: bool = False) -> dict:
+                pool: str | None = None, finished: bool = False, held: bool = False) -> dict:
     j = job.metadata.name
-    stopped = job.spec.suspend or finished
+    stopped = job.spec.suspend or finished or held
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": object_meta(name(j, role if role != "generator" else "gen", pool), namespace,
@@ -339,7 +344,7 @@ def _deployment(job: RLJob, namespace: str, role: str, replicas: int, template: 
 
 
 def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,
-                 finished: bool = False) -> list[dict]:
+                 finished: bool = False, held: bool = False) -> list[dict]:
     """The ranker's Deployment and Service (its state in the pod; a restart relearns from history)."""
     j, ranker = job.metadata.name, job.spec.ranker
     args = ["ranker", JOB_FILE, "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT),
@@ -349,7 +354,7 @@ def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | N
     template = pod_template(job, "ranker", placement, args, {"grpc": RANKER_GRPC_PORT, "admin": ADMIN_PORT},
                             settings, device=ranker.device if ranker.predictor == "causal-lm" else "cpu",
                             config_hash=config_hash(job, "ranker"), extra_labels=_queued(job))
-    deployment = _deployment(job, namespace, "ranker", 1, template, owner, finished=finished)
+    deployment = _deployment(job, namespace, "ranker", 1, template, owner, finished=finished, held=held)
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -362,10 +367,11 @@ def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | N
 
 def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Settings, trainer_address: str,
                      owner: dict | None = None, origin: dict[str, str] | None = None,
-                     finished: bool = False) -> dict:
+                     finished: bool = False, held: bool = False) -> dict:
     """One pool's Deployment. `trainer_address` is host:port of the trainer's Service (in
     another cluster: its external address); `origin` labels mark objects made for a job in
-    another cluster; `finished`: the job is over, the pool is scaled to 0."""
+    another cluster; `finished`: the job is over, `held`: its trainer Job waits for
+    admission; either way the pool is scaled to 0."""
     pools = {p.name: p for p in job.spec.generators.pools}
     pool = pools[pool_name]
     replicas = job.spec.generators.pool_replicas()[pool_name]
@@ -376,18 +382,21 @@ def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Setti
                             settings, device=pool.engine.device, pool=pool_name,
                             config_hash=config_hash(job, "generator", pool_name),
                             shm=True, extra_labels={**_queued(job), **(origin or {})})
-    deployment = _deployment(job, namespace, "generator", replicas, template, owner, pool_name, finished)
+    deployment = _deployment(job, namespace, "generator", replicas, template, owner, pool_name, finished, held)
     if origin:
         deployment["metadata"]["labels"].update(origin)
     return deployment
 
 
 def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,
-                   token: str | None = None, finished: bool = False) -> list[dict]:
+                   token: str | None = None, finished: bool = False, held: bool | None = None) -> list[dict]:
     """Every object in the RLJob's own cluster (pools with a clusterRef are built apart).
     `token`: the job's token (perimeter.job_token) when the operator mints it; `finished`:
-    the job is Succeeded or Failed, its Deployments at 0 replicas."""
+    the job is Succeeded or Failed, `held`: its trainer Job waits for admission, its
+    Deployments at 0 replicas either way (None: held when the job names a Kueue queue, as
+    before its trainer Job is admitted: what a render shows)."""
     j = job.metadata.name
+    held = queue_name(job) is not None if held is None else held
     check_devices(job)
     trainer_address = f"{name(j, 'trainer')}.{namespace}.svc:{TRAINER_GRPC_PORT}"
     claim = build_checkpoint_claim(job, namespace, owner)
@@ -402,10 +411,10 @@ def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict |
             build_trainer_service(job, namespace, owner), build_trainer_admin_service(job, namespace, owner),
             build_trainer_ranks_service(job, namespace, owner)]
     if uses_ranker(job):
-        out += build_ranker(job, namespace, settings, owner, finished)
+        out += build_ranker(job, namespace, settings, owner, finished, held)
     for pool in job.spec.generators.pools:
         if not pool.cluster_ref:
             out.append(build_generators(job, pool.name, namespace, settings, trainer_address, owner,
-                                        finished=finished))
+                                        finished=finished, held=held))
     return out
 

@@ -22,7 +22,7 @@ from streamrl.spec.job import NAME_MAX, NAME_PATTERN, NAME_RULE
 
 PLURAL, SHORT = "rljobs", "rlj"
 CONDITIONS = ("Ready", "Progressing", "Suspended", "Complete", "Failed", "PodsReady", "ScalingLimited",
-              "ClustersReady")
+              "ClustersReady", "Queued")
 NAME_CEL = {"rule": f"!has(self.metadata) || !has(self.metadata.name) || "
                     f"(self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {NAME_MAX})",
             "message": f"metadata.name {NAME_RULE}", "fieldPath": ".metadata.name"}

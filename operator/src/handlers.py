@@ -9,7 +9,9 @@ child here and in other clusters (drift repaired, removed keys gone, nothing wri
 nothing changed), supervise the trainer group, prune, keep `spec.generators.replicas` (the
 /scale field) set, observe, write the status (only what changed) and post a Resumed Event
 when the trainer reports a start resumed from a checkpoint. A job that ended (Succeeded,
-Failed) keeps no GPU and never trains again; the API server's refusals become phase Invalid
+Failed) keeps no GPU and never trains again; a job whose trainer Job waits for admission
+(Kueue's, or another queue's) holds its pools and ranker at 0, applied after the trainer Job
+so its first round already knows; the API server's refusals become phase Invalid
 with its message. A daemon per RLJob runs the autoscaler (autoscaler.py). Deletion: children
 in other clusters are removed through a finalizer (owner references cannot cross clusters).
 RLCluster: checked and probed (clusters.py) on change and on a timer; the result is its status.
@@ -113,7 +115,8 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
     try:
         job = reconcile.job_of(body)
         token = await _token(runtime, body, namespace, job)
-        children = build_children(job, namespace, runtime.settings, owner, token, finished=final is not None)
+        children = build_children(job, namespace, runtime.settings, owner, token, finished=final is not None,
+                                  held=False)
         reconcile.validate(children, runtime.kubernetes_version)
     except SpecError as err:
         if JobPhase.of(status.get("phase")) != JobPhase.INVALID or status.get("message") != str(err):
@@ -125,17 +128,27 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
     try:
         if final is None:
             await _keep_scale_total(runtime, body, job, namespace, logger)
-        seen = await reconcile.apply_all(runtime, runtime.kube, key,
-                                         [c for c in children if c is not trainer and c is not claim], logger)
-        runtime.resynced.setdefault(key, time.monotonic())  # a round that read them all: the cache holds
+        seen = await reconcile.apply_all(runtime, runtime.kube, key, [c for c in children if c["kind"] not in
+                                                                      ("Job", "PersistentVolumeClaim", "Deployment")],
+                                         logger)
         adopt = (body["metadata"].get("annotations") or {}).get(ADOPT_CHECKPOINTS) == "true"
         claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger, adopt)
         group = await reconcile.ensure_trainer(runtime, job, trainer, _count(status, "restarts"),
                                                reconcile.restart_budget(job, runtime.settings), logger,
                                                _count(status, "preemptions"), finished=final is not None,
                                                record=record)
+        # The pools and ranker after the trainer Job: held at 0 while it waits for admission,
+        # as the API server's admission (Kueue's webhook) left it.
+        held = group.admission.waiting
+        deployments = [c for c in children if c["kind"] == "Deployment"]
+        if held:
+            deployments = [c for c in build_children(job, namespace, runtime.settings, owner, token, held=True)
+                           if c["kind"] == "Deployment"]
+        seen |= await reconcile.apply_all(runtime, runtime.kube, key, deployments, logger)
+        runtime.resynced.setdefault(key, time.monotonic())  # a round that read them all: the cache holds
         await reconcile.prune(runtime, job, namespace, children, logger)
-        problem = await remote.apply_remote(runtime, job, namespace, token, logger, finished=final is not None)
+        problem = await remote.apply_remote(runtime, job, namespace, token, logger, finished=final is not None,
+                                            held=held)
     except KubeError as err:
         if not err.refused:
             raise  # a conflict, throttling or the server's own trouble: kopf retries

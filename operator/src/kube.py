@@ -27,7 +27,7 @@ PLURALS = {"Namespace": "namespaces", "ConfigMap": "configmaps", "Service": "ser
            "Deployment": "deployments", "Job": "jobs", "RLJob": "rljobs", "RLCluster": "rlclusters",
            "Event": "events", "PersistentVolumeClaim": "persistentvolumeclaims", "Pod": "pods",
            "NetworkPolicy": "networkpolicies", "SelfSubjectAccessReview": "selfsubjectaccessreviews",
-           "Lease": "leases"}
+           "Lease": "leases", "Workload": "workloads"}
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 FIELD_MANAGER = "streamrl-operator"
 """The field manager of every write (managedFields shows it; server-side apply owns by it)."""

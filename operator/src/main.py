@@ -82,7 +82,7 @@ async def cluster_id(kube: KubeClient, settings: Settings) -> str:
 
 async def serve(settings: Settings) -> None:
     runtime = Runtime(local_client(), settings)
-    elector = None
+    elector, tasks = None, []
     try:
         server = (await runtime.kube.version()).get("gitVersion", "")
         runtime.kubernetes_version = schema_version(server)  # ValueError: too old, said before anything runs
@@ -105,10 +105,12 @@ async def serve(settings: Settings) -> None:
             registry=operator_registry(settings), settings=kopf_settings(), standalone=True,
             clusterwide=not namespaces, namespaces=namespaces, memo=kopf.Memo(runtime=runtime), stop_flag=stop,
             liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz"))
+        tasks.append(operator)
         if elector is None:
             await operator
             return
         keep = asyncio.create_task(elector.keep())
+        tasks.append(keep)
         done, _ = await asyncio.wait({operator, keep}, return_when=asyncio.FIRST_COMPLETED)
         if keep in done:  # lost the lease: stop reconciling before another replica starts to
             stop.set()
@@ -117,6 +119,9 @@ async def serve(settings: Settings) -> None:
         keep.cancel()
         operator.result()
     finally:
+        for task in tasks:  # cancelled from outside: neither the operator nor the renewal outlives serve()
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if elector is not None:
             await elector.release()
         await runtime.kube.close()

@@ -28,6 +28,9 @@ what they do not read: replicas, placement), so a spec change that reaches only 
 ConfigMap still rolls the pods."""
 RESTARTS = f"{GROUP}/group-restarts"
 """Annotation on the trainer Job: how many times the whole group was restarted before it."""
+SUSPENDED_BY = f"{GROUP}/suspended-by"
+"""Annotation on the trainer Job the operator itself suspended (spec.suspend): the only
+suspension it ever lifts (a Job suspended by Kueue or another queue waits for it)."""
 QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 """Kueue's label: an RLJob carrying it hands its workloads to that LocalQueue (the trainer Job
 is admitted as one workload; Kueue, not the operator, then owns the Job's `suspend`)."""

@@ -170,7 +170,7 @@ async def observe(runtime: Runtime, job: RLJob, namespace: str, generation: int,
     `final`: the phase the job already ended in; `refused`: the API server's refusal)."""
     j, seen = job.metadata.name, seen or {}
     replicas = job.spec.generators.pool_replicas()
-    stopped = job.spec.suspend or final is not None
+    stopped = job.spec.suspend or final is not None or (group is not None and group.admission.waiting)
     pools = []
     for pool in job.spec.generators.pools:
         client = runtime.clusters.get(pool.cluster_ref) if pool.cluster_ref else runtime.kube

@@ -8,6 +8,7 @@ import datetime
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from streamrl.operator.admission import Admission
 from streamrl.records import TrainerPhase, TrainerStatus
 
 
@@ -63,6 +64,8 @@ class TrainerGroup:
     preemptions: int = 0
     """Restarts after the group was stopped from outside (a preemption, a disruption, a
     suspension): free, the trainer resumes from its checkpoint."""
+    admission: Admission = Admission()
+    """Kueue's admission of the Job after this round (waiting: the pools and ranker are held)."""
 
     @property
     def replacing(self) -> bool:
@@ -166,6 +169,8 @@ def _phase(obs: Observed) -> tuple[JobPhase, str]:
         return JobPhase.SUSPENDED, "spec.suspend is true: every role is scaled to zero"
     if replacing:
         return JobPhase.PENDING, group.message
+    if group is not None and group.admission.waiting:
+        return JobPhase.PENDING, group.admission.message
     if trainer is not None and trainer.phase == TrainerPhase.RUNNING:
         return JobPhase.RUNNING, f"iteration {trainer.iteration} of {trainer.num_iterations}"
     if obs.claim_problem:
@@ -215,6 +220,7 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
     terminal_failure = phase in (JobPhase.FAILED, JobPhase.INVALID)
     failed_reason = "InvalidSpec" if obs.invalid else obs.refused[0] if obs.refused else phase.value
     pods_reason, pods_message = obs.pod_problems[0] if obs.pod_problems else ("PodsRunning", "")
+    admission = obs.trainer_group.admission if obs.trainer_group else Admission()
     conditions = [
         _condition("Ready", all_ready, ready_reason, ready_message, g, previous, now),
         _condition("Progressing", phase == JobPhase.RUNNING, phase.value, message, g, previous, now),
@@ -229,6 +235,7 @@ def derive(obs: Observed, previous_conditions: list[dict] | None, now: str) -> d
         _condition("ClustersReady", obs.cluster_problem is None,
                    "ClustersReachable" if obs.cluster_problem is None else "ClusterUnavailable",
                    obs.cluster_problem or "", g, previous, now),
+        _condition("Queued", admission.waiting, admission.reason, admission.message, g, previous, now),
     ]
     status = {
         "phase": phase.value,

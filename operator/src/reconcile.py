@@ -2,7 +2,7 @@
 Kubernetes's own schemas, apply them (server-side apply, skipped for an object unchanged
 since the operator last applied it), supervise the trainer group (restarts within the
 budget, preemptions free, never re-created once the job is over, `suspend` left to Kueue
-when Kueue queues it), keep the checkpoint claim and prune what the spec no longer asks
+or any queue that suspended it), keep the checkpoint claim and prune what the spec no longer asks
 for. Pools in other clusters: remote.py. Knows no phase: it returns what it did and what
 went wrong."""
 
@@ -13,12 +13,22 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import kubernetes_validate
 
-from streamrl.operator.builders import PREEMPTED_EXIT_CODE, claim_name, queue_name
+from streamrl.operator.admission import find_workload, needs_workload, read_admission
+from streamrl.operator.builders import PREEMPTED_EXIT_CODE, claim_name
 from streamrl.operator.kube import KubeClient, KubeError, path_for, path_of
-from streamrl.operator.names import ADOPT_CHECKPOINTS, JOB_UID, RESTARTS, TEMPLATE_HASH, selector, serialized
+from streamrl.operator.names import (
+    ADOPT_CHECKPOINTS,
+    JOB_UID,
+    RESTARTS,
+    SUSPENDED_BY,
+    TEMPLATE_HASH,
+    selector,
+    serialized,
+)
 from streamrl.operator.phases import TrainerGroup, rank0_succeeded
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
@@ -255,39 +265,61 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
     < `budget`. Deletion is in the foreground: the new Job is created once the old one and its
     pods are gone, so no new rank meets an old one at the rendezvous.
     `finished` (the job is Succeeded or Failed): the Job is only read, never created again.
-    Queued by Kueue: its `suspend` is Kueue's (the Job is created suspended and Kueue admits
-    it); spec.suspend then means no Job at all.
+    Who holds the Job's `suspend` is read from the live Job (admission.py), not only from the
+    RLJob's label: a Job Kueue labelled or keeps a Workload for is Kueue's (it admits the Job
+    and un-suspends it; spec.suspend then means no Job at all), and the operator lifts only a
+    suspension it made itself, never Kueue's or another queue's. The group returned says
+    whether the Job waits for admission (the reconciler holds the pools and ranker meanwhile).
     The restarts so far are the failed Job's own (its RESTARTS annotation, set at creation);
     `restarts` (the status's) counts only while there is no Job. Before a failed group is
     deleted, the new counts are `record`ed (the status): an operator that dies in between
     finds the same failed Job and counts the same restart again, not one more."""
-    path = path_for(desired)
+    path, namespace = path_for(desired), desired["metadata"]["namespace"]
     current = await runtime.kube.get(path)  # never from the watch's cache: a late event must not fail a group twice
-    seen = (current or {}).get("status") or {}
     if finished:
+        seen = (current or {}).get("status") or {}
         return TrainerGroup("finished", restarts, job_status=seen if current else None, preemptions=preemptions)
-    kueue = queue_name(job) is not None
+    workload = await find_workload(runtime.kube, namespace, current) if needs_workload(job, current) else None
+    admission = read_admission(job, namespace, current, workload)
+    key = f"{namespace}/{job.metadata.name}"
+    if admission.kueue and current is not None:
+        runtime.queued.add(key)
+    group, created = await _supervise(runtime, job, desired, current, admission.kueue or key in runtime.queued,
+                                      restarts, budget, logger, preemptions, record)
+    if created is not None:  # as the API server's admission (Kueue's webhook) made it
+        admission = read_admission(job, namespace, created, created=True)
+    return replace(group, admission=admission)
+
+
+async def _supervise(runtime: Runtime, job: RLJob, desired: dict, current: dict | None, kueue: bool, restarts: int,
+                     budget: int, logger: Logger, preemptions: int,
+                     record: Callable[[dict], Awaitable[None]]) -> tuple[TrainerGroup, dict | None]:
+    """ensure_trainer's decision on the Job `current` (`kueue`: Kueue owns its suspend); the
+    group, and the Job when this round created it."""
+    path = path_for(desired)
+    seen = (current or {}).get("status") or {}
     if current is None:
         if kueue and job.spec.suspend:
-            return TrainerGroup("suspended", restarts, preemptions=preemptions)
+            return TrainerGroup("suspended", restarts, preemptions=preemptions), None
         desired["metadata"]["annotations"][RESTARTS] = str(restarts)
+        created = None
         try:
-            await runtime.kube.create(desired)
+            created = await runtime.kube.create(desired)
         except KubeError as err:
             if err.status != 409:  # 409: a concurrent round created it; the next one reads it
                 raise
         logger.info("created the trainer Job %s (group restarts so far: %d)", desired["metadata"]["name"], restarts)
-        return TrainerGroup("created", restarts, preemptions=preemptions)
+        return TrainerGroup("created", restarts, preemptions=preemptions), created
     if current["metadata"].get("deletionTimestamp"):
         return TrainerGroup("waiting", restarts, "waiting for the previous trainer Job and its pods to be deleted",
-                            seen, preemptions)
+                            seen, preemptions), None
     if rank0_succeeded(current.get("status")):
-        return TrainerGroup("finished", restarts, job_status=seen, preemptions=preemptions)
+        return TrainerGroup("finished", restarts, job_status=seen, preemptions=preemptions), None
     wanted = desired["metadata"]["annotations"][TEMPLATE_HASH]
     if (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH) != wanted:
         await runtime.kube.delete(path, propagation="Foreground")
         logger.info("the trainer's pod template or the config it loads changed: replacing the whole trainer group")
-        return TrainerGroup("rolling", 0, "replacing the trainer group for the new spec", seen)
+        return TrainerGroup("rolling", 0, "replacing the trainer group for the new spec", seen), None
     failed = job_condition(current, "Failed")
     if failed:
         restarts = int((current["metadata"].get("annotations") or {}).get(RESTARTS) or restarts)
@@ -307,30 +339,37 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
             logger.info("the trainer group was %s (%s): restarting every rank, not counted against the restart "
                         "budget", free, why)
             return TrainerGroup("restarting", restarts, f"restarting the trainer group, {free} (not counted "
-                                                        f"against the restart budget): {why}", seen, preemptions + 1)
+                                                        f"against the restart budget): {why}", seen,
+                                preemptions + 1), None
         if restarts >= budget:
             return TrainerGroup("failed", restarts, f"the trainer group failed after {restarts} restart(s) "
-                                                    f"(budget {budget}): {why}", seen, preemptions)
+                                                    f"(budget {budget}): {why}", seen, preemptions), None
         await record({"restarts": restarts + 1, "preemptions": preemptions})
         await runtime.kube.delete(path, propagation="Foreground")
         logger.warning("the trainer group failed (%s): restarting every rank (restart %d of %d)", why,
                        restarts + 1, budget)
         return TrainerGroup("restarting", restarts + 1,
                             f"restarting the trainer group (restart {restarts + 1} of {budget}): {why}", seen,
-                            preemptions)
+                            preemptions), None
+    unchanged = TrainerGroup("unchanged", restarts, job_status=seen, preemptions=preemptions)
     if kueue:
         if job.spec.suspend:  # Kueue owns `suspend`: a suspended job has no Job at all
             await runtime.kube.delete(path, propagation="Foreground")
             logger.info("spec.suspend: deleting the trainer Job (Kueue owns its suspend); it is created again, "
                         "for Kueue to admit, when the job resumes")
-            return TrainerGroup("suspended", restarts, job_status=seen, preemptions=preemptions)
-        return TrainerGroup("unchanged", restarts, job_status=seen, preemptions=preemptions)
-    if bool((current.get("spec") or {}).get("suspend")) != job.spec.suspend:  # what a Job may change
-        await runtime.kube.patch(path, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                                        "spec": {"suspend": job.spec.suspend}})
-        logger.info("trainer Job %s", "suspended" if job.spec.suspend else "resumed")
-        return TrainerGroup("updated", restarts, job_status=seen, preemptions=preemptions)
-    return TrainerGroup("unchanged", restarts, job_status=seen, preemptions=preemptions)
+            return TrainerGroup("suspended", restarts, job_status=seen, preemptions=preemptions), None
+        return unchanged, None
+    suspended = bool((current.get("spec") or {}).get("suspend"))
+    if suspended == job.spec.suspend:
+        return unchanged, None
+    if suspended and not (current["metadata"].get("annotations") or {}).get(SUSPENDED_BY):
+        return unchanged, None  # another controller (a queue) suspended it: not the operator's to lift
+    await runtime.kube.patch(path, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"],
+                                                 "annotations": {SUSPENDED_BY: "spec.suspend" if job.spec.suspend
+                                                                 else None}},
+                                    "spec": {"suspend": job.spec.suspend}})
+    logger.info("trainer Job %s", "suspended" if job.spec.suspend else "resumed")
+    return TrainerGroup("updated", restarts, job_status=seen, preemptions=preemptions), None
 
 
 def claim_of_another_job(current: dict, desired: dict, adopt: bool) -> str | None:

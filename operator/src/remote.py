@@ -58,7 +58,7 @@ async def trainer_address(runtime: Runtime, job: RLJob, namespace: str) -> tuple
 
 
 def remote_children(runtime: Runtime, job: RLJob, namespace: str, cluster: str, address: str,
-                    token: str | None, finished: bool) -> list[dict]:
+                    token: str | None, finished: bool, held: bool = False) -> list[dict]:
     """What one remote cluster holds for the job: its spec, its token, its NetworkPolicy and
     the Deployment of each of the job's pools placed there."""
     origin = origin_labels(runtime.cluster_id, namespace, job.metadata.name)
@@ -67,13 +67,14 @@ def remote_children(runtime: Runtime, job: RLJob, namespace: str, cluster: str, 
         out.append(build_token_secret(job, namespace, token, origin=origin))
     if runtime.settings.network_policy:
         out += build_network_policies(job, namespace, runtime.settings, origin=origin)
-    out += [build_generators(job, p.name, namespace, runtime.settings, address, origin=origin, finished=finished)
+    out += [build_generators(job, p.name, namespace, runtime.settings, address, origin=origin, finished=finished,
+                             held=held)
             for p in job.spec.generators.pools if p.cluster_ref == cluster]
     return out
 
 
 async def apply_remote(runtime: Runtime, job: RLJob, namespace: str, token: str | None, logger: Logger,
-                       finished: bool = False) -> str | None:
+                       finished: bool = False, held: bool = False) -> str | None:
     """Create or update every pool that lives in another cluster, and prune there what the spec
     no longer places; the first problem, if any."""
     remote = sorted({p.cluster_ref for p in job.spec.generators.pools if p.cluster_ref})
@@ -92,7 +93,8 @@ async def apply_remote(runtime: Runtime, job: RLJob, namespace: str, token: str 
                         "(its spec.allowedNamespaces)")
             try:
                 await apply_all(runtime, client, key,
-                                remote_children(runtime, job, namespace, cluster, address, token, finished), logger)
+                                remote_children(runtime, job, namespace, cluster, address, token, finished, held),
+                                logger)
             except (KubeError, httpx.HTTPError, ForeignObject) as err:
                 return f"RLCluster {cluster!r}: {err}"
     for cluster, client in list(runtime.clusters.items()):

@@ -5,8 +5,9 @@ GitOps, or reading what a job becomes before applying it.
 
 What only a cluster knows is stood in for, and said in a comment: there are no owner
 references (the RLJob's uid does not exist yet), the token is random (the operator derives
-its own from its key and that uid), and a remote pool dials a placeholder (its trainer's
-external address once the load balancer assigns one)."""
+its own from its key and that uid), a remote pool dials a placeholder (its trainer's
+external address once the load balancer assigns one), and a job queued through Kueue shows
+its pools and ranker at 0 replicas, as they stay until Kueue admits its trainer Job."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import TextIO
 
 import yaml
 
-from streamrl.operator.builders import build_children
+from streamrl.operator.builders import build_children, queue_name
 from streamrl.operator.pods import minted_token
 from streamrl.operator.reconcile import validate
 from streamrl.operator.remote import remote_children
@@ -52,7 +53,8 @@ def render_job(job: RLJob, namespace: str, settings: Settings) -> list[tuple[str
     runtime = Runtime(_NoCluster(), settings)  # type: ignore[arg-type]
     out = [("", o) for o in local]
     for cluster in sorted({p.cluster_ref for p in job.spec.generators.pools if p.cluster_ref}):
-        for obj in remote_children(runtime, job, namespace, cluster, REMOTE_TRAINER, token, finished=False):
+        for obj in remote_children(runtime, job, namespace, cluster, REMOTE_TRAINER, token, finished=False,
+                                   held=queue_name(job) is not None):
             out.append((f"in cluster {cluster} (RLCluster), namespace {namespace}", obj))
     validate([o for _, o in out])
     return out

@@ -64,6 +64,10 @@ class Runtime:
     """Per registered cluster: when (time.monotonic) its permissions were last checked."""
     client_grace_s: float = 30.0
     """How long a replaced remote client stays open for the requests still in flight on it."""
+    queued: set[str] = field(default_factory=set)
+    """RLJobs ("namespace/name") whose trainer Job Kueue took without their label (its
+    LocalQueue defaulting, manageJobsWithoutQueueName): suspended, they get no Job at all (Kueue
+    would admit one), as a job with the label."""
     token_key: bytes | None = None
     """The key job tokens derive from (perimeter.token_key), once read."""
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -77,6 +81,7 @@ class Runtime:
         for memory in (self.scaling, self.unreadable, self.resumed, self.applied, self.locks, self.resynced,
                        self.settled):
             memory.pop(key, None)
+        self.queued.discard(key)
         for k in [k for k in self.pruned if k == key or (isinstance(k, tuple) and k[0] == key)]:
             del self.pruned[k]
 

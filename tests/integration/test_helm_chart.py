@@ -335,6 +335,9 @@ def test_rbac_is_least_privilege():
     assert pods["verbs"] == ["get", "list"]
     [pod_logs] = [r for r in rules if "pods/log" in r["resources"]]
     assert pod_logs["resources"] == ["pods/log"] and pod_logs["verbs"] == ["get"]
+    # Kueue's Workloads are only read (why a trainer Job waits for admission).
+    [workloads] = [r for r in rules if "workloads" in r["resources"]]
+    assert (workloads["apiGroups"], workloads["verbs"]) == (["kueue.x-k8s.io"], ["get", "list"])
     # Watching chosen namespaces: namespaced Roles there, no cluster-wide rights over jobs.
     scoped = by_kind(render("operator.watchNamespaces={team-a,team-b}"))
     job_roles = [r for r in scoped["Role"] if any("deployments" in x["resources"] for x in r["rules"])]

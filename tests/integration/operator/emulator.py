@@ -22,10 +22,11 @@ replays watches without resourceVersion semantics; this subclass adds, per reque
 | garbage collection of dependents (ownerReferences)     | at once when the owner goes                   |
 | label selectors on list and watch                      | equality and existence terms                  |
 | `pods/<pod>/log?container=&tailLines=`                 | what the test wrote in `pod_logs`             |
+| controllers and webhooks a test installs               | `controllers`: Kueue (kueue.py)               |
 
 Still not modelled: defaulting of pod fields, CRD schema validation and CEL (checked offline,
-`streamrl validate`), admission (PSA, quota, webhooks), RBAC, the Job and Deployment
-controllers (tests write their status), graceful deletion of pods. It reaches into kmock's
+`streamrl validate`), admission (PSA, quota; webhooks but an installed controller's), RBAC,
+the Job and Deployment controllers (tests write their status), graceful deletion of pods. It reaches into kmock's
 private methods: kmock is pinned (pyproject.toml)."""
 
 from __future__ import annotations
@@ -153,6 +154,10 @@ class Emulator(kmock.KubernetesEmulator):
         self.namespaces: dict[str, dict] = {}
         """name -> the Namespace GET /api/v1/namespaces/<name> answers (kmock reads that path as
         a list in the namespace; the tests write what the real server would hold)."""
+        self.controllers: list = []
+        """What a test installed (kueue.Kueue): each one's `mutate(resource, namespace, body)`
+        runs on a create before it is stored, its `written(resource, namespace, name,
+        created)` after each create or patch that succeeded."""
         self.fail_once: dict[tuple[str, str], int] = {}
         """(method, path) -> an HTTP status the next such request gets instead of being served
         (a server that fails between two of the operator's writes)."""
@@ -163,6 +168,16 @@ class Emulator(kmock.KubernetesEmulator):
 
     # ---- dispatch --------------------------------------------------------------------
     async def _handle(self, request):
+        response = await self._serve(request)
+        writes = (kmock.action.CREATE, kmock.action.UPDATE)
+        if self.controllers and request.resource is not None and request.action in writes and response.status < 300:
+            name = request.name or ((request.data or {}).get("metadata") or {}).get("name")
+            for controller in self.controllers:
+                await controller.written(request.resource, request.namespace, name,
+                                         request.action == kmock.action.CREATE)
+        return response
+
+    async def _serve(self, request):
         failure = self.fail_once.pop((getattr(request.method, "value", request.method), request.url.path), None)
         if failure is not None:
             return await self._render_error(kmock.KubernetesError(status=failure, reason="InternalError",
@@ -205,6 +220,8 @@ class Emulator(kmock.KubernetesEmulator):
         meta = data.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        for controller in self.controllers:  # mutating webhooks
+            controller.mutate(request.resource, request.namespace, data)
         self._validate(request.resource, data)
         normalised = _normalise(data)
         data.clear()

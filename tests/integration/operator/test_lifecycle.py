@@ -68,7 +68,7 @@ def ranked(name: str) -> dict:
 
 async def test_a_finished_job_releases_every_gpu_and_is_never_trained_again(k8s, operator):
     await create(k8s, ranked("done"))
-    await wait_for(lambda: exists(k8s, JOBS_RES, "done-trainer") and exists(k8s, DEPLOYMENTS, "done-ranker"),
+    await wait_for(lambda: exists(k8s, JOBS_RES, "done-trainer") and exists(k8s, DEPLOYMENTS, "done-gen-extra"),
                    what="children created")
     assert [get(k8s, DEPLOYMENTS, d)["spec"]["replicas"] for d in ("done-gen-default", "done-gen-extra",
                                                                       "done-ranker")] == [1, 2, 1]
@@ -218,17 +218,19 @@ async def test_kueue_owns_the_trainers_suspend(k8s, operator):
     body = example("queued")
     body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
     await create(k8s, body)
-    await wait_for(lambda: exists(k8s, JOBS_RES, "queued-trainer"), what="trainer Job")
+    await wait_for(lambda: exists(k8s, DEPLOYMENTS, "queued-gen-default"), what="children")
     job = get(k8s, JOBS_RES, "queued-trainer")
     assert job["spec"]["suspend"] is True  # created suspended: Kueue admits the group as one workload
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert get(k8s, DEPLOYMENTS, "queued-gen-default")["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == \
         "gpu-queue"
-    for admitted in (False, True, False):  # Kueue admits, preempts, admits again: the operator never undoes it
-        resp = await k8s.patch(f"{TRAINERS}/queued-trainer", json={"spec": {"suspend": admitted}})
+    for admitted in (True, False, True):  # Kueue admits, preempts, admits again: the operator never undoes it
+        resp = await k8s.patch(f"{TRAINERS}/queued-trainer", json={"spec": {"suspend": not admitted}})
         assert resp.status == 200
         await settle(operator)
-        assert get(k8s, JOBS_RES, "queued-trainer")["spec"]["suspend"] is admitted
+        assert get(k8s, JOBS_RES, "queued-trainer")["spec"]["suspend"] is not admitted
+        # the generators hold GPUs only while the trainer is admitted
+        assert get(k8s, DEPLOYMENTS, "queued-gen-default")["spec"]["replicas"] == (1 if admitted else 0)
     # The user suspends the job: no trainer Job at all (Kueue would admit a suspended one);
     # resumed, it is created again, suspended, for Kueue to admit.
     spec = plain(get(k8s, RLJOB, "queued")["spec"])

@@ -65,7 +65,8 @@ async def test_create_builds_children_and_reports_status(k8s, operator):
     assert status["generators"]["labelSelector"] == "streamrl.io/job=tiny,streamrl.io/role=generator"
     assert status["generators"]["replicas"] == 1
     assert [c["type"] for c in status["conditions"]] == \
-        ["Ready", "Progressing", "Suspended", "Complete", "Failed", "PodsReady", "ScalingLimited", "ClustersReady"]
+        ["Ready", "Progressing", "Suspended", "Complete", "Failed", "PodsReady", "ScalingLimited", "ClustersReady",
+         "Queued"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
 
 

@@ -140,7 +140,10 @@ def test_suspend_scales_to_zero_and_suspends_the_trainer():
     job = parse_job({"metadata": {"name": "s"}, "spec": {"model": {"source": "builtin-tiny"}, "suspend": True}})
     objects = build_children(job, "rl", Settings(), OWNER, TOKEN)
     assert [o["spec"]["replicas"] for o in objects if o["kind"] == "Deployment"] == [0]
-    assert [o["spec"]["suspend"] for o in objects if o["kind"] == "Job"] == [True]
+    [trainer] = [o for o in objects if o["kind"] == "Job"]
+    assert trainer["spec"]["suspend"] is True
+    # marked as the operator's own suspension: the only one it lifts (not Kueue's, not a queue's)
+    assert trainer["metadata"]["annotations"]["streamrl.io/suspended-by"] == "spec.suspend"
 
 
 def test_total_replicas_are_spread_over_pools():

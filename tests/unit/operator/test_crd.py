@@ -108,7 +108,7 @@ def test_crd_surface():
     trainer = status["trainer"]["properties"]
     assert {"restarts", "preemptions", "incarnation", "resumedFrom"} <= trainer.keys()
     assert trainer["lastCheckpoint"]["properties"].keys() == {"iteration", "time"}
-    assert len(CONDITIONS) == 8 and "PodsReady" in CONDITIONS
+    assert len(CONDITIONS) == 9 and "PodsReady" in CONDITIONS
     # Pod templates stay free-form in the schema (the operator validates them).
     pool = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["generators"]["properties"][
         "pools"]["items"]

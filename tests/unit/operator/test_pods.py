@@ -287,6 +287,8 @@ def test_kueues_queue_label_reaches_the_trainer_job_and_the_deployments_and_the_
     for name, deployment in deployments.items():
         assert deployment["metadata"]["labels"][QUEUE] == "team-a", name
         assert deployment["spec"]["template"]["metadata"]["labels"][QUEUE] == "team-a", name
+        assert deployment["spec"]["replicas"] == 0, name  # held: no GPU before Kueue admits the trainer
+    assert "streamrl.io/suspended-by" not in trainer["metadata"]["annotations"]  # Kueue's suspension, not ours
 
 
 def test_without_the_queue_label_nothing_carries_it_and_the_job_runs():

@@ -91,3 +91,21 @@ def test_render_as_the_readme_runs_it_feeds_kubernetes_tools(tmp_path):
     names = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(kubectl.stdout)}
     assert {("Job", "tiny-counting-trainer"), ("NetworkPolicy", "tiny-counting-job"),
             ("Secret", "tiny-counting-token"), ("Deployment", "tiny-counting-gen-default")} <= names
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_job_queued_through_kueue_renders_every_gpu_holding_pod_at_zero(queued, tmp_path, capsys):
+    """Generators and the ranker hold no GPU while Kueue has not admitted the trainer Job: a
+    render (what the operator applies before admission) shows them at 0 replicas."""
+    body = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
+    if queued:
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a-queue"}
+    body["spec"]["generators"]["dispatch"] = {"policy": "skewness-aware"}  # a ranker as well
+    path = tmp_path / "queued.yaml"
+    path.write_text(yaml.safe_dump(body))
+    code, objects, err = _render(capsys, str(path), "--namespace", "team-a")
+    assert (code, err) == (0, "")
+    replicas = {o["metadata"]["name"]: o["spec"]["replicas"] for o in objects if o["kind"] == "Deployment"}
+    assert replicas == {"tiny-counting-gen-default": 0 if queued else 1, "tiny-counting-ranker": 0 if queued else 1}
+    [trainer] = [o for o in objects if o["kind"] == "Job"]
+    assert trainer["spec"]["suspend"] is queued  # Kueue un-suspends it on admission
