@@ -32,7 +32,12 @@ it) is on by default from 1.31; an older server drops it and waits for every ind
 PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
                 ("networking.k8s.io/v1", "NetworkPolicy"))
 """Kinds of children a spec change can make unwanted (listed by the job's label; the claim and
-the trainer Job have their own lifecycles, the token Secret is deleted by name)."""
+the trainer Job have their own lifecycles; the minted token Secret of a job that came to name
+its own tokenFile is left to the garbage collector, with the job: the operator may neither
+read nor delete Secrets where jobs live)."""
+UNREAD_KINDS = frozenset({"Secret"})
+"""Kinds the operator never reads in its own cluster (the chart grants no `get` on them where
+jobs live, so that no Secret can be read by name): applied every round without a GET first."""
 
 Logger = logging.Logger | logging.LoggerAdapter
 
@@ -106,12 +111,15 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
     the object has not changed since (same resourceVersion): an unchanged child costs one
     GET and no write; a deleted or edited one is repaired. Returns each object as the
     server holds it now, by API path. ForeignObject, before anything of it is written, for an
-    object that exists and is not the operator's (`foreign`)."""
+    object that exists and is not the operator's (`foreign`). UNREAD_KINDS in this cluster
+    are applied every round without being read (an apply that changes nothing writes
+    nothing), so they are never checked for being someone else's."""
     memory = runtime.applied.setdefault(key, {})
     out: dict[str, dict] = {}
     for obj in objects:
         path = path_for(obj)
-        current = await client.get(path)
+        unread = client is runtime.kube and obj["kind"] in UNREAD_KINDS
+        current = None if unread else await client.get(path)
         digest = _digest(obj)
         if current is not None:
             problem = foreign(obj, current)
@@ -123,10 +131,14 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
             if meta.get("deletionTimestamp") or unchanged:
                 out[path] = current
                 continue
+        before = memory.get((client.name, path))
         result = await client.apply(obj)
         memory[(client.name, path)] = (digest, result["metadata"].get("resourceVersion"))
         out[path] = result
-        if current is None:
+        if unread:
+            if before is None or before[1] != result["metadata"].get("resourceVersion"):
+                logger.info("applied %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
+        elif current is None:
             logger.info("created %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
         elif result["metadata"].get("resourceVersion") != current["metadata"].get("resourceVersion"):
             logger.info("updated %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
@@ -140,8 +152,7 @@ def _where(client: KubeClient) -> str:
 async def prune(runtime: Runtime, job: RLJob, namespace: str, desired: list[dict], logger: Logger) -> None:
     """Delete this job's children of PRUNED_KINDS the spec no longer asks for (a removed
     pool, the ranker of a job that stopped ranking, the exposure policy of a trainer no longer
-    exposed), and the minted token once the spec names its own. Runs when the desired set
-    changes (and once after the operator starts)."""
+    exposed). Runs when the desired set changes (and once after the operator starts)."""
     key = f"{namespace}/{job.metadata.name}"
     wanted = frozenset(path_for(o) for o in desired)
     if runtime.pruned.get(key) == wanted:
@@ -152,9 +163,6 @@ async def prune(runtime: Runtime, job: RLJob, namespace: str, desired: list[dict
             path = path_of(api_version, kind, namespace, obj["metadata"]["name"])
             if path not in wanted and await runtime.kube.delete(path):
                 logger.info("deleted %s %s: the spec no longer asks for it", kind, obj["metadata"]["name"])
-    token = path_of("v1", "Secret", namespace, f"{job.metadata.name}-token")
-    if token not in wanted and await runtime.kube.delete(token):
-        logger.info("deleted the minted token Secret: the spec names its own security.tokenFile")
     runtime.pruned[key] = wanted
 
 
