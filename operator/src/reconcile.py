@@ -22,7 +22,7 @@ from streamrl.operator.names import RESTARTS, TEMPLATE_HASH, selector, serialize
 from streamrl.operator.phases import TrainerGroup, rank0_succeeded
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
-from streamrl.spec import API_VERSION, KIND, RLJob, SpecError, parse_job
+from streamrl.spec import API_VERSION, GROUP, KIND, RLJob, SpecError, parse_job
 
 KUBERNETES_VERSION = "1.33"
 """Schemas free-form parts are checked against until the API server said its own version."""
@@ -38,6 +38,9 @@ read nor delete Secrets where jobs live)."""
 UNREAD_KINDS = frozenset({"Secret"})
 """Kinds the operator never reads in its own cluster (the chart grants no `get` on them where
 jobs live, so that no Secret can be read by name): applied every round without a GET first."""
+ADOPTION_LABELS = ("app.kubernetes.io/managed-by", f"{GROUP}/job")
+"""The labels an existing object without a controller must carry, with this job's values, to
+be taken over by the job (an object of the job orphaned by a `--cascade=orphan` deletion, say)."""
 
 Logger = logging.Logger | logging.LoggerAdapter
 
@@ -89,9 +92,10 @@ class ForeignObject(RuntimeError):
 
 def foreign(desired: dict, current: dict) -> str | None:
     """Why `current` is not the operator's to overwrite with `desired`, or None: in this
-    cluster, another controller's object (its controller owner reference is not the RLJob; an
-    object with none is adopted); in another cluster, one not marked with the same origin
-    (two home clusters with the same namespace and job name, or someone's own object)."""
+    cluster, another controller's object (its controller owner reference is not the RLJob), or
+    one with no controller that does not carry the job's ADOPTION_LABELS (someone's own object
+    that merely has the name); in another cluster, one not marked with the same origin (two
+    home clusters with the same namespace and job name, or someone's own object)."""
     want, have = desired["metadata"], current["metadata"]
     origin = {k: v for k, v in want.get("labels", {}).items() if k.startswith("streamrl.io/origin-")}
     if origin:
@@ -99,9 +103,14 @@ def foreign(desired: dict, current: dict) -> str | None:
         return None if theirs == origin else (f"it is marked {theirs or 'with no origin'}, not {origin}")
     ours = {o.get("uid") for o in want.get("ownerReferences") or []}
     controllers = [o for o in have.get("ownerReferences") or [] if o.get("controller")]
-    if ours and controllers and not {o.get("uid") for o in controllers} & ours:
-        c = controllers[0]
-        return f"its controller is {c.get('kind')} {c.get('name')}"
+    if controllers:
+        if ours and not {o.get("uid") for o in controllers} & ours:
+            c = controllers[0]
+            return f"its controller is {c.get('kind')} {c.get('name')}"
+        return None
+    wanted = {k: (want.get("labels") or {}).get(k) for k in ADOPTION_LABELS}
+    if any((have.get("labels") or {}).get(k) != v for k, v in wanted.items()):
+        return "it has no controller and not this job's labels " + ", ".join(f"{k}={v}" for k, v in wanted.items())
     return None
 
 
@@ -122,10 +131,7 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
         current = None if unread else await client.get(path)
         digest = _digest(obj)
         if current is not None:
-            problem = foreign(obj, current)
-            if problem:
-                raise ForeignObject(f"{obj['kind']} {obj['metadata']['name']}{_where(client)} exists and is not this "
-                                    f"job's ({problem}): not overwritten; delete or rename it")
+            _refuse_foreign(obj, current, client)
             meta = current["metadata"]
             unchanged = memory.get((client.name, path)) == (digest, meta.get("resourceVersion"))
             if meta.get("deletionTimestamp") or unchanged:
@@ -145,8 +151,16 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
     return out
 
 
-def _where(client: KubeClient) -> str:
-    return "" if client.name == "local" else f" in cluster {client.name}"
+def _where(client: KubeClient | None) -> str:
+    return "" if client is None or client.name == "local" else f" in cluster {client.name}"
+
+
+def _refuse_foreign(desired: dict, current: dict, client: KubeClient | None = None) -> None:
+    """ForeignObject when `current`, found where `desired` goes, is not the operator's (`foreign`)."""
+    problem = foreign(desired, current)
+    if problem:
+        raise ForeignObject(f"{desired['kind']} {desired['metadata']['name']}{_where(client)} exists and is not this "
+                            f"job's ({problem}): not overwritten; delete or rename it")
 
 
 async def prune(runtime: Runtime, job: RLJob, namespace: str, desired: list[dict], logger: Logger) -> None:
@@ -221,6 +235,8 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
     finds the same failed Job and counts the same restart again, not one more."""
     path = path_for(desired)
     current = await runtime.kube.get(path)
+    if current is not None:
+        _refuse_foreign(desired, current)
     seen = (current or {}).get("status") or {}
     if finished:
         return TrainerGroup("finished", restarts, job_status=seen if current else None, preemptions=preemptions)
@@ -309,6 +325,7 @@ async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: di
         logger.info("created the checkpoint claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
                     ["storage"], desired["spec"]["accessModes"][0])
         return None
+    _refuse_foreign(desired, current)  # a claim of that name that is someone else's is neither adopted nor deleted
     owners = desired["metadata"].get("ownerReferences")
     ours = [o for o in current["metadata"].get("ownerReferences") or [] if owner and o.get("uid") == owner["uid"]]
     if bool(owners) != bool(ours):  # retain changed: the garbage collector keeps it, or takes it with the job

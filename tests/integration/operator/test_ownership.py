@@ -1,5 +1,7 @@
 """What the operator takes as a job's and what it leaves alone, under the chart's RBAC in both
-modes: the token Secret is written without reading any Secret, and never deleted by name."""
+modes: an object of a child's name that is someone else's is neither adopted, overwritten nor
+deleted (the status says AlreadyExists); the token Secret is written without reading any
+Secret, and never deleted by name."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from tests.integration.operator.conftest import wait_for
 from tests.integration.operator.test_operator import (
     CONFIGMAPS,
     JOBS,
+    JOBS_RES,
     NS,
     RLJOB,
     create,
@@ -30,6 +33,10 @@ def exists(k8s, resource: str, name: str) -> bool:
         return not k8s.objects[resource, NS, name].deleted
     except KeyError:
         return False
+
+
+def condition(k8s, job: str, kind: str) -> dict:
+    return {c["type"]: c for c in get(k8s, RLJOB, job)["status"]["conditions"]}[kind]
 
 
 async def rounds(operator, n: int = ROUNDS) -> None:
@@ -94,3 +101,44 @@ async def test_the_token_secret_is_applied_and_repaired_without_reading_any_secr
     assert get(k8s, SECRETS, "blind-token")["data"]["token"] == token
     assert not [p for p in operator_requests(k8s, "GET", "/secrets/") if f"/namespaces/{NS}/" in p]
     assert get(k8s, RLJOB, "blind")["status"]["phase"] == "Pending"
+
+
+async def test_an_ownerless_object_of_a_childs_name_is_adopted_only_with_the_jobs_labels(
+        k8s, operator, watch_namespaces):
+    # Review N17: an object with no controller was adopted: overwritten, then garbage-collected
+    # with the job.
+    stray = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stray-spec", "namespace": NS},
+             "data": {"theirs": "1"}}
+    await post(k8s, f"/api/v1/namespaces/{NS}/configmaps", stray)
+    await create(k8s, example("stray"))
+    await wait_for(lambda: get(k8s, RLJOB, "stray")["status"]["phase"] == "Invalid", what="Invalid")
+    assert condition(k8s, "stray", "Failed")["reason"] == "AlreadyExists"
+    assert get(k8s, RLJOB, "stray")["status"]["message"] == (
+        "ConfigMap stray-spec exists and is not this job's (it has no controller and not this job's labels "
+        "app.kubernetes.io/managed-by=streamrl-operator, streamrl.io/job=stray): not overwritten; delete or rename it")
+    assert get(k8s, CONFIGMAPS, "stray-spec")["data"] == {"theirs": "1"}
+    assert (await k8s.delete(f"{JOBS}/stray")).status == 200
+    await wait_for(lambda: get(k8s, RLJOB, "stray").deleted, what="job deleted")
+    assert exists(k8s, CONFIGMAPS, "stray-spec")  # not the job's: not collected with it
+    # An object of the job's left without an owner (kubectl delete --cascade=orphan) is taken back.
+    orphan = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "orphan-spec", "namespace": NS,
+        "labels": {"app.kubernetes.io/managed-by": "streamrl-operator", "streamrl.io/job": "orphan"}}, "data": {}}
+    await post(k8s, f"/api/v1/namespaces/{NS}/configmaps", orphan)
+    await create(k8s, example("orphan"))
+    await wait_for(lambda: get(k8s, CONFIGMAPS, "orphan-spec")["metadata"].get("ownerReferences"), what="adopted")
+    await wait_for(lambda: get(k8s, RLJOB, "orphan")["status"]["phase"] == "Pending", what="phase Pending")
+
+
+async def test_a_trainer_job_of_that_name_that_is_someone_elses_is_not_replaced(k8s, operator, watch_namespaces):
+    theirs = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "busy-trainer", "namespace": NS},
+              "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                             "containers": [{"name": "main", "image": "theirs"}]}}}}
+    await post(k8s, f"/apis/batch/v1/namespaces/{NS}/jobs", theirs)
+    await create(k8s, example("busy"))
+    await wait_for(lambda: get(k8s, RLJOB, "busy")["status"]["phase"] == "Invalid", what="Invalid")
+    assert condition(k8s, "busy", "Failed")["reason"] == "AlreadyExists"
+    assert "Job busy-trainer exists and is not this job's" in get(k8s, RLJOB, "busy")["status"]["message"]
+    await rounds(operator)
+    job = get(k8s, JOBS_RES, "busy-trainer")
+    assert not job.deleted and job["spec"]["template"]["spec"]["containers"][0]["image"] == "theirs"
