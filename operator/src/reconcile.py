@@ -235,11 +235,11 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
     finds the same failed Job and counts the same restart again, not one more."""
     path = path_for(desired)
     current = await runtime.kube.get(path)
-    if current is not None:
-        _refuse_foreign(desired, current)
     seen = (current or {}).get("status") or {}
     if finished:
         return TrainerGroup("finished", restarts, job_status=seen if current else None, preemptions=preemptions)
+    if current is not None and not current["metadata"].get("deletionTimestamp"):
+        _refuse_foreign(desired, current)  # someone else's Job of that name is neither replaced nor restarted
     kueue = queue_name(job) is not None
     if current is None:
         if kueue and job.spec.suspend:
