@@ -32,7 +32,7 @@ from streamrl.operator.names import (
 from streamrl.operator.phases import TrainerGroup, rank0_succeeded
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
-from streamrl.spec import API_VERSION, KIND, RLJob, SpecError, parse_job
+from streamrl.spec import API_VERSION, GROUP, KIND, RLJob, SpecError, parse_job
 
 KUBERNETES_VERSION = "1.33"
 """Schemas free-form parts are checked against until the API server said its own version."""
@@ -42,7 +42,15 @@ it) is on by default from 1.31; an older server drops it and waits for every ind
 PRUNED_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
                 ("networking.k8s.io/v1", "NetworkPolicy"))
 """Kinds of children a spec change can make unwanted (listed by the job's label; the claim and
-the trainer Job have their own lifecycles, the token Secret is deleted by name)."""
+the trainer Job have their own lifecycles; the minted token Secret of a job that came to name
+its own tokenFile is left to the garbage collector, with the job: the operator may neither
+read nor delete Secrets where jobs live)."""
+UNREAD_KINDS = frozenset({"Secret"})
+"""Kinds the operator never reads in its own cluster (the chart grants no `get` on them where
+jobs live, so that no Secret can be read by name): applied every round without a GET first."""
+ADOPTION_LABELS = ("app.kubernetes.io/managed-by", f"{GROUP}/job")
+"""The labels an existing object without a controller must carry, with this job's values, to
+be taken over by the job (an object of the job orphaned by a `--cascade=orphan` deletion, say)."""
 
 Logger = logging.Logger | logging.LoggerAdapter
 
@@ -94,9 +102,10 @@ class ForeignObject(RuntimeError):
 
 def foreign(desired: dict, current: dict) -> str | None:
     """Why `current` is not the operator's to overwrite with `desired`, or None: in this
-    cluster, another controller's object (its controller owner reference is not the RLJob; an
-    object with none is adopted); in another cluster, one not marked with the same origin
-    (two home clusters with the same namespace and job name, or someone's own object)."""
+    cluster, another controller's object (its controller owner reference is not the RLJob), or
+    one with no controller that does not carry the job's ADOPTION_LABELS (someone's own object
+    that merely has the name); in another cluster, one not marked with the same origin (two
+    home clusters with the same namespace and job name, or someone's own object)."""
     want, have = desired["metadata"], current["metadata"]
     origin = {k: v for k, v in want.get("labels", {}).items() if k.startswith("streamrl.io/origin-")}
     if origin:
@@ -104,9 +113,14 @@ def foreign(desired: dict, current: dict) -> str | None:
         return None if theirs == origin else (f"it is marked {theirs or 'with no origin'}, not {origin}")
     ours = {o.get("uid") for o in want.get("ownerReferences") or []}
     controllers = [o for o in have.get("ownerReferences") or [] if o.get("controller")]
-    if ours and controllers and not {o.get("uid") for o in controllers} & ours:
-        c = controllers[0]
-        return f"its controller is {c.get('kind')} {c.get('name')}"
+    if controllers:
+        if ours and not {o.get("uid") for o in controllers} & ours:
+            c = controllers[0]
+            return f"its controller is {c.get('kind')} {c.get('name')}"
+        return None
+    wanted = {k: (want.get("labels") or {}).get(k) for k in ADOPTION_LABELS}
+    if any((have.get("labels") or {}).get(k) != v for k, v in wanted.items()):
+        return "it has no controller and not this job's labels " + ", ".join(f"{k}={v}" for k, v in wanted.items())
     return None
 
 
@@ -152,43 +166,54 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
     write, and no read where a watch keeps it (read_child); a deleted or edited one is
     repaired. Returns each object as the server holds it now, by API path. ForeignObject,
     before anything of it is written, for an object that exists and is not the operator's
-    (`foreign`)."""
+    (`foreign`). UNREAD_KINDS in this cluster are applied every round without being read (an
+    apply that changes nothing writes nothing), so they are never checked for being someone
+    else's."""
     memory = runtime.applied.setdefault(key, {})
     out: dict[str, dict] = {}
     for obj in objects:
         path = path_for(obj)
-        current = await read_child(runtime, client, key, path, obj["kind"])
+        unread = client is runtime.kube and obj["kind"] in UNREAD_KINDS
+        current = None if unread else await read_child(runtime, client, key, path, obj["kind"])
         digest = _digest(obj)
         if current is not None:
-            problem = foreign(obj, current)
-            if problem:
-                raise ForeignObject(f"{obj['kind']} {obj['metadata']['name']}{_where(client)} exists and is not this "
-                                    f"job's ({problem}): not overwritten; delete or rename it")
+            _refuse_foreign(obj, current, client)
             meta = current["metadata"]
             unchanged = memory.get((client.name, path)) == (digest, meta.get("resourceVersion"))
             if meta.get("deletionTimestamp") or unchanged:
                 out[path] = current
                 continue
+        before = memory.get((client.name, path))
         result = await client.apply(obj)
         memory[(client.name, path)] = (digest, result["metadata"].get("resourceVersion"))
         _remember(runtime, client, path, obj["kind"], result)
         out[path] = result
-        if current is None:
+        if unread:
+            if before is None or before[1] != result["metadata"].get("resourceVersion"):
+                logger.info("applied %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
+        elif current is None:
             logger.info("created %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
         elif result["metadata"].get("resourceVersion") != current["metadata"].get("resourceVersion"):
             logger.info("updated %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
     return out
 
 
-def _where(client: KubeClient) -> str:
-    return "" if client.name == "local" else f" in cluster {client.name}"
+def _where(client: KubeClient | None) -> str:
+    return "" if client is None or client.name == "local" else f" in cluster {client.name}"
+
+
+def _refuse_foreign(desired: dict, current: dict, client: KubeClient | None = None) -> None:
+    """ForeignObject when `current`, found where `desired` goes, is not the operator's (`foreign`)."""
+    problem = foreign(desired, current)
+    if problem:
+        raise ForeignObject(f"{desired['kind']} {desired['metadata']['name']}{_where(client)} exists and is not this "
+                            f"job's ({problem}): not overwritten; delete or rename it")
 
 
 async def prune(runtime: Runtime, job: RLJob, namespace: str, desired: list[dict], logger: Logger) -> None:
     """Delete this job's children of PRUNED_KINDS the spec no longer asks for (a removed
     pool, the ranker of a job that stopped ranking, the exposure policy of a trainer no longer
-    exposed), and the minted token once the spec names its own. Runs when the desired set
-    changes (and once after the operator starts)."""
+    exposed). Runs when the desired set changes (and once after the operator starts)."""
     key = f"{namespace}/{job.metadata.name}"
     wanted = frozenset(path_for(o) for o in desired)
     if runtime.pruned.get(key) == wanted:
@@ -199,9 +224,6 @@ async def prune(runtime: Runtime, job: RLJob, namespace: str, desired: list[dict
             path = path_of(api_version, kind, namespace, obj["metadata"]["name"])
             if path not in wanted and await runtime.kube.delete(path):
                 logger.info("deleted %s %s: the spec no longer asks for it", kind, obj["metadata"]["name"])
-    token = path_of("v1", "Secret", namespace, f"{job.metadata.name}-token")
-    if token not in wanted and await runtime.kube.delete(token):
-        logger.info("deleted the minted token Secret: the spec names its own security.tokenFile")
     runtime.pruned[key] = wanted
 
 
@@ -279,6 +301,8 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
     if finished:
         seen = (current or {}).get("status") or {}
         return TrainerGroup("finished", restarts, job_status=seen if current else None, preemptions=preemptions)
+    if current is not None and not current["metadata"].get("deletionTimestamp"):
+        _refuse_foreign(desired, current)  # someone else's Job of that name is neither replaced nor restarted
     workload = await find_workload(runtime.kube, namespace, current) if needs_workload(job, current) else None
     admission = read_admission(job, namespace, current, workload)
     key = f"{namespace}/{job.metadata.name}"
@@ -415,6 +439,7 @@ async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: di
         logger.info("created the checkpoint claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
                     ["storage"], desired["spec"]["accessModes"][0])
         return None
+    _refuse_foreign(desired, current)  # a claim of that name that is someone else's is neither adopted nor deleted
     problem = claim_of_another_job(current, desired, adopt)
     if problem:
         raise ForeignObject(problem)

@@ -114,10 +114,14 @@ async def _prune(runtime: Runtime, client: KubeClient, job: str, namespace: str,
                  logger: Logger) -> None:
     """Delete the job's Deployments in `client`'s cluster that are not `wanted_pools`, and its
     other objects there once no pool is left."""
-    origin = _origin_selector(origin_labels(runtime.cluster_id, namespace, job))
+    marks = origin_labels(runtime.cluster_id, namespace, job)
+    origin = _origin_selector(marks)
     for api_version, kind in REMOTE_KINDS:
-        if kind == "Secret":  # never listed (the operator may not list Secrets): deleted by name
-            if not wanted_pools and await client.delete(path_of("v1", "Secret", namespace, name(job, "token"))):
+        if kind == "Secret":  # never listed (the operator may not list Secrets): read by name, deleted if marked
+            path = path_of("v1", "Secret", namespace, name(job, "token"))
+            secret = None if wanted_pools else await client.get(path)
+            labels = ((secret or {}).get("metadata") or {}).get("labels") or {}
+            if secret is not None and all(labels.get(k) == v for k, v in marks.items()) and await client.delete(path):
                 logger.info("deleted Secret %s in cluster %s: no pool of the job is left there", name(job, "token"),
                             client.name)
             continue

@@ -305,9 +305,12 @@ def test_rbac_is_least_privilege():
     objects = by_kind(render())
     rules = rules_of(objects)
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
-    # Secrets are read by name only: list or watch would expose every Secret, Helm's releases too.
+    # Secrets: list or watch would expose every Secret, Helm's releases too; where jobs live
+    # (cluster-wide here: kube-system too) the token Secrets are applied, never read by name nor deleted.
     secrets = [r for r in rules if "secrets" in r["resources"]]
     assert secrets and not any({"list", "watch", "update", "delete"} & set(r["verbs"]) for r in secrets)
+    [cluster_jobs] = [r for r in objects["ClusterRole"] if r["metadata"]["name"] == "rel-streamrl-jobs"]
+    assert [r["verbs"] for r in cluster_jobs["rules"] if "secrets" in r["resources"]] == [["create", "patch"]]
     # In the operator's namespace: RLClusters' kubeconfigs and the token key (created when missing).
     [secret_role] = [r for r in objects["Role"] if any("secrets" in x["resources"] for x in r["rules"])]
     assert secret_role["metadata"]["namespace"] == "streamrl-system"
@@ -342,7 +345,6 @@ def test_rbac_is_least_privilege():
     scoped = by_kind(render("operator.watchNamespaces={team-a,team-b}"))
     job_roles = [r for r in scoped["Role"] if any("deployments" in x["resources"] for x in r["rules"])]
     assert sorted(r["metadata"]["namespace"] for r in job_roles) == ["team-a", "team-b"]
-    [cluster_jobs] = [r for r in objects["ClusterRole"] if r["metadata"]["name"] == "rel-streamrl-jobs"]
     assert all(r["rules"] == cluster_jobs["rules"] for r in job_roles)
     cluster_wide = {res for r in operator_roles(scoped) if r["kind"] == "ClusterRole"
                     for x in r["rules"] for res in x["resources"]}

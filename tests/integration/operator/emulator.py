@@ -23,15 +23,21 @@ replays watches without resourceVersion semantics; this subclass adds, per reque
 | label selectors on list and watch                      | equality and existence terms                  |
 | `pods/<pod>/log?container=&tailLines=`                 | what the test wrote in `pod_logs`             |
 | controllers and webhooks a test installs               | `controllers`: Kueue (kueue.py)               |
+| authentication by bearer token; RBAC (Roles,           | `users` (token -> user) and `authorizer`      |
+| ClusterRoles, bindings) decides every request before   | (rbac.py, the chart's rules): 401, 403 with   |
+| it is served; an apply that creates needs `create` too | the server's message; tokenless = the test    |
 
 Still not modelled: defaulting of pod fields, CRD schema validation and CEL (checked offline,
-`streamrl validate`), admission (PSA, quota; webhooks but an installed controller's), RBAC,
-the Job and Deployment controllers (tests write their status), graceful deletion of pods. It reaches into kmock's
+`streamrl validate`; what the server checks when a CRD is created: tests/crd_admission.py),
+admission (PSA, quota; webhooks but an installed controller's), aggregated ClusterRoles,
+SelfSubjectAccessReviews (they answer from `denied`, not RBAC), the Job and Deployment
+controllers (tests write their status), graceful deletion of pods. It reaches into kmock's
 private methods: kmock is pinned (pyproject.toml)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import re
 import uuid
@@ -43,6 +49,7 @@ import jsonpatch
 import kmock
 
 from streamrl.spec import API_VERSION
+from tests.integration.operator import rbac
 
 VERSION = "v1.33.2"
 """The Kubernetes version the emulator answers /version with (the rules above are 1.33's)."""
@@ -161,6 +168,13 @@ class Emulator(kmock.KubernetesEmulator):
         self.fail_once: dict[tuple[str, str], int] = {}
         """(method, path) -> an HTTP status the next such request gets instead of being served
         (a server that fails between two of the operator's writes)."""
+        self.authorizer: rbac.Authorizer | None = None
+        """Set: every request with a bearer token is authorized by it (RBAC) before it is served."""
+        self.users: dict[str, rbac.User] = {}
+        """Bearer token -> the user it authenticates. A request without a token is the test's own
+        (as cluster-admin: never checked)."""
+        self.refused: list[str] = []
+        """The message of every 401 and 403 answered."""
 
     def _next_rv(self) -> str:
         type(self)._rv += 1
@@ -168,6 +182,10 @@ class Emulator(kmock.KubernetesEmulator):
 
     # ---- dispatch --------------------------------------------------------------------
     async def _handle(self, request):
+        try:
+            self._authorize(request)
+        except kmock.KubernetesError as err:
+            return await self._render_error(err)
         response = await self._serve(request)
         writes = (kmock.action.CREATE, kmock.action.UPDATE)
         if self.controllers and request.resource is not None and request.action in writes and response.status < 300:
@@ -269,6 +287,8 @@ class Emulator(kmock.KubernetesEmulator):
             exists = key in self._objects and not self._objects[key].deleted
             if not exists and not apply:
                 raise kmock.KubernetesError(status=404, reason="NotFound", message=f"{request.name!r} not found")
+            if not exists:  # patch.go: a patch that creates is authorized for create as well
+                self._authorize(request, verb="create")
             current = copy.deepcopy(self._objects[key].raw) if exists else None
             data = request.data
             if apply:
@@ -467,7 +487,28 @@ class Emulator(kmock.KubernetesEmulator):
         tail = int(request.params.get("tailLines", len(lines)))
         return aiohttp.web.Response(text="".join(lines[-tail:] if tail else []), content_type="text/plain")
 
-    # ---- authorization ------------------------------------------------------------------
+    # ---- authentication and authorization -------------------------------------------------
+    def _authorize(self, request, verb: str | None = None) -> None:
+        """As the API server, before it serves anything: the bearer token names the user (401
+        for one it does not know) and RBAC decides (403, with the server's message). `verb`:
+        authorize the request for that verb instead of its own."""
+        header = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+        if self.authorizer is None or not header:
+            return
+        user = self.users.get(header.removeprefix("Bearer "))
+        if user is None:
+            self.refused.append("Unauthorized")
+            raise kmock.KubernetesError(status=401, reason="Unauthorized", message="Unauthorized")
+        attributes = rbac.request_attributes(getattr(request.method, "value", request.method), request.url.path,
+                                             request.params)
+        if verb is not None:
+            attributes = dataclasses.replace(attributes, verb=verb)
+        if not self.authorizer.allows(user, attributes):
+            status = rbac.forbidden(user, attributes)
+            self.refused.append(status["message"])
+            raise kmock.KubernetesError(status=403, reason="Forbidden", message=status["message"],
+                                        details=status["details"])
+
     def _access_review(self, request):
         """A SelfSubjectAccessReview: allowed unless the test denied that verb on that resource
         (in that namespace, or everywhere)."""

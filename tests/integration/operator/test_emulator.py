@@ -9,6 +9,8 @@ import pytest
 
 from streamrl.operator.kube import KubeClient, KubeError, path_for, path_of
 from streamrl.spec import API_VERSION
+from tests.integration.operator import rbac
+from tests.integration.operator.conftest import OPERATOR_TOKEN, chart_rbac
 
 NS = "rl"
 
@@ -131,3 +133,97 @@ async def test_access_reviews_answer_as_the_test_set_them(k8s, kube):
 
     assert await allowed("create", "rl") and await allowed("delete", "other")
     assert not await allowed("delete", "rl")
+
+
+# ---- RBAC (rbac.py, with the chart's rules as the operator fixture installs them) ------------------------
+@pytest.fixture
+async def rbac_client(k8s):
+    """A client as the chart's ServiceAccount, its requests authorized by the cluster-wide chart's RBAC."""
+    k8s.users[OPERATOR_TOKEN], k8s.authorizer = chart_rbac(())
+    client = KubeClient(str(k8s.url), token=OPERATOR_TOKEN)
+    yield client
+    await client.close()
+
+
+async def test_rbac_refuses_with_the_api_servers_message_before_looking_for_the_object(k8s, rbac_client):
+    with pytest.raises(KubeError) as err:  # no such Secret: RBAC is checked before existence
+        await rbac_client.list("v1", "Secret", "kube-system")
+    assert (err.value.status, err.value.reason) == (403, "Forbidden")
+    assert err.value.message.endswith(
+        'secrets is forbidden: User "system:serviceaccount:streamrl-system:rel-streamrl" cannot list resource '
+        '"secrets" in API group "" in the namespace "kube-system"')
+    with pytest.raises(KubeError) as err:
+        await rbac_client.delete("/apis/apps/v1/daemonsets/x")
+    assert err.value.message.endswith('daemonsets.apps "x" is forbidden: User "system:serviceaccount:streamrl-system:'
+                                      'rel-streamrl" cannot delete resource "daemonsets" in API group "apps" at '
+                                      'the cluster scope')
+    k8s.refused.clear()
+    assert (await rbac_client.version())["minor"] == "33"  # system:discovery, granted to every authenticated user
+    assert await rbac_client.get(path_of("v1", "ConfigMap", NS, "missing")) is None  # allowed: 404
+
+
+async def test_rbac_tells_subresources_apart_and_leaves_the_tests_own_requests_alone(k8s, kube, rbac_client):
+    await kube.create(_deployment())  # the test's own client: no token, not checked
+    with pytest.raises(KubeError) as err:  # pods: get, list; pods/log: get; pods/exec: nothing
+        await rbac_client.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": NS}})
+    assert 'cannot create resource "pods"' in err.value.message
+    assert await rbac_client.log_tail(NS, "p", "main") == ""  # pods/log get: allowed (404: no log)
+    with pytest.raises(KubeError, match='cannot patch resource "deployments/scale"'):
+        await rbac_client.patch(path_for(_deployment()) + "/scale", {"spec": {"replicas": 2}})
+    k8s.refused.clear()
+
+
+async def test_an_apply_that_creates_needs_create_as_well_as_patch(k8s, kube, rbac_client):
+    patch_only = [{"kind": "Role", "metadata": {"name": "r", "namespace": NS},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"]}]},
+                  {"kind": "RoleBinding", "metadata": {"name": "r", "namespace": NS},
+                   "roleRef": {"kind": "Role", "name": "r"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "rel-streamrl"}]}]  # the binding's namespace
+    k8s.users[OPERATOR_TOKEN] = rbac.service_account(NS, "rel-streamrl")
+    k8s.authorizer = rbac.Authorizer(patch_only)
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": NS}, "data": {"a": "1"}}
+    with pytest.raises(KubeError, match='cannot create resource "configmaps" in API group "" in the namespace "rl"'):
+        await rbac_client.apply(config)
+    k8s.refused.clear()
+    await kube.apply(config)  # the test creates it: the operator may now apply it
+    assert (await rbac_client.apply({**config, "data": {"a": "2"}}))["data"] == {"a": "2"}
+
+
+async def test_an_unknown_token_is_unauthorized(k8s, rbac_client):
+    stranger = KubeClient(str(k8s.url), token="stolen")
+    with pytest.raises(KubeError) as err:
+        await stranger.get(path_of("v1", "ConfigMap", NS, "c"))
+    assert err.value.status == 401
+    await stranger.close()
+
+
+@pytest.mark.parametrize(("method", "path", "query", "expected"), [
+    ("GET", "/apis/streamrl.io/v1/rljobs", {}, ("list", "streamrl.io", "rljobs", "", "", "")),
+    ("GET", "/apis/streamrl.io/v1/namespaces/rl/rljobs", {"watch": "true"},
+     ("watch", "streamrl.io", "rljobs", "", "rl", "")),
+    ("GET", "/api/v1/namespaces/rl/pods/p/log", {}, ("get", "", "pods", "log", "rl", "p")),
+    ("POST", "/api/v1/namespaces/rl/events", {}, ("create", "", "events", "", "rl", "")),
+    ("PUT", "/apis/streamrl.io/v1/namespaces/rl/rljobs/j/finalizers", {},
+     ("update", "streamrl.io", "rljobs", "finalizers", "rl", "j")),
+    ("PATCH", "/apis/streamrl.io/v1/namespaces/rl/rljobs/j/status", {},
+     ("patch", "streamrl.io", "rljobs", "status", "rl", "j")),
+    ("DELETE", "/api/v1/namespaces/rl/secrets/j-token", {}, ("delete", "", "secrets", "", "rl", "j-token")),
+    ("DELETE", "/api/v1/namespaces/rl/secrets", {}, ("deletecollection", "", "secrets", "", "rl", "")),
+    ("GET", "/api/v1/namespaces/rl", {}, ("get", "", "namespaces", "", "rl", "rl")),
+    ("GET", "/api/v1/namespaces/rl/configmaps", {"fieldSelector": "metadata.name=c"},
+     ("list", "", "configmaps", "", "rl", "c")),
+    ("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/x", {},
+     ("get", "rbac.authorization.k8s.io", "clusterroles", "", "", "x")),
+])
+def test_requests_map_to_the_attributes_the_api_server_authorizes(method, path, query, expected):
+    a = rbac.request_attributes(method, path, query)
+    assert a.resource_request and (a.verb, a.api_group, a.resource, a.subresource, a.namespace, a.name) == expected
+
+
+@pytest.mark.parametrize("path", ["/version", "/apis", "/api/v1", "/apis/streamrl.io/v1", "/openapi/v3"])
+def test_discovery_is_a_non_resource_request_every_authenticated_user_may_get(path):
+    a = rbac.request_attributes("GET", path, {})
+    assert not a.resource_request and a.verb == "get"
+    assert rbac.Authorizer([]).allows(rbac.service_account("ns", "sa"), a)
+    anonymous = rbac.User("system:anonymous", ("system:unauthenticated",))  # /version only (public info)
+    assert rbac.Authorizer([]).allows(anonymous, a) == (path == "/version")

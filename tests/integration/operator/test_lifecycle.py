@@ -146,8 +146,10 @@ async def test_nothing_is_written_when_nothing_changed(k8s, operator):
     await settle(operator)
     requests = [(r.method.value, r.url.path) for r in k8s._requests[mark:]]
     assert k8s.writes == []
+    # Not even a no-op apply (the object is what was applied last), but for the token Secret: the
+    # operator may not read Secrets, so it applies that one every round (changing nothing).
     written = [r for r in requests if r[0] in ("POST", "PUT", "PATCH", "DELETE") and "/events" not in r[1]]
-    assert written == [], written  # not even a no-op apply: the object is what was applied last
+    assert set(written) <= {("PATCH", f"/api/v1/namespaces/{NS}/secrets/quiet-token")}, written
     # N15: the children are not read either: a watch keeps them (drift is still repaired, below).
     reads = [path for method, path in requests if method == "GET" and "watch" not in path]
     children = [p for p in reads if any(f"/{kind}/quiet-" in p for kind in ("configmaps", "services", "deployments"))]

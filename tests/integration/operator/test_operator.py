@@ -1,12 +1,16 @@
 """The real kopf operator against an emulated API server: create -> children and status;
 spec change -> children updated; suspend; invalid spec -> Invalid; trainer progress ->
-status; a pool in another cluster -> created there, removed through the finalizer."""
+status; a pool in another cluster -> created there, removed through the finalizer. Run under
+the chart's RBAC in both modes: cluster-wide, and with operator.watchNamespaces (these tests
+make every kind of request the operator makes: kopf's watches and patches of RLJobs, every
+child kind, RLClusters and the Secrets of the operator's own namespace)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from streamrl.admin import AdminServer
@@ -18,6 +22,7 @@ from tests.unit.operator.trainer_bodies import last_iteration, trainer_status
 
 ROOT = Path(__file__).resolve().parents[3]
 NS = "rl"
+pytestmark = pytest.mark.parametrize("watch_namespaces", [(), (NS,)], ids=["cluster-wide", "watch-rl"])
 JOBS = f"/apis/{API_VERSION}/namespaces/{NS}/rljobs"
 DEPLOYMENTS, JOBS_RES, CONFIGMAPS, SERVICES = "apps/v1/deployments", "batch/v1/jobs", "v1/configmaps", "v1/services"
 RLJOB, RLCLUSTER = f"{API_VERSION}/rljobs", f"{API_VERSION}/rlclusters"

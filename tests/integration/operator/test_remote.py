@@ -209,3 +209,23 @@ async def test_a_remote_object_another_home_cluster_made_is_not_overwritten(k8s,
         "status"]["conditions"]}["ClustersReady"]["message"], what="conflict said")
     assert remote.objects[CONFIGMAPS, NS, "twin-spec"]["data"] == {"job.yaml": "x"}
     assert not remote_exists(remote, DEPLOYMENTS, "twin-gen-west")
+
+
+async def test_a_remote_secret_of_the_tokens_name_that_is_someone_elses_is_not_deleted(k8s, remote_cluster, operator):
+    # The remote token Secret is deleted by name (Secrets are never listed): only when it carries the job's origin.
+    remote, client = remote_cluster
+    operator.clusters["dc-west"] = client
+    operator.allowed_namespaces["dc-west"] = (NS,)
+    await client.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "theirs-token", "namespace": NS},
+                         "data": {"token": "dGhlaXJz"}})
+    await create(k8s, example("theirs", "rljob-cross-dc.yaml"))
+    await exposed(k8s, "theirs")
+    await wait_for(lambda: "Secret theirs-token in cluster dc-west exists and is not this job's" in {
+        c["type"]: c for c in get(k8s, RLJOB, "theirs")["status"]["conditions"]}["ClustersReady"]["message"],
+        what="conflict said")
+    assert remote_exists(remote, CONFIGMAPS, "theirs-spec")
+    spec = plain(get(k8s, RLJOB, "theirs")["spec"])
+    del spec["generators"]["pools"][1]["clusterRef"]  # home: no pool left there, so the job's objects there go
+    assert (await k8s.patch(f"{JOBS}/theirs", json={"spec": spec})).status == 200
+    await wait_for(lambda: not remote_exists(remote, CONFIGMAPS, "theirs-spec"), what="the job's own pruned remotely")
+    assert remote.objects[SECRETS, NS, "theirs-token"]["data"] == {"token": "dGhlaXJz"}
