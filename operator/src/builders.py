@@ -57,6 +57,12 @@ time, after SIGTERM (suspend, a drained node, an eviction), to finish the step a
 LAUNCHER_MARGIN_S = 15
 """Of the grace period, what torch.distributed.run keeps for itself: its ranks get the rest
 to save before it kills them."""
+TRAINER_STARTUP_S = 120
+"""A trainer of one process: seconds from its container's start to its admin server (imports
+and the process group; the model loads after, under trainer.startup.loadSeconds)."""
+RENDEZVOUS_MARGIN_S = 300
+"""A trainer of several processes: seconds its startup probe allows beyond the rendezvous
+bound (torch.distributed.run's start, then its ranks' imports and process group)."""
 TRAINER_POD_ANNOTATIONS = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                            "karpenter.sh/do-not-disrupt": "true"}
 """A node autoscaler consolidating nodes would stop the whole group for a node it could empty."""
@@ -105,6 +111,8 @@ def config_hash(job: RLJob, role: str = "trainer", pool: str | None = None) -> s
     spec = _loaded(job)
     ranker = spec.pop("ranker")
     pools = spec.pop("pools")
+    if role != "trainer":
+        spec["trainer"].pop("startup", None)  # the trainer's alone
     if role == "ranker":
         ranker.pop("placement", None)
         spec["ranker"] = ranker
@@ -167,9 +175,17 @@ def trainer_args(job: RLJob, namespace: str) -> tuple[list[str] | None, list[str
     master = f"{name(j, 'trainer')}-0.{name(j, 'trainer-ranks')}.{namespace}.svc"
     command = ["python", "-m", "torch.distributed.run", "--nnodes", str(trainer.nodes),
                "--nproc-per-node", str(trainer.processes_per_node), "--node-rank", "$(JOB_COMPLETION_INDEX)",
-               "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT), "--max-restarts", "0",
+               "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT),
+               "--rdzv-conf", f"timeout={trainer.startup.rendezvous_seconds}", "--max-restarts", "0",
                "--shutdown-timeout", str(max(grace_s(job) - LAUNCHER_MARGIN_S, 1)), "--no-python", "streamrl"]
     return command, args
+
+
+def trainer_startup_s(job: RLJob) -> int:
+    """A trainer pod's startup probe time: what precedes its admin server. The model load and
+    a checkpoint resume come after it, under their own bounds (trainer.startup)."""
+    trainer = job.spec.trainer
+    return TRAINER_STARTUP_S if trainer.world_size == 1 else trainer.startup.rendezvous_seconds + RENDEZVOUS_MARGIN_S
 
 
 def admin_ports(job: RLJob) -> dict[str, int]:
@@ -178,7 +194,7 @@ def admin_ports(job: RLJob) -> dict[str, int]:
 
 
 TRAINER_AT_NEXT_START = (("trainer", "restartLimit"), ("trainer", "preemptionLimit"), ("trainer", "minGenerators"),
-                         ("checkpoint", "everyIterations"), ("checkpoint", "keep"))
+                         ("trainer", "startup"), ("checkpoint", "everyIterations"), ("checkpoint", "keep"))
 """Spec fields an edit of which never replaces a running trainer group: the restart budgets are
 the operator's alone, and the trainer reads the others when it starts (its next restart, or
 the next replacement, takes the new values from the ConfigMap)."""
@@ -247,6 +263,7 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     claim = claim_name(job)
     template = pod_template(job, "trainer", trainer.placement, args, ports, settings, device=trainer.device,
                             restart_policy="Never", config_hash=config_hash(job), shm=True,
+                            startup_s=trainer_startup_s(job),
                             out_volume={"persistentVolumeClaim": {"claimName": claim}} if claim else None)
     apply_model_parts(template["spec"], model_parts(job, OUT_MOUNT, CACHE_MOUNT, claim is not None, JOB_FILE), MAIN)
     template["metadata"].setdefault("annotations", {}).update(TRAINER_POD_ANNOTATIONS)
