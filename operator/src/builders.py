@@ -66,6 +66,9 @@ bound (torch.distributed.run's start, then its ranks' imports and process group)
 TRAINER_POD_ANNOTATIONS = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                            "karpenter.sh/do-not-disrupt": "true"}
 """A node autoscaler consolidating nodes would stop the whole group for a node it could empty."""
+BIND_ANY = "::"
+"""Where every service listens: each address of the pod, IPv6 and IPv4 (a dual-stack socket),
+so probes, Services and peers reach it on IPv4, IPv6 and dual-stack clusters alike."""
 RANKER_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
 """The ranker's requests when its placement names none (not BestEffort: evicted last, not first)."""
 TOKEN_FILE = f"{TOKEN_MOUNT}/token"
@@ -166,7 +169,7 @@ def trainer_args(job: RLJob, namespace: str) -> tuple[list[str] | None, list[str
     stopped that way is told from a failure by the suspension or the pod's DisruptionTarget
     condition, not by the exit code (see reconcile.preemption)."""
     j, trainer = job.metadata.name, job.spec.trainer
-    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", "0.0.0.0",
+    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", BIND_ANY,
             "--preempted-exit-code", str(PREEMPTED_EXIT_CODE)]
     if uses_ranker(job):
         args += ["--ranker", f"{name(j, 'ranker')}:{RANKER_GRPC_PORT}"]
@@ -357,7 +360,7 @@ def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | N
                  finished: bool = False) -> list[dict]:
     """The ranker's Deployment and Service (its state in the pod; a restart relearns from history)."""
     j, ranker = job.metadata.name, job.spec.ranker
-    args = ["ranker", JOB_FILE, "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT),
+    args = ["ranker", JOB_FILE, "--host", BIND_ANY, "--admin-port", str(ADMIN_PORT),
             "--state", f"{OUT_MOUNT}/ranker.npz"]
     placement = ranker.placement if ranker.placement.resources else ranker.placement.model_copy(
         update={"resources": RANKER_RESOURCES})
@@ -385,7 +388,7 @@ def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Setti
     pool = pools[pool_name]
     replicas = job.spec.generators.pool_replicas()[pool_name]
     args = ["generator", JOB_FILE, "--trainer", trainer_address, "--pool", pool_name, "--id", "$(POD_NAME)",
-            "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT), "--relay-port", str(RELAY_PORT),
+            "--host", BIND_ANY, "--admin-port", str(ADMIN_PORT), "--relay-port", str(RELAY_PORT),
             "--advertise-host", "$(POD_IP)"]
     template = pod_template(job, "generator", pool.placement, args, {"relay": RELAY_PORT, "admin": ADMIN_PORT},
                             settings, device=pool.engine.device, pool=pool_name,

@@ -407,7 +407,7 @@ def test_a_startup_bound_rolls_only_the_trainer():
     assert {n for n in base if changed[n] != base[n]} == {"p-trainer"}
 
 
-# ---- start-up (N6) ----------------------------------------------------------------------
+# ---- start-up (N6), where services listen (N19) ---------------------------------------------
 def _startup_s(template: dict) -> int:
     probe = _main(template)["startupProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": "admin"}
@@ -427,3 +427,12 @@ def test_a_process_groups_startup_probe_covers_its_rendezvous_bound_and_a_margin
     startup = {"startup": {"rendezvousSeconds": rendezvous}} if rendezvous else {}
     templates = _templates(_children(_job("big", trainer={"nodes": 2, "processesPerNode": 2, **startup})))
     assert _startup_s(templates["big-trainer"]) == expected
+
+
+@pytest.mark.parametrize("make", JOBS.values(), ids=JOBS.keys())
+def test_every_service_listens_on_every_address_ipv4_and_ipv6(make):
+    """N19: `::` is a dual-stack socket: probes, Services and peers reach it on IPv6-only
+    clusters too (and on IPv4 ones, as before)."""
+    for name, template in _templates(_children(make())).items():
+        args = _main(template)["args"]
+        assert args[args.index("--host") + 1] == "::", name
