@@ -318,11 +318,13 @@ def build_trainer_service(job: RLJob, namespace: str, owner: dict | None = None)
 
 
 def build_trainer_admin_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
-    """Rank 0's admin port (/status the operator reads), inside the cluster only."""
+    """Rank 0's admin port (/status the operator reads), inside the cluster only; published
+    before rank 0 is ready, so the operator reads what a trainer not yet running is doing
+    (loading the model, resuming, waiting for generators)."""
     j = job.metadata.name
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": object_meta(name(j, "trainer-admin"), namespace, labels(j, "trainer"), owner),
-            "spec": {"type": "ClusterIP", "selector": _rank0(j),
+            "spec": {"type": "ClusterIP", "selector": _rank0(j), "publishNotReadyAddresses": True,
                      "ports": [{"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}]}}
 
 

@@ -179,6 +179,8 @@ def test_the_trainer_is_an_indexed_job_with_a_headless_service_and_rank_0_behind
                                                       "batch.kubernetes.io/job-completion-index": "0"}
     assert [p["name"] for p in front["ports"]] == ["grpc"] and [p["name"] for p in admin["ports"]] == ["admin"]
     assert admin["type"] == "ClusterIP"
+    # the operator reads /status of a trainer not ready yet (loading, resuming: N6); generators dial ready ones only
+    assert admin["publishNotReadyAddresses"] is True and "publishNotReadyAddresses" not in front
     main = pod["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
     if nodes * per_node == 1:  # world size 1: the trainer as it always ran, no launcher
