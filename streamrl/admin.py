@@ -6,7 +6,6 @@ chosen port is known before anything dials it.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from pydantic import BaseModel
+
+from streamrl.wire.addresses import listening_socket
 
 
 class _Merged:
@@ -83,9 +84,7 @@ class AdminServer:
             body = status()
             return body.model_dump(mode="json", exclude_none=True) if isinstance(body, BaseModel) else body
 
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        self._sock = listening_socket(host, port)  # `::`: IPv6 and IPv4 (probes on either kind of cluster)
         self.port = self._sock.getsockname()[1]
         self.host = host
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")

@@ -26,6 +26,10 @@ EVENTS_FILE = "events.jsonl"
 class TrainerPhase(StrEnum):
     """Where a trainer is in its run (its /status, summary.json and `streamrl_phase`)."""
 
+    LOADING = "Loading"
+    """Loading the model onto its device (its admin server already answers; not ready)."""
+    RESUMING = "Resuming"
+    """Loading the newest checkpoint of its run (its /status `iteration` is the checkpoint's)."""
     STARTING = "Starting"
     WAITING_FOR_GENERATORS = "WaitingForGenerators"
     RUNNING = "Running"
@@ -209,6 +213,15 @@ class TrainerStatus(Record):
     resumed_from: int | None = None
     """The iteration this start resumed at (None: started fresh)."""
     last_checkpoint: CheckpointInfo | None = None
+
+    def doing(self) -> str:
+        """What a trainer that is not running yet is doing, in words (the operator's Pending
+        message, a local run's progress line)."""
+        if self.phase == TrainerPhase.LOADING:
+            return "trainer loading the model"
+        if self.phase == TrainerPhase.RESUMING:
+            return f"trainer resuming from iteration {self.iteration}"
+        return self.phase.value
 
 
 class RunSummary(Record):

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from streamrl.admin import AdminServer
 from streamrl.spec import SecuritySpec
+from streamrl.wire.addresses import join_host_port
 from streamrl.wire.channels import add_port, new_server
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class Service:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         self._services = ("", *services)
-        self.grpc_port = add_port(self.server, f"{self.host}:{port}", self.security)
+        self.grpc_port = add_port(self.server, join_host_port(self.host, port), self.security)
         await self.server.start()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         return self.grpc_port

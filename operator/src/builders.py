@@ -59,9 +59,18 @@ time, after SIGTERM (suspend, a drained node, an eviction), to finish the step a
 LAUNCHER_MARGIN_S = 15
 """Of the grace period, what torch.distributed.run keeps for itself: its ranks get the rest
 to save before it kills them."""
+TRAINER_STARTUP_S = 120
+"""A trainer of one process: seconds from its container's start to its admin server (imports
+and the process group; the model loads after, under trainer.startup.loadSeconds)."""
+RENDEZVOUS_MARGIN_S = 300
+"""A trainer of several processes: seconds its startup probe allows beyond the rendezvous
+bound (torch.distributed.run's start, then its ranks' imports and process group)."""
 TRAINER_POD_ANNOTATIONS = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                            "karpenter.sh/do-not-disrupt": "true"}
 """A node autoscaler consolidating nodes would stop the whole group for a node it could empty."""
+BIND_ANY = "::"
+"""Where every service listens: each address of the pod, IPv6 and IPv4 (a dual-stack socket),
+so probes, Services and peers reach it on IPv4, IPv6 and dual-stack clusters alike."""
 RANKER_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
 """The ranker's requests when its placement names none (not BestEffort: evicted last, not first)."""
 TOKEN_FILE = f"{TOKEN_MOUNT}/token"
@@ -107,6 +116,8 @@ def config_hash(job: RLJob, role: str = "trainer", pool: str | None = None) -> s
     spec = _loaded(job)
     ranker = spec.pop("ranker")
     pools = spec.pop("pools")
+    if role != "trainer":
+        spec["trainer"].pop("startup", None)  # the trainer's alone
     if role == "ranker":
         ranker.pop("placement", None)
         spec["ranker"] = ranker
@@ -160,7 +171,7 @@ def trainer_args(job: RLJob, namespace: str) -> tuple[list[str] | None, list[str
     stopped that way is told from a failure by the suspension or the pod's DisruptionTarget
     condition, not by the exit code (see reconcile.preemption)."""
     j, trainer = job.metadata.name, job.spec.trainer
-    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", "0.0.0.0",
+    args = ["trainer", JOB_FILE, "--out", OUT_MOUNT, "--host", BIND_ANY,
             "--preempted-exit-code", str(PREEMPTED_EXIT_CODE)]
     if uses_ranker(job):
         args += ["--ranker", f"{name(j, 'ranker')}:{RANKER_GRPC_PORT}"]
@@ -169,9 +180,17 @@ def trainer_args(job: RLJob, namespace: str) -> tuple[list[str] | None, list[str
     master = f"{name(j, 'trainer')}-0.{name(j, 'trainer-ranks')}.{namespace}.svc"
     command = ["python", "-m", "torch.distributed.run", "--nnodes", str(trainer.nodes),
                "--nproc-per-node", str(trainer.processes_per_node), "--node-rank", "$(JOB_COMPLETION_INDEX)",
-               "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT), "--max-restarts", "0",
+               "--master-addr", master, "--master-port", str(RENDEZVOUS_PORT),
+               "--rdzv-conf", f"timeout={trainer.startup.rendezvous_seconds}", "--max-restarts", "0",
                "--shutdown-timeout", str(max(grace_s(job) - LAUNCHER_MARGIN_S, 1)), "--no-python", "streamrl"]
     return command, args
+
+
+def trainer_startup_s(job: RLJob) -> int:
+    """A trainer pod's startup probe time: what precedes its admin server. The model load and
+    a checkpoint resume come after it, under their own bounds (trainer.startup)."""
+    trainer = job.spec.trainer
+    return TRAINER_STARTUP_S if trainer.world_size == 1 else trainer.startup.rendezvous_seconds + RENDEZVOUS_MARGIN_S
 
 
 def admin_ports(job: RLJob) -> dict[str, int]:
@@ -180,7 +199,7 @@ def admin_ports(job: RLJob) -> dict[str, int]:
 
 
 TRAINER_AT_NEXT_START = (("trainer", "restartLimit"), ("trainer", "preemptionLimit"), ("trainer", "minGenerators"),
-                         ("checkpoint", "everyIterations"), ("checkpoint", "keep"))
+                         ("trainer", "startup"), ("checkpoint", "everyIterations"), ("checkpoint", "keep"))
 """Spec fields an edit of which never replaces a running trainer group: the restart budgets are
 the operator's alone, and the trainer reads the others when it starts (its next restart, or
 the next replacement, takes the new values from the ConfigMap)."""
@@ -252,6 +271,7 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
     claim = claim_name(job)
     template = pod_template(job, "trainer", trainer.placement, args, ports, settings, device=trainer.device,
                             restart_policy="Never", config_hash=config_hash(job), shm=True,
+                            startup_s=trainer_startup_s(job),
                             out_volume={"persistentVolumeClaim": {"claimName": claim}} if claim else None)
     apply_model_parts(template["spec"], model_parts(job, OUT_MOUNT, CACHE_MOUNT, claim is not None, JOB_FILE), MAIN)
     template["metadata"].setdefault("annotations", {}).update(TRAINER_POD_ANNOTATIONS)
@@ -305,11 +325,13 @@ def build_trainer_service(job: RLJob, namespace: str, owner: dict | None = None)
 
 
 def build_trainer_admin_service(job: RLJob, namespace: str, owner: dict | None = None) -> dict:
-    """Rank 0's admin port (/status the operator reads), inside the cluster only."""
+    """Rank 0's admin port (/status the operator reads), inside the cluster only; published
+    before rank 0 is ready, so the operator reads what a trainer not yet running is doing
+    (loading the model, resuming, waiting for generators)."""
     j = job.metadata.name
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": object_meta(name(j, "trainer-admin"), namespace, labels(j, "trainer"), owner),
-            "spec": {"type": "ClusterIP", "selector": _rank0(j),
+            "spec": {"type": "ClusterIP", "selector": _rank0(j), "publishNotReadyAddresses": True,
                      "ports": [{"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}]}}
 
 
@@ -347,7 +369,7 @@ def build_ranker(job: RLJob, namespace: str, settings: Settings, owner: dict | N
                  finished: bool = False, held: bool = False) -> list[dict]:
     """The ranker's Deployment and Service (its state in the pod; a restart relearns from history)."""
     j, ranker = job.metadata.name, job.spec.ranker
-    args = ["ranker", JOB_FILE, "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT),
+    args = ["ranker", JOB_FILE, "--host", BIND_ANY, "--admin-port", str(ADMIN_PORT),
             "--state", f"{OUT_MOUNT}/ranker.npz"]
     placement = ranker.placement if ranker.placement.resources else ranker.placement.model_copy(
         update={"resources": RANKER_RESOURCES})
@@ -376,7 +398,7 @@ def build_generators(job: RLJob, pool_name: str, namespace: str, settings: Setti
     pool = pools[pool_name]
     replicas = job.spec.generators.pool_replicas()[pool_name]
     args = ["generator", JOB_FILE, "--trainer", trainer_address, "--pool", pool_name, "--id", "$(POD_NAME)",
-            "--host", "0.0.0.0", "--admin-port", str(ADMIN_PORT), "--relay-port", str(RELAY_PORT),
+            "--host", BIND_ANY, "--admin-port", str(ADMIN_PORT), "--relay-port", str(RELAY_PORT),
             "--advertise-host", "$(POD_IP)"]
     template = pod_template(job, "generator", pool.placement, args, {"relay": RELAY_PORT, "admin": ADMIN_PORT},
                             settings, device=pool.engine.device, pool=pool_name,

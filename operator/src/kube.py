@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from streamrl.wire.addresses import join_host_port
+
 PLURALS = {"Namespace": "namespaces", "ConfigMap": "configmaps", "Service": "services", "Secret": "secrets",
            "Deployment": "deployments", "Job": "jobs", "RLJob": "rljobs", "RLCluster": "rlclusters",
            "Event": "events", "PersistentVolumeClaim": "persistentvolumeclaims", "Pod": "pods",
@@ -122,7 +124,8 @@ class KubeClient:
         """The pod's service account; its projected token is re-read as the kubelet rotates it."""
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
         context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-        return cls(f"https://{host}:{port}", verify=context, token_file=SERVICE_ACCOUNT / "token")
+        # an IPv6-only cluster's API server is an IPv6 literal: in brackets in the URL
+        return cls(f"https://{join_host_port(host, int(port))}", verify=context, token_file=SERVICE_ACCOUNT / "token")
 
     @classmethod
     def from_kubeconfig(cls, config: dict, name: str) -> KubeClient:

@@ -19,6 +19,7 @@ from streamrl.operator.leader import Elector
 from streamrl.operator.reconcile import schema_version
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import CLUSTER_ID, Settings, load_settings
+from streamrl.wire.addresses import join_host_port
 
 log = logging.getLogger("streamrl.operator")
 
@@ -92,7 +93,8 @@ async def serve(settings: Settings) -> None:
             elector = Elector(runtime.kube, settings.namespace, identity)
             await elector.acquire()
         if settings.metrics_port:
-            prometheus_client.start_http_server(settings.metrics_port, registry=runtime.metrics.registry)
+            prometheus_client.start_http_server(settings.metrics_port, settings.listen_host,
+                                                registry=runtime.metrics.registry)
         namespaces = list(settings.watch_namespaces)
         log.info("operator up on Kubernetes %s (children checked against its %s schemas) as cluster %s: image %s, "
                  "CUDA image %s, watching %s, autoscaler reads %s, metrics on :%s, status every %gs", server,
@@ -104,7 +106,7 @@ async def serve(settings: Settings) -> None:
         operator = asyncio.create_task(kopf.operator(
             registry=operator_registry(settings), settings=kopf_settings(), standalone=True,
             clusterwide=not namespaces, namespaces=namespaces, memo=kopf.Memo(runtime=runtime), stop_flag=stop,
-            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz"))
+            liveness_endpoint=f"http://{join_host_port(settings.listen_host, settings.health_port)}/healthz"))
         tasks.append(operator)
         if elector is None:
             await operator

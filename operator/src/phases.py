@@ -181,7 +181,7 @@ def _phase(obs: Observed) -> tuple[JobPhase, str]:
         reason, message = obs.pod_problems[0]
         more = len(obs.pod_problems) - 1
         return JobPhase.PENDING, f"{reason}: {message}" + (f" (and {more} more problem(s))" if more else "")
-    return JobPhase.PENDING, trainer.phase.value if trainer else "waiting for the trainer and generators to start"
+    return JobPhase.PENDING, trainer.doing() if trainer else "waiting for the trainer and generators to start"
 
 
 def _rfc3339(time_unix: float) -> str:

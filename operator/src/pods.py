@@ -94,14 +94,21 @@ def minted_token(job: RLJob) -> bool:
     return job.spec.security.token_file is None
 
 
+STARTUP_PROBE_PERIOD_S = 5
+STARTUP_S = 600
+"""Seconds a container has from its start to serve /healthz, unless its role says otherwise
+(every service starts its admin server before it loads anything)."""
+
+
 def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[str, int], settings: Settings,
                  device: str = "cpu", pool: str | None = None, env: list[dict] | None = None,
                  restart_policy: str | None = None, out_volume: dict | None = None, config_hash: str = "",
-                 shm: bool = False, extra_labels: dict[str, str] | None = None) -> dict:
+                 shm: bool = False, extra_labels: dict[str, str] | None = None, startup_s: int = STARTUP_S) -> dict:
     """The pod template of one role: the operator's part, with the user's template merged
     under it (the operator's fields win, the user's extra ones are kept). `out_volume`: the
     source of the run directory (default: the pod's own disk); `config_hash`: of the spec the
-    pod loads (a change rolls the pods); `shm`: an in-memory /dev/shm."""
+    pod loads (a change rolls the pods); `shm`: an in-memory /dev/shm; `startup_s`: the
+    startup probe's time, from the container's start to its first /healthz."""
     spec, j = job.spec, job.metadata.name
     volumes = [
         {"name": "job", "configMap": {"name": name(j, "spec")}},
@@ -147,8 +154,8 @@ def pod_template(job: RLJob, role: str, placement, args: list[str], ports: dict[
         ],
         "ports": [{"name": k, "containerPort": v, "protocol": "TCP"} for k, v in ports.items()],
         "volumeMounts": mounts,
-        "startupProbe": {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 5,
-                         "failureThreshold": 120},
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": STARTUP_PROBE_PERIOD_S,
+                         "failureThreshold": -(-startup_s // STARTUP_PROBE_PERIOD_S)},
         "livenessProbe": probe,
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"}, "periodSeconds": 5},
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),

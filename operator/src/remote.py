@@ -18,6 +18,7 @@ from streamrl.operator.pods import minted_token
 from streamrl.operator.reconcile import ForeignObject, apply_all
 from streamrl.operator.runtime import Runtime
 from streamrl.spec import API_VERSION, GROUP, RLJob
+from streamrl.wire.addresses import join_host_port
 
 ORPHAN_REMOTE = f"{GROUP}/orphan-remote"
 """Annotation on an RLJob: "true" lets its deletion finish without removing its pools from
@@ -49,12 +50,12 @@ async def trainer_address(runtime: Runtime, job: RLJob, namespace: str) -> tuple
                           "the nodes)")
         if not ports or not ports[0].get("nodePort"):
             return None, "waiting for the trainer Service's node port"
-        return f"{host}:{ports[0]['nodePort']}", None
+        return join_host_port(host, ports[0]["nodePort"]), None
     ingress = ((service or {}).get("status", {}).get("loadBalancer", {}).get("ingress") or [{}])[0]
     host = ingress.get("ip") or ingress.get("hostname")
     if not host:
         return None, "waiting for the trainer Service's external address"
-    return f"{host}:{TRAINER_GRPC_PORT}", None
+    return join_host_port(host, TRAINER_GRPC_PORT), None  # an IPv6 load balancer: [address]:port
 
 
 def remote_children(runtime: Runtime, job: RLJob, namespace: str, cluster: str, address: str,

@@ -24,6 +24,7 @@ STATUS_INTERVAL_S = "STREAMRL_OPERATOR_STATUS_INTERVAL_S"
 PROMETHEUS_URL = "STREAMRL_PROMETHEUS_URL"
 METRICS_PORT = "STREAMRL_OPERATOR_METRICS_PORT"
 CLUSTER_ID, LEADER_ELECTION = "STREAMRL_CLUSTER_ID", "STREAMRL_LEADER_ELECTION"
+POD_IP = "POD_IP"
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -65,6 +66,10 @@ class Settings:
     metrics_port: int = 8081
     """Port of the autoscaler's Prometheus /metrics (0 = none). Flag --metrics-port, env
     STREAMRL_OPERATOR_METRICS_PORT."""
+    listen_host: str = "0.0.0.0"
+    """Where /healthz and /metrics listen: `::` in a pod whose IP is IPv6 (env POD_IP: an
+    IPv6-only cluster, or a dual-stack one with IPv6 first, whose kubelet probes that IP),
+    else every IPv4 address."""
     watch_namespaces: tuple[str, ...] = ()
     """Namespaces whose RLJobs the operator manages (empty = all). Flag --namespace."""
     network_policy: bool = True
@@ -180,4 +185,5 @@ def load_settings(environ: Mapping[str, str], *, namespaces: list[str] | tuple[s
         metrics_port=_port(f"--metrics-port ({METRICS_PORT})", str(metrics_port)) if metrics_port is not None
         else env(METRICS_PORT, int, _is_port, _PORT_RANGE, d.metrics_port),
         watch_namespaces=tuple(namespaces),
+        listen_host="::" if ":" in (environ.get(POD_IP) or "") else d.listen_host,
     )

@@ -22,6 +22,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.models import eos_token_id, weight_bytes
 from streamrl.service import Service, process_started_unix
 from streamrl.spec import RLJob
+from streamrl.wire.addresses import join_host_port
 from streamrl.wire.channels import open_channel
 from streamrl.wire.model_files import wait_for_model_files
 
@@ -96,7 +97,7 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
             relay = Relay(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
             port = await shell.start_grpc(lambda server: server.add_generic_rpc_handlers((relay.handler(),)),
                                           ("streamrl.v1.Rollout",), relay_port)
-            relay.address = f"{advertise_host or host}:{port}"
+            relay.address = join_host_port(advertise_host or host, port)  # POD_IP: IPv4 or IPv6
         agent = up["agent"] = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type,
                                              relay, spec.security, spec.generators.dispatch.low_occupancy, started,
                                              spec.generators.reconnect)

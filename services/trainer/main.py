@@ -39,6 +39,7 @@ from streamrl.trainer.loop import TrainLoop
 from streamrl.trainer.ranks import Ranks
 from streamrl.trainer.recorder import Recorder
 from streamrl.trainer.servicer import RolloutServicer
+from streamrl.trainer.startup import Startup
 from streamrl.weights import WeightStore
 from streamrl.wire.model_files import read_model_files
 
@@ -98,7 +99,42 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     if not ranks.is_leader:
         return await follow(job, model_dir, out_dir, ranks, host, admin_port, endpoint_file)
     metrics = ServiceMetrics("trainer", timeline=out_dir / "timeline" / "trainer.jsonl")
-    tok = load_tokenizer(model_dir)
+    startup = Startup(spec.trainer.startup, metrics.set_phase)
+    startup.exit_on_signals(preempted_exit_code)
+    started = time.monotonic()
+    start = begin_start(out_dir, lambda: uuid.uuid4().hex[:12])
+    run_id, incarnation = start.run_id, start.starts - 1
+    running: TrainLoop | None = None  # once started
+    resuming_at = 0  # the iteration of the checkpoint being resumed
+    resumed_from = None
+
+    def status() -> TrainerStatus:
+        if startup.starting or running is None:
+            return TrainerStatus(run_id=run_id, phase=startup.phase or TrainerPhase.STARTING,
+                                 mode=spec.pipeline.mode.value, iteration=resuming_at,
+                                 num_iterations=algo.num_iterations, policy_version=0, num_samples_accepted=0,
+                                 samples_per_s=0.0, uptime_s=time.monotonic() - started, incarnation=incarnation)
+        records = recorder.records
+        wall = sum(r.wall_s for r in records)
+        return TrainerStatus(
+            run_id=run_id, phase=running.phase, mode=spec.pipeline.mode.value, iteration=len(records),
+            num_iterations=algo.num_iterations, policy_version=learner.policy_version,
+            num_samples_accepted=coordinator.counters.num_samples_accepted,
+            samples_per_s=sum(r.num_samples for r in records) / wall if wall else 0.0,
+            uptime_s=time.monotonic() - started, last=running.last, **coordinator.status(),
+            incarnation=incarnation, resumed_from=resumed_from, last_checkpoint=checkpoints.last,
+        )
+
+    # The admin server first: probes and the operator see the start's phase while the model and a
+    # checkpoint load, each under its own bound (spec.trainer.startup); ready once training runs.
+    in_process_registry = CollectorRegistry(auto_describe=False)  # colocated: the in-process generator's series
+    registry = merged_registry(metrics.registry, in_process_registry) if in_process else metrics.registry
+    shell = Service("trainer", registry, status, host, admin_port, endpoint_file, spec.security)
+    shell.ready_when = lambda: running is not None and running.phase == TrainerPhase.RUNNING
+    shell.waiting_for = startup.waiting_for
+    shell.start_admin()
+    log.info("trainer %s starting (start %d of its run); admin http://%s:%d", run_id, start.starts, host,
+             shell.admin.port)
 
     def encode(text: str) -> tuple[int, ...]:
         return (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"])
@@ -106,8 +142,6 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     def decode(token_ids: tuple[int, ...]) -> str:
         return tok.decode(token_ids, skip_special_tokens=True)
 
-    start = begin_start(out_dir, lambda: uuid.uuid4().hex[:12])
-    run_id, incarnation = start.run_id, start.starts - 1
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed,
                                              incarnation),
                               sample_scorer(spec.reward.function, decode), metrics, algo.scale_advantages,
@@ -115,11 +149,17 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay),
                               on_reward_error=spec.reward.on_error)
     device = ranks.device(spec.trainer.device)
-    metrics.model_read_bytes.inc(weight_bytes(model_dir))
-    learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype,
-                      metrics, spec.trainer.memory)
-    coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
+    with startup.step(TrainerPhase.LOADING, "loadSeconds", f"the model to load from {model_dir}"):
+        tok = load_tokenizer(model_dir)
+        metrics.model_read_bytes.inc(weight_bytes(model_dir))
+        learner = Learner(load_model(model_dir, spec.model.dtype, device), algo, device, ranks, spec.model.dtype,
+                          metrics, spec.trainer.memory)
+        local = in_process(coordinator, store) if in_process else None
+    if local is not None:
+        in_process_registry.register(local.registry)
+
+    coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
     identity = job_identity(job, model_dir)
     checkpoints = Checkpoints(out_dir, spec.checkpoint.keep)
     checkpoints.clear_staging()
@@ -128,6 +168,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     except CheckpointRefused as err:
         log.error("not starting: %s", err)
         learner.stop()
+        shell.admin.stop()
         return ExitCode.FAILED
     recorder = Recorder(out_dir, resume_at=found[1].iteration if found else None)
 
@@ -136,16 +177,17 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         tok.save_pretrained(path)
 
     lengths = setup_lengths(spec, ranker_address)
-    local = in_process(coordinator, store) if in_process else None
     loop = TrainLoop(spec, coordinator, learner, store, encode, load_prompts(spec.task), recorder, metrics,
                      save_model, lengths, compute=local.compute if local else None,
                      before_training=local.to_training if local else None)
     loop.enable_checkpoints(checkpoints, identity, run_id, incarnation)
-    resumed_from = None
     if found:
         path, state = found
-        learner.load(path)
-        loop.restore(state)
+        resuming_at = state.iteration
+        with startup.step(TrainerPhase.RESUMING, "resumeSeconds",
+                          f"the checkpoint of iteration {state.iteration} to load from {path}"):
+            learner.load(path)
+            loop.restore(state)
         checkpoints.last = CheckpointInfo(iteration=state.iteration, time_unix=state.time_unix, path=str(path))
         metrics.checkpoint_iteration.set(state.iteration)
         resumed_from = state.iteration
@@ -153,24 +195,9 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
                                        detail=f"iteration {state.iteration} from {path.name} (start {start.starts})"))
         log.info("resuming run %s at iteration %d from %s (policy version %d; start %d of this run)", run_id,
                  state.iteration, path, learner.policy_version, start.starts)
-    started = time.monotonic()
-
-    def status() -> TrainerStatus:
-        records = recorder.records
-        wall = sum(r.wall_s for r in records)
-        return TrainerStatus(
-            run_id=run_id, phase=loop.phase, mode=spec.pipeline.mode.value, iteration=len(records),
-            num_iterations=algo.num_iterations, policy_version=learner.policy_version,
-            num_samples_accepted=coordinator.counters.num_samples_accepted,
-            samples_per_s=sum(r.num_samples for r in records) / wall if wall else 0.0,
-            uptime_s=time.monotonic() - started, last=loop.last, **coordinator.status(),
-            incarnation=incarnation, resumed_from=resumed_from, last_checkpoint=checkpoints.last,
-        )
-
-    registry = merged_registry(metrics.registry, local.registry) if local else metrics.registry
-    shell = Service("trainer", registry, status, host, admin_port, endpoint_file, spec.security)
-    shell.ready_when = lambda: loop.phase == TrainerPhase.RUNNING
-    shell.start_admin()
+    running = loop
+    startup.done()
+    metrics.set_phase(loop.phase)
     if local is not None:
         local.start()
     else:
@@ -256,16 +283,25 @@ async def follow(job: RLJob, model_dir: Path, out_dir: Path, ranks: Ranks, host:
     (a row of the run report)."""
     spec = job.spec
     metrics = ServiceMetrics("trainer", timeline=out_dir / "timeline" / f"trainer-rank-{ranks.rank}.jsonl")
-    device = ranks.device(spec.trainer.device)
-    metrics.model_read_bytes.inc(weight_bytes(model_dir))
-    learner = Learner(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device, ranks,
-                      spec.model.dtype, metrics, spec.trainer.memory)
+    startup = Startup(spec.trainer.startup)
+    startup.exit_on_signals(ExitCode.OK)
+    learner: Learner | None = None
 
     def status() -> dict:
+        if learner is None:
+            return {"rank": ranks.rank, "world_size": ranks.world_size, "phase": TrainerPhase.LOADING.value,
+                    "waiting_for": startup.waiting_for()}
         return {"rank": ranks.rank, "world_size": ranks.world_size, "policy_version": learner.policy_version}
 
     shell = Service(f"trainer rank {ranks.rank}", metrics.registry, status, host, admin_port, endpoint_file)
-    shell.start_admin()
+    shell.waiting_for = startup.waiting_for
+    shell.start_admin()  # before the model loads: probes see the process (its rendezvous is behind it)
+    device = ranks.device(spec.trainer.device)
+    with startup.step(TrainerPhase.LOADING, "loadSeconds", f"its shard of the model to load from {model_dir}"):
+        metrics.model_read_bytes.inc(weight_bytes(model_dir))
+        learner = Learner(load_model(model_dir, spec.model.dtype, device), spec.algorithm, device, ranks,
+                          spec.model.dtype, metrics, spec.trainer.memory)
+    startup.done()  # a resume is rank 0's command, which this rank follows
     await shell.serving()
     log.info("trainer rank %d of %d following rank 0; admin http://%s:%d", ranks.rank, ranks.world_size, host,
              shell.admin.port)

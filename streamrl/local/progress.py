@@ -12,9 +12,11 @@ import httpx
 
 from streamrl.local.launch import Services
 from streamrl.local.plan import RunPlan
-from streamrl.records import METRICS_FILE, IterationRecord, TrainerStatus
+from streamrl.records import METRICS_FILE, IterationRecord, TrainerPhase, TrainerStatus
 
 POLL_S = 0.5
+STARTING = (TrainerPhase.LOADING, TrainerPhase.RESUMING)
+"""A (re)started trainer's phases before its iterations count again: the bar says what it does."""
 Say = Callable[[str], None]
 Tick = Callable[[Say, TrainerStatus | None], None]
 """What runs every poll: given `say` (prints above the bar) and the trainer's status just read
@@ -38,7 +40,9 @@ def show_progress(plan: RunPlan, services: Services, quiet: bool,
             while True:
                 alive = services.trainer.running()
                 status = _status(http, f"{services.trainer_admin}/status") if alive else None
-                if status is not None:
+                if status is not None and status.phase in STARTING:  # its model or a checkpoint loads
+                    bar.set_postfix_str(status.doing())
+                elif status is not None:
                     bar.update(status.iteration - shown)
                     shown = status.iteration
                     last = status.last

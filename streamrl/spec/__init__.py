@@ -39,7 +39,7 @@ from streamrl.spec.job import (
     parse_job,
 )
 from streamrl.spec.security import TLS_MOUNT, TOKEN_MOUNT, SecuritySpec, TLSSpec
-from streamrl.spec.services import RankerSpec, TrainerMemorySpec, TrainerServiceSpec, TrainerSpec
+from streamrl.spec.services import RankerSpec, TrainerMemorySpec, TrainerServiceSpec, TrainerSpec, TrainerStartupSpec
 from streamrl.spec.training import (
     AlgorithmSpec,
     CheckpointSpec,
@@ -59,6 +59,6 @@ __all__ = [
     "ObjectMeta", "PipelineMode", "PipelineSpec", "PlacementSpec", "RLJob", "ReconnectSpec", "RLJobSpec",
     "RankerSpec", "RewardSpec", "ScalingBehaviorSpec", "ScalingPolicySpec", "ScalingRulesSpec", "SecuritySpec",
     "SpecError", "SpecModel", "TLSSpec", "TaskName", "TaskSpec", "TorchEngineSpec", "TrainerMemorySpec",
-    "TrainerServiceSpec", "TrainerSpec", "dump_job",
+    "TrainerServiceSpec", "TrainerSpec", "TrainerStartupSpec", "dump_job",
     "field_path", "load_job", "parse_job",
 ]

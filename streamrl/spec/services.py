@@ -45,6 +45,25 @@ class TrainerMemorySpec(SpecModel):
     heads and MLP width."""
 
 
+class TrainerStartupSpec(SpecModel):
+    """How long each step of a trainer's start may take before the trainer gives up on it
+    (exits non-zero, naming the step and this field). Each bounds one step, not the whole
+    start: a group waiting for its last node, a large model read from network storage and a
+    large checkpoint resume each get their own time."""
+
+    rendezvous_seconds: int = Field(1800, ge=30, le=86400)
+    """Kubernetes, a trainer of several processes: how long its processes wait for every
+    other one to join the group (torch.distributed.run's rendezvous timeout), e.g. for the
+    last node to be provisioned and pull its image. The pod's startup probe covers this and a
+    margin; past it, the group fails."""
+    load_seconds: int = Field(1800, ge=10, le=86400)
+    """Loading the model and tokenizer onto the device (and, colocated, the in-process
+    generator's engine), from the start of the process's admin server."""
+    resume_seconds: int = Field(3600, ge=10, le=86400)
+    """Loading the newest checkpoint (model, optimizer state, the run's ledger) when a start
+    resumes a run."""
+
+
 class TrainerSpec(SpecModel):
     """Training side."""
 
@@ -91,6 +110,8 @@ class TrainerSpec(SpecModel):
     """Kubernetes: annotations, source ranges and class of the trainer's Service."""
     memory: TrainerMemorySpec = Field(default_factory=TrainerMemorySpec)
     """Activation checkpointing and CPU offload of the sharded model."""
+    startup: TrainerStartupSpec = Field(default_factory=TrainerStartupSpec)
+    """Bounds of the start's steps: rendezvous, model load, checkpoint resume."""
 
     @property
     def world_size(self) -> int:

@@ -325,3 +325,20 @@ def test_only_the_jobs_own_pods_reach_the_trainer_grpc_port(install, running_job
     # Another tenant, even with the job's label: the policy's pod selector is the job's namespace only.
     code, said = _probe(install, install.tenant_ns, own, host)
     assert code == NOT_CONNECTED, f"a pod of another namespace reached {host}:{TRAINER_GRPC_PORT}: {said}"
+
+
+def test_an_edit_adding_what_the_checkpoints_hold_to_a_job_created_without_it_is_refused(install, running_job):
+    """N11: algorithm and task default to {}, so their leaves are stored and the transition rule sees them."""
+    patch = json.dumps({"spec": {"algorithm": {"promptsPerStep": 64}}})
+    out = kubectl("patch", "rljob", running_job, "-n", install.jobs_ns, "--type=merge", "-p", patch, check=False)
+    assert out.returncode != 0 and "algorithm.promptsPerStep is immutable" in out.stderr, out.stderr
+
+
+def test_one_operator_replica_holds_the_lease_and_the_cluster_id_is_kube_systems_uid(install):
+    lease = until(lambda: get("lease", "streamrl-operator", "-n", install.operator_ns), 60, "the operator's Lease")
+    holder = lease["spec"]["holderIdentity"]
+    pods = get("pods", "-n", install.operator_ns, "-l", "app.kubernetes.io/component=operator")["items"]
+    assert holder in {p["metadata"]["name"] for p in pods}, (holder, pods)
+    uid = get("namespace", "kube-system")["metadata"]["uid"]
+    logs = kubectl("logs", "-n", install.operator_ns, holder).stdout
+    assert f"as cluster {uid}" in logs, logs[-2000:]

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,6 +72,38 @@ async def test_readyz_says_what_a_service_not_ready_waits_for():
         waiting.clear()
         reply = await asyncio.to_thread(httpx.get, readyz)
         assert (reply.status_code, reply.json()) == (200, {"ready": True})
+    finally:
+        await shell.stop()
+
+
+def _ipv6_loopback() -> bool:
+    """Whether this machine can listen and be reached on ::1."""
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            return True
+    except OSError:
+        return False
+
+
+async def test_a_service_on_any_address_answers_on_ipv4_and_ipv6_loopback():
+    """N19: `::` (what the operator's pods listen on) is dual-stack: the admin server and the
+    gRPC server answer on 127.0.0.1 as on ::1, so an IPv6-only cluster's probes, Services and
+    relay peers reach it as an IPv4 one's do."""
+    shell = Service("test", CollectorRegistry(), lambda: {"ok": True}, host="::")
+    shell.start_admin()
+    try:
+        port = await shell.start_grpc(lambda server: None, ("streamrl.v1.Test",), 0)
+        await shell.serving()
+        hosts = ["127.0.0.1", *(["[::1]"] if _ipv6_loopback() else [])]
+        for host in hosts:
+            reply = await asyncio.to_thread(httpx.get, f"http://{host}:{shell.admin.port}/healthz", timeout=5)
+            assert reply.json() == {"ok": True}, host
+            async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
+                health = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="streamrl.v1.Test"), timeout=5)
+            assert health.status == SERVING, host
     finally:
         await shell.stop()
 

@@ -182,6 +182,8 @@ def test_the_trainer_is_an_indexed_job_with_a_headless_service_and_rank_0_behind
                                                       "batch.kubernetes.io/job-completion-index": "0"}
     assert [p["name"] for p in front["ports"]] == ["grpc"] and [p["name"] for p in admin["ports"]] == ["admin"]
     assert admin["type"] == "ClusterIP"
+    # the operator reads /status of a trainer not ready yet (loading, resuming: N6); generators dial ready ones only
+    assert admin["publishNotReadyAddresses"] is True and "publishNotReadyAddresses" not in front
     main = pod["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
     if nodes * per_node == 1:  # world size 1: the trainer as it always ran, no launcher
@@ -195,9 +197,22 @@ def test_the_trainer_is_an_indexed_job_with_a_headless_service_and_rank_0_behind
                                                           "--master-addr", "--master-port")}
     assert flag == {"--nnodes": "3", "--nproc-per-node": "2", "--node-rank": "$(JOB_COMPLETION_INDEX)",
                     "--master-addr": "big-trainer-0.big-trainer-ranks.rl.svc", "--master-port": "29500"}
+    assert command[command.index("--rdzv-conf") + 1] == "timeout=1800"  # trainer.startup.rendezvousSeconds
     assert command[-2:] == ["--no-python", "streamrl"] and main["args"][0] == "trainer"
     assert "--admin-port" not in main["args"]  # each rank serves its admin on 8080 + its local rank
     assert ports == {"grpc": 50051, "admin": 8080, "admin-r1": 8081, "rendezvous": 29500}
+
+
+def test_the_rendezvous_waits_as_long_as_the_spec_says_and_torch_distributed_run_reads_it():
+    """N6: a group whose last node is still being provisioned waits rendezvousSeconds, not
+    torch's default of 600 s; static rendezvous reads `timeout` from --rdzv-conf."""
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    [job] = [o for o in _sharded(2, 1, startup={"rendezvousSeconds": 5400}) if o["kind"] == "Job"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = [c.replace("$(JOB_COMPLETION_INDEX)", "1") for c in command]  # as the kubelet expands it
+    config = config_from_args(get_args_parser().parse_args(command[3:] + ["trainer"]))[0]
+    assert (config.rdzv_backend, config.rdzv_configs["timeout"]) == ("static", "5400")
 
 
 def test_a_name_too_long_for_every_child_is_refused_with_the_field_named():
@@ -234,7 +249,8 @@ def test_an_operator_upgrade_or_an_operator_only_field_never_replaces_a_running_
     for other in (trainer_job(upgraded), trainer_job(trainer={"restartLimit": 9, "minGenerators": 2}),
                   trainer_job(generators=more_pools),
                   trainer_job(ranker={"predictor": "causal-lm", "modelPath": "/models/r"}),
-                  trainer_job(checkpoint={"everyIterations": 3, "keep": 5})):
+                  trainer_job(checkpoint={"everyIterations": 3, "keep": 5}),
+                  trainer_job(trainer={"startup": {"loadSeconds": 7200, "rendezvousSeconds": 3600}})):
         assert other["metadata"]["annotations"][TEMPLATE_HASH] == base["metadata"]["annotations"][TEMPLATE_HASH]
     assert trainer_job(upgraded)["spec"]["template"] != base["spec"]["template"]  # what a new group would get
     assert base["metadata"]["annotations"]["streamrl.io/operator-version"] == "0.1.0"

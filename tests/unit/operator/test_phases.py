@@ -70,6 +70,17 @@ def test_progress_and_transition_times():
     assert times["Complete"] == LATER and times["ClustersReady"] == NOW
 
 
+@pytest.mark.parametrize("phase, iteration, message", [
+    (TrainerPhase.LOADING, 0, "trainer loading the model"),
+    (TrainerPhase.RESUMING, 12, "trainer resuming from iteration 12"),
+])
+def test_a_starting_trainer_says_what_it_does_in_the_pending_message(phase, iteration, message):
+    """N6: its /status answers while the model or a checkpoint loads; the job says which."""
+    status = derive(Observed(1, pools=POOLS, trainer=trainer_status(phase, iteration=iteration)), None, NOW)
+    assert (status["phase"], status["message"]) == ("Pending", message)
+    assert status["trainer"]["ready"] is False
+
+
 def test_a_trainer_before_its_first_iteration_reports_no_reward_and_its_phase():
     waiting = trainer_status(TrainerPhase.WAITING_FOR_GENERATORS, iteration=0)
     status = derive(Observed(1, pools=POOLS, trainer=waiting), None, NOW)

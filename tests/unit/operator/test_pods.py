@@ -397,3 +397,44 @@ def test_generators_mount_their_own_certificate_when_the_spec_gives_them_one():
     secrets = {n: next(v["secret"]["secretName"] for v in t["spec"]["volumes"] if v["name"] == "tls")
                for n, t in templates.items()}
     assert secrets == {"p-trainer": "trainer-tls", "p-ranker": "trainer-tls", "p-gen-a": "gen-tls"}
+
+
+def test_a_startup_bound_rolls_only_the_trainer():
+    base = _hashes()
+
+    def startup(spec):
+        spec["trainer"] = {"startup": {"loadSeconds": 7200}}
+
+    changed = _hashes(startup)
+    assert {n for n in base if changed[n] != base[n]} == {"p-trainer"}
+
+
+# ---- start-up (N6), where services listen (N19) ---------------------------------------------
+def _startup_s(template: dict) -> int:
+    probe = _main(template)["startupProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "admin"}
+    return probe["periodSeconds"] * probe["failureThreshold"]
+
+
+def test_a_one_process_trainers_startup_probe_covers_its_start_not_its_model_load():
+    """Its admin server starts before the model loads (under trainer.startup.loadSeconds), so
+    the probe needs only the imports: a long load never gets the pod killed by the kubelet."""
+    templates = _templates(_children(_job(trainer={"startup": {"loadSeconds": 7200, "resumeSeconds": 7200}})))
+    assert _startup_s(templates["p-trainer"]) == 120
+    assert {_startup_s(t) for n, t in templates.items() if n != "p-trainer"} == {600}  # the other roles keep theirs
+
+
+@pytest.mark.parametrize("rendezvous, expected", [(None, 1800 + 300), (5400, 5400 + 300)])
+def test_a_process_groups_startup_probe_covers_its_rendezvous_bound_and_a_margin(rendezvous, expected):
+    startup = {"startup": {"rendezvousSeconds": rendezvous}} if rendezvous else {}
+    templates = _templates(_children(_job("big", trainer={"nodes": 2, "processesPerNode": 2, **startup})))
+    assert _startup_s(templates["big-trainer"]) == expected
+
+
+@pytest.mark.parametrize("make", JOBS.values(), ids=JOBS.keys())
+def test_every_service_listens_on_every_address_ipv4_and_ipv6(make):
+    """N19: `::` is a dual-stack socket: probes, Services and peers reach it on IPv6-only
+    clusters too (and on IPv4 ones, as before)."""
+    for name, template in _templates(_children(make())).items():
+        args = _main(template)["args"]
+        assert args[args.index("--host") + 1] == "::", name

@@ -36,6 +36,13 @@ def test_defaults_then_environment_then_flags():
     assert load_settings({"STREAMRL_PROMETHEUS_URL": ""}).prometheus_url == ""
 
 
+@pytest.mark.parametrize("pod_ip, host", [("fd00:10:244::5", "::"), ("10.244.0.5", "0.0.0.0"), ("", "0.0.0.0")])
+def test_healthz_and_metrics_listen_on_the_pods_address_family(pod_ip, host):
+    """N19: an IPv6 pod's kubelet probes its IPv6 address (kopf's server, on asyncio, is
+    IPv6-only on `::`); elsewhere every IPv4 address, as before."""
+    assert load_settings({"POD_IP": pod_ip}).listen_host == host
+
+
 @pytest.mark.parametrize("env, flags, message", [
     ({"STREAMRL_OPERATOR_STATUS_INTERVAL_S": "ten"}, {},
      "STREAMRL_OPERATOR_STATUS_INTERVAL_S must be a number of seconds > 0, got 'ten'"),
