@@ -10,8 +10,8 @@ import pytest
 
 from tests.integration.operator.conftest import wait_for
 from tests.integration.operator.kueue import Kueue
-from tests.integration.operator.test_lifecycle import exists, settle, status
-from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS, JOBS_RES, NS, create, example, get, plain
+from tests.integration.operator.test_lifecycle import exists, settle, status, suspend_then_resume
+from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS_RES, NS, create, example, get
 
 QUEUE = "kueue.x-k8s.io/queue-name"
 
@@ -96,16 +96,7 @@ async def test_a_job_kueue_took_through_the_default_local_queue_is_never_unsuspe
     assert not ever_scaled(k8s, "adopted")  # created at 0 in the very first round
     assert status(k8s, "adopted")["message"].startswith("queued in LocalQueue rl/default: waiting for quota")
 
-    # spec.suspend: no Job at all (Kueue would admit a suspended one), none created again
-    spec = plain(get(k8s, "streamrl.io/v1alpha1/rljobs", "adopted")["spec"])
-    spec["suspend"] = True
-    assert (await k8s.patch(f"{JOBS}/adopted", json={"spec": spec})).status == 200
-    await wait_for(lambda: not exists(k8s, JOBS_RES, "adopted-trainer"), what="trainer Job deleted")
-    await settle(operator)
-    assert not exists(k8s, JOBS_RES, "adopted-trainer")
-    spec["suspend"] = False
-    assert (await k8s.patch(f"{JOBS}/adopted", json={"spec": spec})).status == 200
-    await wait_for(lambda: exists(k8s, JOBS_RES, "adopted-trainer"), what="created again, for Kueue")
+    await suspend_then_resume(k8s, operator, "adopted")
     await settle(operator)
     assert kueue.unsuspended == [] and replicas(k8s, "adopted") == (0, 0)
     await kueue.admit(NS, "adopted-trainer")

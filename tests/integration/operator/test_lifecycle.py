@@ -66,6 +66,20 @@ def ranked(name: str) -> dict:
     return body
 
 
+async def suspend_then_resume(k8s, operator, job: str) -> None:
+    """spec.suspend of a job Kueue queues: no trainer Job at all (Kueue would admit a suspended
+    one), none created again while suspended; resumed, it is created again for Kueue to admit."""
+    spec = plain(get(k8s, RLJOB, job)["spec"])
+    spec["suspend"] = True
+    assert (await k8s.patch(f"{JOBS}/{job}", json={"spec": spec})).status == 200
+    await wait_for(lambda: not exists(k8s, JOBS_RES, f"{job}-trainer"), what="trainer Job deleted")
+    await settle(operator)
+    assert not exists(k8s, JOBS_RES, f"{job}-trainer")
+    spec["suspend"] = False
+    assert (await k8s.patch(f"{JOBS}/{job}", json={"spec": spec})).status == 200
+    await wait_for(lambda: exists(k8s, JOBS_RES, f"{job}-trainer"), what="created again, for Kueue")
+
+
 async def test_a_finished_job_releases_every_gpu_and_is_never_trained_again(k8s, operator):
     await create(k8s, ranked("done"))
     await wait_for(lambda: exists(k8s, JOBS_RES, "done-trainer") and exists(k8s, DEPLOYMENTS, "done-gen-extra"),
@@ -235,15 +249,7 @@ async def test_kueue_owns_the_trainers_suspend(k8s, operator):
         assert get(k8s, DEPLOYMENTS, "queued-gen-default")["spec"]["replicas"] == (1 if admitted else 0)
     # The user suspends the job: no trainer Job at all (Kueue would admit a suspended one);
     # resumed, it is created again, suspended, for Kueue to admit.
-    spec = plain(get(k8s, RLJOB, "queued")["spec"])
-    spec["suspend"] = True
-    assert (await k8s.patch(f"{JOBS}/queued", json={"spec": spec})).status == 200
-    await wait_for(lambda: not exists(k8s, JOBS_RES, "queued-trainer"), what="trainer Job deleted")
-    await settle(operator)
-    assert not exists(k8s, JOBS_RES, "queued-trainer")
-    spec["suspend"] = False
-    assert (await k8s.patch(f"{JOBS}/queued", json={"spec": spec})).status == 200
-    await wait_for(lambda: exists(k8s, JOBS_RES, "queued-trainer"), what="created again")
+    await suspend_then_resume(k8s, operator, "queued")
     assert get(k8s, JOBS_RES, "queued-trainer")["spec"]["suspend"] is True
 
 
