@@ -315,7 +315,7 @@ def build_trainer_service(job: RLJob, namespace: str, owner: dict | None = None)
                             "ports": [{"name": "grpc", "port": TRAINER_GRPC_PORT, "targetPort": "grpc",
                                        "protocol": "TCP"}]}
     if trainer.service_type == "LoadBalancer":
-        # the client's own address reaches the pod (the NetworkPolicy's source ranges judge it), one hop only
+        # one hop only, and where the balancer passes it through, the client's own address reaches the pod
         spec["externalTrafficPolicy"] = "Local"
         if trainer.service.load_balancer_source_ranges:
             spec["loadBalancerSourceRanges"] = list(trainer.service.load_balancer_source_ranges)

@@ -66,7 +66,7 @@ def build_network_policies(job: RLJob, namespace: str, settings: Settings, owner
     """Ingress to the job's pods: from its own pods (any port: gRPC, relay, rendezvous, admin),
     from the operator's namespace (admin: the trainer's /status) and from the Prometheus peer
     (admin: /metrics); an exposed trainer (NodePort, LoadBalancer) also takes gRPC from
-    outside (from the Service's source ranges when it has them; TLS is then required). The
+    outside (from trainer.service.allowFrom when set; TLS is then required). The
     operator's namespace is matched by its immutable name label, which tenants cannot set.
     `operator_namespace` None: a remote cluster (no operator reads the pods there)."""
     j = job.metadata.name
@@ -83,9 +83,10 @@ def build_network_policies(job: RLJob, namespace: str, settings: Settings, owner
     trainer = job.spec.trainer
     if trainer.service_type != "ClusterIP" and operator_namespace:
         grpc = {"ports": [{"protocol": "TCP", "port": TRAINER_GRPC_PORT}]}
-        ranges = trainer.service.load_balancer_source_ranges
-        if ranges and trainer.service_type == "LoadBalancer":
-            grpc["from"] = [{"ipBlock": {"cidr": cidr}} for cidr in ranges]
+        # Not loadBalancerSourceRanges: a proxying load balancer's own addresses are the source
+        # here, and the balancer enforces those ranges itself (N10).
+        if trainer.service.allow_from:
+            grpc["from"] = [{"ipBlock": {"cidr": cidr}} for cidr in trainer.service.allow_from]
         out.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                     "metadata": object_meta(name(j, "trainer-exposed"), namespace, labels(j, "network"), owner),
                     "spec": {"podSelector": {"matchLabels": {**selector(j, "trainer"), COMPLETION_INDEX: "0"}},

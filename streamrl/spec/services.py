@@ -19,7 +19,16 @@ class TrainerServiceSpec(SpecModel):
     (`networking.gke.io/load-balancer-type: Internal`, `service.beta.kubernetes.io/aws-load-balancer-scheme:
     internal`)."""
     load_balancer_source_ranges: list[str] = Field(default_factory=list, max_length=64)
-    """CIDRs allowed to reach a LoadBalancer (e.g. the other datacenter's egress addresses); empty = any."""
+    """CIDRs the cloud load balancer lets through (e.g. the other datacenter's egress
+    addresses); empty = any. Enforced by the load balancer, not by the job's NetworkPolicy:
+    behind a proxying one (AWS's Classic ELB, an NLB with IP targets and no client-IP
+    preservation) the trainer sees the balancer's own addresses (see allowFrom)."""
+    allow_from: list[str] = Field(default_factory=list, max_length=64)
+    """CIDRs the job's NetworkPolicy admits to the exposed gRPC port (NodePort or
+    LoadBalancer); empty = any (the port still needs the job's token and TLS). Where the
+    client's address reaches the pod (GKE, an NLB preserving client IPs) this can repeat
+    loadBalancerSourceRanges; behind a proxying balancer it must include the balancer's
+    addresses (the VPC's CIDR), or traffic and health checks are dropped."""
     load_balancer_class: str | None = Field(None, max_length=253)
     """The load balancer implementation (spec.loadBalancerClass), unset = the cluster's default."""
 

@@ -164,8 +164,14 @@ def test_an_exposed_trainer_needs_tls(service_type):
 @pytest.mark.parametrize("trainer, sources", [
     ({"serviceType": "NodePort"}, None),
     ({"serviceType": "LoadBalancer"}, None),
-    ({"serviceType": "LoadBalancer", "service": {"loadBalancerSourceRanges": ["203.0.113.0/24", "198.51.100.7/32"]}},
-     [{"ipBlock": {"cidr": "203.0.113.0/24"}}, {"ipBlock": {"cidr": "198.51.100.7/32"}}]),
+    # N10: the balancer enforces its source ranges; behind a proxying one (AWS Classic ELB, NLB IP
+    # targets) the pod sees the balancer's addresses, which a policy copying them would drop.
+    ({"serviceType": "LoadBalancer", "service": {"loadBalancerSourceRanges": ["203.0.113.0/24"]}}, None),
+    ({"serviceType": "LoadBalancer", "service": {"loadBalancerSourceRanges": ["203.0.113.0/24"],
+                                                 "allowFrom": ["203.0.113.0/24", "10.0.0.0/8"]}},
+     [{"ipBlock": {"cidr": "203.0.113.0/24"}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}]),
+    ({"serviceType": "NodePort", "service": {"allowFrom": ["198.51.100.7/32"]}},
+     [{"ipBlock": {"cidr": "198.51.100.7/32"}}]),
 ])
 def test_an_exposed_trainer_takes_grpc_from_outside_on_rank_0_alone(trainer, sources):
     objects = _children(_job(trainer={"nodes": 2, **trainer}, security=TLS, generators=SKEWNESS))
