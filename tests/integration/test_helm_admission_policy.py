@@ -26,7 +26,13 @@ TEMPLATES = {"trainer": "spec.trainer.placement.template", "ranker": "spec.ranke
 RULES = {"hostNetwork": "spec.hostNetwork: true is not allowed", "hostPID": "spec.hostPID: true is not allowed",
          "hostIPC": "spec.hostIPC: true is not allowed", "hostPath": "hostPath volumes are not allowed",
          "privileged": "privileged containers are not allowed", "capabilities": "added capabilities are not allowed",
-         "serviceAccount": "spec.serviceAccountName (and the deprecated spec.serviceAccount) must be one of"}
+         "serviceAccount": "spec.serviceAccountName (and the deprecated spec.serviceAccount) must be one of",
+         "hostPort": "host ports are not allowed", "seLinux": "seLinuxOptions may set only level",
+         "procMount": "procMount other than Default is not allowed",
+         "unconfined": "seccompProfile and appArmorProfile of type Unconfined are not allowed",
+         "sysctls": "only the sysctls Pod Security baseline calls safe are allowed",
+         "root": "running as root is not allowed", "hostProcess": "Windows host processes are not allowed",
+         "nodeName": "spec.nodeName is not allowed", "runtimeClass": "spec.runtimeClassName must be one of [nvidia]"}
 BAD_TEMPLATES = [
     ("hostNetwork", {"spec": {"hostNetwork": True}}),
     ("hostPID", {"spec": {"hostPID": True}}),
@@ -42,14 +48,34 @@ BAD_TEMPLATES = [
         "capabilities": {"add": ["SYS_ADMIN"]}}}]}}),
     ("serviceAccount", {"spec": {"serviceAccountName": "cluster-admin"}}),
     ("serviceAccount", {"spec": {"serviceAccount": "cluster-admin"}}),  # deprecated alias, same effect
+    # N13: the rest of Pod Security "baseline", and restricted's non-root (a namespace may enforce none)
+    ("hostPort", {"spec": {"containers": [{"name": "main", "ports": [{"containerPort": 80, "hostPort": 80}]}]}}),
+    ("seLinux", {"spec": {"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}}),
+    ("seLinux", {"spec": {"containers": [{"name": "main", "securityContext": {"seLinuxOptions": {"user": "root"}}}]}}),
+    ("procMount", {"spec": {"containers": [{"name": "main", "securityContext": {"procMount": "Unmasked"}}]}}),
+    ("unconfined", {"spec": {"securityContext": {"seccompProfile": {"type": "Unconfined"}}}}),
+    ("unconfined", {"spec": {"initContainers": [{"name": "i", "securityContext": {
+        "appArmorProfile": {"type": "Unconfined"}}}]}}),
+    ("sysctls", {"spec": {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}}),
+    ("root", {"spec": {"containers": [{"name": "sidecar", "securityContext": {"runAsUser": 0}}]}}),
+    ("root", {"spec": {"securityContext": {"runAsNonRoot": False}}}),
+    ("hostProcess", {"spec": {"containers": [{"name": "main", "securityContext": {
+        "windowsOptions": {"hostProcess": True}}}]}}),
+    ("nodeName", {"spec": {"nodeName": "control-plane-1"}}),
+    ("runtimeClass", {"spec": {"runtimeClassName": "privileged-runc"}}),
 ]
 HARMLESS_TEMPLATE = {
     "metadata": {"labels": {"team": "rl"}, "annotations": {"a": "b"}},
-    "spec": {"hostNetwork": False, "hostPID": False, "serviceAccountName": "trainer",
+    "spec": {"hostNetwork": False, "hostPID": False, "serviceAccountName": "trainer", "runtimeClassName": "nvidia",
+             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"},
+                                 "seLinuxOptions": {"level": "s0:c1,c2", "type": "container_t"},
+                                 "sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]},
              "affinity": {"nodeAffinity": {}},
              "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
              "initContainers": [{"name": "fetch", "image": "busybox", "securityContext": {"privileged": False}}],
-             "containers": [{"name": "main", "env": [{"name": "A", "value": "1"}], "securityContext": {
+             "containers": [{"name": "main", "env": [{"name": "A", "value": "1"}],
+                             "ports": [{"containerPort": 9000}, {"containerPort": 9001, "hostPort": 0}],
+                             "securityContext": {"procMount": "Default",
                  "privileged": False, "capabilities": {"drop": ["ALL"], "add": []}}},
                  {"name": "sidecar", "image": "busybox"}]},
 }
@@ -113,7 +139,8 @@ def test_admission_policy_matches_rljob_writes_and_fails_closed():
     assert spec["matchConstraints"]["resourceRules"] == [{"apiGroups": ["streamrl.io"], "apiVersions": ["*"],
                                                           "operations": ["CREATE", "UPDATE"], "resources": ["rljobs"]}]
     # 3 templates x 6 rules, each message naming its template and its field.
-    assert len(spec["validations"]) == 18 and all(v["reason"] == "Invalid" for v in spec["validations"])
+    # 3 templates x 15 rules: host namespaces, hostPath, privilege, capabilities, and the rest of baseline
+    assert len(spec["validations"]) == 45 and all(v["reason"] == "Invalid" for v in spec["validations"])
     node_rules = [message for rule, message in RULES.items() if rule != "serviceAccount"]  # no list: any account
     assert {(t, r) for t in TEMPLATES.values() for r in node_rules} == {
         (v["message"].split(": ", 1)[0], next(r for r in RULES.values() if r in v["message"]))
