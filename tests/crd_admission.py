@@ -156,7 +156,7 @@ class _Rule:
             self.errors.append(f"compilation failed: {str(err).splitlines()[0]}")
             return self
         this = _T.of(self.node, self.where)
-        self.cost = self._cost(tree, {"self": this, "oldSelf": this})
+        self.cost = self._type(tree, {"self": this, "oldSelf": this})[1]
         return self
 
     def _bound(self, t: _T) -> float:
@@ -187,9 +187,6 @@ class _Rule:
             return _T("string", size=253)  # a map macro binds the key
         return _T("dyn")
 
-    def _args(self, tree) -> list:
-        return list(tree.children) if tree is not None else []
-
     def _type(self, tree, scope: dict[str, _T]) -> tuple[_T, float]:
         """(type, cost) of a subtree."""
         if isinstance(tree, lark.Token):
@@ -213,11 +210,11 @@ class _Rule:
             _, index_cost = self._type(kids[1], scope)
             return self._element(base) if base.kind in ("list", "map") else _T("dyn"), cost + index_cost + 1
         if rule == "ident_arg":
-            return self._call(None, str(kids[0]), self._args(kids[1] if len(kids) > 1 else None), scope)
+            return self._call(None, str(kids[0]), list(kids[1].children) if len(kids) > 1 else [], scope)
         if rule == "member_dot_arg":
             target = kids[0]
-            args = self._args(kids[2] if len(kids) > 2 else None)
-            namespace = _namespace(target)
+            args = list(kids[2].children) if len(kids) > 2 else []
+            namespace = _ident(target)  # `sets` in `sets.contains(...)`, unless a variable of that name
             if namespace is not None and namespace not in scope:
                 return self._call(None, f"{namespace}.{kids[1]}", args, scope)
             return self._call(target, str(kids[1]), args, scope)
@@ -307,9 +304,6 @@ class _Rule:
             return self._bound(text) * max(length, 1)
         return 1
 
-    def _cost(self, tree, scope: dict[str, _T]) -> float:
-        return self._type(tree, scope)[1]
-
 
 def _descend(tree):
     """The single child chain of a subtree down to its first branching node."""
@@ -323,11 +317,6 @@ def _ident(tree) -> str | None:
     if isinstance(leaf, lark.Tree) and leaf.data == "ident":
         return str(leaf.children[0])
     return None
-
-
-def _namespace(tree) -> str | None:
-    """`sets` in `sets.contains(...)`: a plain identifier before the dot."""
-    return _ident(tree)
 
 
 def _string_literal_length(tree) -> int | None:

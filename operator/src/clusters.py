@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 REVIEW_S = 600.0
 """How often a kept cluster client's permissions are checked again (SelfSubjectAccessReviews,
 18 per allowed namespace); its reachability is probed every time."""
-_RETIRING: set[asyncio.Task] = set()
-"""Replaced clients waiting out their grace before they close (kept referenced until then)."""
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -146,8 +144,8 @@ def _retire(runtime: Runtime, client: KubeClient) -> None:
         await client.close()
 
     task = asyncio.ensure_future(close_later())
-    _RETIRING.add(task)
-    task.add_done_callback(_RETIRING.discard)
+    runtime.retiring.add(task)
+    task.add_done_callback(runtime.retiring.discard)
 
 
 async def forget(runtime: Runtime, cluster: str) -> None:

@@ -46,8 +46,6 @@ GROUP_EVENTS = {"restarting": ("Warning", "GroupRestarted"), "rolling": ("Normal
 """Events on the RLJob for what is done to its trainer group (a restart after a preemption: Preempted)."""
 FINISHED_RESYNC_S = 600.0
 """How often the timer looks at a finished job again (its pools and ranker at zero, nothing to supervise)."""
-WATCHED = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"))
-"""Children whose changes a watch keeps in Runtime.children (reconcile.WATCHED_KINDS)."""
 CLUSTER_PROBE_INTERVAL_S = 60.0
 """How often a registered RLCluster is probed again (reachable, and allowed what the operator does there)."""
 
@@ -283,7 +281,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings,
     kopf.timer(*RLJOBS, id="refresh", interval=interval, initial_delay=interval / 2, backoff=interval,
                registry=registry)(reconcile_rljob)
     kopf.daemon(*RLJOBS, cancellation_backoff=2.0, cancellation_timeout=5.0, registry=registry)(autoscale_rljob)
-    for resource in WATCHED:
+    for resource in reconcile.WATCHED.values():
         kopf.on.event(*resource, labels={"app.kubernetes.io/managed-by": "streamrl-operator"},
                       registry=registry)(remember_child)
     kopf.on.delete(*RLJOBS, when=_has_remote_pools, registry=registry)(delete_remote_children)

@@ -124,7 +124,11 @@ def foreign(desired: dict, current: dict) -> str | None:
     return None
 
 
-WATCHED_KINDS = frozenset({"ConfigMap", "Service", "Deployment"})
+WATCHED = {"ConfigMap": ("", "v1", "configmaps"), "Service": ("", "v1", "services"),
+           "Deployment": ("apps", "v1", "deployments")}
+"""Children whose changes the operator watches, by kind: (group, version, plural) of the
+watch (handlers.remember_child)."""
+WATCHED_KINDS = frozenset(WATCHED)
 """Children whose changes the operator watches (handlers.remember_child): read from
 Runtime.children rather than GET each round. A stale event there costs at most one no-op
 apply. (The trainer Job is read each round: a stale event could count a failure twice.)"""

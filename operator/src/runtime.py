@@ -64,6 +64,8 @@ class Runtime:
     """Per registered cluster: when (time.monotonic) its permissions were last checked."""
     client_grace_s: float = 30.0
     """How long a replaced remote client stays open for the requests still in flight on it."""
+    retiring: set[asyncio.Task] = field(default_factory=set)
+    """Replaced remote clients waiting out client_grace_s before they close (referenced until then)."""
     queued: set[str] = field(default_factory=set)
     """RLJobs ("namespace/name") whose trainer Job Kueue took without their label (its
     LocalQueue defaulting, manageJobsWithoutQueueName): suspended, they get no Job at all (Kueue

@@ -71,14 +71,20 @@ def _schema_problems(error: jsonschema.ValidationError) -> list[tuple[str, str]]
     return [(field_path(where), error.message)]
 
 
+def _broken(rule: dict, env: celpy.Environment, path: str, **bindings) -> list[tuple[str, str]]:
+    """[(field, message)] when the rule is false for these bindings (self, oldSelf), else []."""
+    program = env.program(env.compile(rule["rule"]))
+    if bool(program.evaluate({k: json_to_cel(v) for k, v in bindings.items()})):
+        return []
+    return [((path + rule.get("fieldPath", "")).lstrip("."), rule["message"])]
+
+
 def _cel_problems(node: dict, value, path: str, env: celpy.Environment) -> list[tuple[str, str]]:
     problems = []
     for rule in node.get("x-kubernetes-validations", []):
         if "oldSelf" in rule["rule"]:
             continue  # a transition rule: judged against the stored object, on an update only
-        program = env.program(env.compile(rule["rule"]))
-        if not bool(program.evaluate({"self": json_to_cel(value)})):
-            problems.append(((path + rule.get("fieldPath", "")).lstrip("."), rule["message"]))
+        problems += _broken(rule, env, path, self=value)
     if isinstance(value, dict) and "properties" in node:
         for key, sub in node["properties"].items():
             if key in value and value[key] is not None:
@@ -105,9 +111,7 @@ def _transition_problems(node: dict, old, new, path: str, env: celpy.Environment
     problems = []
     for rule in node.get("x-kubernetes-validations", []):
         if "oldSelf" in rule["rule"]:
-            program = env.program(env.compile(rule["rule"]))
-            if not bool(program.evaluate({"self": json_to_cel(new), "oldSelf": json_to_cel(old)})):
-                problems.append(((path + rule.get("fieldPath", "")).lstrip("."), rule["message"]))
+            problems += _broken(rule, env, path, self=new, oldSelf=old)
     if isinstance(old, dict) and isinstance(new, dict) and "properties" in node:
         for key, sub in node["properties"].items():
             if old.get(key) is not None and new.get(key) is not None:
