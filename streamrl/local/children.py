@@ -59,6 +59,11 @@ class Child:
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status (None: it runs, or its exit was not seen yet)."""
+        return self.proc.returncode
+
     def seconds(self) -> float:
         """Seconds it lived (so far, while it runs)."""
         return (self.ended or time.monotonic()) - self.started

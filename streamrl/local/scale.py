@@ -56,6 +56,10 @@ class Replica(Protocol):
 
     def running(self) -> bool: ...
 
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it exited (0: it finished, or drained when asked to)."""
+
 
 @dataclass
 class Fleet:
@@ -97,6 +101,9 @@ class LocalAutoscaler:
         self.last: ScalingRecord | None = None
         self.decided = self.replicas()
         """Replicas per pool as of the last decision (processes exit once the run ends)."""
+        self.ending = False
+        """A replica finished without being asked to leave: the trainer told it the run is done,
+        and no round decides any more (the others finish too; none is to be replaced)."""
 
     def serve(self, host: str = "127.0.0.1") -> str:
         """Start its admin server (/metrics, /status: the ScalingSummary); returns host:port."""
@@ -130,7 +137,13 @@ class LocalAutoscaler:
             return None
         self._next_round = now + self.spec.interval_seconds
         self._inputs_at = now if self._inputs_at is None else self._inputs_at
+        finished = [r for r in self.fleet.replicas if not r.running() and r.returncode == 0]
         self.fleet.replicas[:] = [r for r in self.fleet.replicas if r.running()]
+        if finished and not self.ending:
+            self.ending = True
+            self._note(now, f"the run is ending: {', '.join(r.name for r in finished)} finished")
+        if self.ending:
+            return None
         asked = self.replicas()
         try:
             inputs = parse_inputs(self.prometheus.query_all(input_queries(

@@ -19,6 +19,7 @@ class _FakeReplica:
     name: str
     pool: str
     alive: bool = True
+    returncode: int | None = None
 
     def running(self) -> bool:
         return self.alive
@@ -166,3 +167,28 @@ def test_waiting_for_iterations_is_not_a_lack_of_inputs(tmp_path):
     for now in (100.0, 102.0, 100.0 + 2 * NO_INPUTS_TIMEOUT_S):
         assert scaler.tick(now=now) is None
     assert scaler.last.reason == "waiting for two iterations since the last change"
+
+
+def test_once_a_replica_finishes_unasked_the_run_is_ending_and_no_round_decides(tmp_path):
+    """The trainer tells the replicas the run is done and they exit 0 one by one; a round
+    between that and the runner's stop must not read the emptied fleet as a decision."""
+    scaler, prom, started, drained, _ = _scaler(tmp_path)
+    prom.connected = {"default": 1}
+    scaler.tick(now=100.0)
+    assert scaler.tick(now=102.0).step == 1 and scaler.decided == {"default": 2}
+    finished = scaler.fleet.replicas[0]
+    finished.alive, finished.returncode = False, 0
+    prom.connected = {"default": 1}
+    assert scaler.tick(now=103.0) is None and scaler.last.reason == "the run is ending: default-0 finished"
+    started[0].alive, started[0].returncode = False, 0
+    prom.connected = {}
+    assert scaler.tick(now=104.0) is None and scaler.tick(now=110.0) is None
+    assert scaler.summary().replicas_final == {"default": 2} and len(started) == 1 and not drained
+
+
+def test_a_replica_that_crashed_is_no_end_of_the_run(tmp_path):
+    scaler, prom, started, _, _ = _scaler(tmp_path)
+    scaler.fleet.replicas.append(crashed := _FakeReplica("default-1", "default", alive=False, returncode=-9))
+    prom.connected = {"default": 1}
+    scaler.tick(now=100.0)
+    assert scaler.tick(now=102.0).step == 1 and not scaler.ending and crashed not in scaler.fleet.replicas
