@@ -8,6 +8,10 @@ time is the replica's PTL. Admission stays the generator's: requests wait here i
 (highest priority first, then arrival) and join vLLM while it runs fewer than the batch cap;
 inside vLLM they keep that order through its priority scheduling (which also picks whom to
 preempt when the KV cache runs out).
+
+Logprobs are vLLM's processed ones: after temperature, as the torch engine's, and, where
+algorithm.topP < 1, also after the nucleus cut (renormalised over it), where the torch engine's
+are taken before it. At topP 1 (the default) the two engines agree (tests/integration).
 """
 
 from __future__ import annotations
@@ -67,15 +71,20 @@ def versions_root() -> Path:
     return Path(tempfile.mkdtemp(prefix="streamrl-vllm-versions-", dir=base))
 
 
-def _cpu_threads_env(threads: int) -> None:
+def _cpu_threads_env(threads: int, tensor_parallel_size: int) -> None:
     """vLLM's CPU backend, left to itself, reserves a core and binds its OpenMP threads to the
-    others: on a replica given one or two cores that halves it. In process (our case) nothing
-    binds and the engine thread's own torch threads (streamrl.compute) run the model; for a
-    tensor-parallel replica, whose workers are processes of vLLM's, they are the cores this
-    process may run on, `threads` of them, none reserved."""
-    cores = sorted(os.sched_getaffinity(0))[:threads]
+    others: on a replica given one or two cores that halves it. In process (one worker, our
+    default) nothing binds and the engine thread's own torch threads (streamrl.compute) run the
+    model. A tensor-parallel replica's workers are processes of vLLM's: each binds to its share of
+    the `threads` cores this process may run on, none reserved."""
+    cores = sorted(os.sched_getaffinity(0))[:max(threads, tensor_parallel_size)]
+    if len(cores) < tensor_parallel_size:
+        raise ValueError(f"engine.tensorParallelSize {tensor_parallel_size}: on CPU each rank needs a core of its own; "
+                         f"this replica may run on {len(cores)}")
+    per_rank = len(cores) // tensor_parallel_size
+    ranks = [cores[i * per_rank:(i + 1) * per_rank] for i in range(tensor_parallel_size)]
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, rank)) for rank in ranks)
 
 
 class VllmEngine(Engine):
@@ -87,7 +96,7 @@ class VllmEngine(Engine):
         kwargs = engine_kwargs(spec, model_dir, dtype, seed, weights)
         kwargs["worker_extension_cls"] = VERSION_LOADER
         if spec.device == "cpu":
-            _cpu_threads_env(threads)
+            _cpu_threads_env(threads, spec.tensor_parallel_size)
         from vllm import LLMEngine
         from vllm.engine.arg_utils import EngineArgs
 
