@@ -23,7 +23,6 @@ import shutil
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,12 +62,11 @@ def parameter_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def versions_root() -> Path:
+def versions_base() -> Path:
     """Where versions are written: memory-backed /dev/shm where it exists (a pod's is a tmpfs),
     else the temporary directory."""
     shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return Path(tempfile.mkdtemp(prefix="streamrl-vllm-versions-", dir=base))
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
 def _cpu_threads_env(threads: int, tensor_parallel_size: int) -> None:
@@ -122,9 +120,6 @@ class VllmEngine(Engine):
         self.num_generated_tokens = 0
         self.policy_version = 0
         self.holds_weights = weights
-        self._versions = versions_root()
-        self._loaded: Path | None = None
-        weakref.finalize(self, shutil.rmtree, self._versions, True)
         self._ptl: dict[int, float] = {}
         self._ptl_lock = threading.Lock()  # read by the agent's load reporter thread
 
@@ -278,37 +273,31 @@ class VllmEngine(Engine):
 
     def finish_weight_update(self, policy_version: int) -> None:
         """Refuse a version that lacks a parameter (the engine keeps the one it holds), else write it
-        as a safetensors directory, visible by rename once complete, and load it in place; the
-        previous version's directory is removed, and the prefix cache forgets the older KV."""
+        once as a safetensors directory, visible by rename once complete, and load it in place; the
+        prefix cache forgets the older KV. vLLM keeps no reference to the files once they are
+        loaded, so they are removed then (a process killed mid-load leaves one version behind)."""
+        from safetensors.torch import save_file
+
         tensors, self._pending = self._pending, {}
         missing = sorted(set(self._shapes) - set(tensors))
         if missing:
             raise ValueError(f"weight update for version {policy_version} lacks {len(missing)} parameter(s): "
                              f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}; it is not loaded")
-        path = self._write(tensors, policy_version)
-        loaded = self._llm.collective_rpc("load_version", args=(str(path),))
+        root = Path(tempfile.mkdtemp(prefix=f"streamrl-vllm-v{policy_version}-", dir=versions_base()))
+        try:
+            partial, path = root / "partial", root / f"v{policy_version}"
+            partial.mkdir()
+            save_file(tensors, str(partial / "model.safetensors"))
+            os.rename(partial, path)
+            loaded = self._llm.collective_rpc("load_version", args=(str(path),))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
         for names in loaded:
             if set(names) != set(tensors):
                 raise RuntimeError(f"version {policy_version}: vLLM's worker loaded {len(set(names))} of "
                                    f"{len(tensors)} tensors from {path}")
         self._llm.reset_prefix_cache()  # what no running request holds; the salt keeps the rest apart
-        if self._loaded is not None:
-            shutil.rmtree(self._loaded, ignore_errors=True)
-        self._loaded = path
         self.policy_version = policy_version
-
-    def _write(self, tensors: dict[str, torch.Tensor], policy_version: int) -> Path:
-        from safetensors.torch import save_file
-
-        final = self._versions / f"v{policy_version}"
-        partial = Path(tempfile.mkdtemp(prefix=f".v{policy_version}-", dir=self._versions))
-        save_file(tensors, str(partial / "model.safetensors"))
-        if final.exists():  # the same number again (a resumed trainer's other weights)
-            shutil.rmtree(final)
-            if self._loaded == final:
-                self._loaded = None
-        os.rename(partial, final)
-        return final
 
     def resume_generation(self) -> None:
         self._paused = False
