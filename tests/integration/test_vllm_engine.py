@@ -15,7 +15,7 @@ import torch
 
 from streamrl.generator.engine import GenerationRequest, setup_engine
 from streamrl.generator.torch_engine import TorchEngine
-from streamrl.generator.vllm_engine import VllmEngine, versions_base
+from streamrl.generator.vllm_engine import versions_base
 from streamrl.models import eos_token_id, load_model, load_tokenizer
 from streamrl.spec import VllmEngineSpec
 
@@ -32,16 +32,20 @@ def tok(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> VllmEngine:
-    return setup_engine(SPEC, str(tiny_model_dir), "float32", eos_token_id(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
 def kept() -> list:
     """Engines a test starts beside `engine`, kept until the module ends: vLLM tears down its
     process-wide parallel state when an engine is collected, which the other engine still uses
     (a generator process holds one engine; only tests hold two)."""
     return []
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, kept):
+    yield setup_engine(SPEC, str(tiny_model_dir), "float32", eos_token_id(tiny_model_dir))
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    kept.clear()
+    cleanup_dist_env_and_memory()  # the test process's torch.distributed as it was before the module
 
 
 @pytest.fixture(scope="module")
