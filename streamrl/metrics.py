@@ -61,6 +61,7 @@ PREDICTED_LENGTH_MEAN = "streamrl_predicted_length_mean"
 ACTUAL_LENGTH_MEAN = "streamrl_actual_length_mean"
 ENGINE_RUNNING = "streamrl_engine_running_sequences"
 ENGINE_WAITING = "streamrl_engine_waiting_sequences"
+ENGINE_KV_CACHE_USAGE = "streamrl_engine_kv_cache_usage_ratio"
 TRAINER_RANK_INFO = "streamrl_trainer_rank_info"
 TRAINER_FORWARD_BACKWARD_SECONDS = "streamrl_trainer_forward_backward_seconds"
 TRAINER_COLLECTIVE_SECONDS = "streamrl_trainer_collective_seconds"
@@ -205,6 +206,8 @@ class ServiceMetrics:
         self.engine_running = Gauge(ENGINE_RUNNING, "Generator: sequences decoding now", registry=r)
         self.engine_waiting = Gauge(ENGINE_WAITING, "Generator: samples assigned and waiting to start",
                                     registry=r)
+        self.engine_kv_cache_usage = Gauge(ENGINE_KV_CACHE_USAGE, "Generator: fraction of the engine's KV cache "
+                                           "in use (0-1)", registry=r)
         self.trainer_rank_info = Gauge(
             TRAINER_RANK_INFO, "Trainer: 1, labelled with this process's rank and the world size (to join on instance)",
             ["rank", "world_size"], registry=r)

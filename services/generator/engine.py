@@ -61,6 +61,8 @@ class EngineStats:
     """Since the engine started."""
     capacity: int
     """Maximum running sequences."""
+    kv_cache_usage: float = 0.0
+    """Fraction of the KV cache in use, 0-1, as of the last step."""
 
 
 class Engine(ABC):

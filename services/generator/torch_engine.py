@@ -88,7 +88,9 @@ class TorchEngine(Engine):
         return bool(self._waiting or self._running)
 
     def stats(self) -> EngineStats:
-        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.batch_cap)
+        cached = sum(r.cache_len for r in self._running)
+        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.batch_cap,
+                           cached / (self.capacity * self.decoder.max_len))
 
     # ---- the loop -------------------------------------------------------------------
     def step(self) -> list[Completion]:

@@ -85,6 +85,25 @@ def _cpu_threads_env(threads: int, tensor_parallel_size: int) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, rank)) for rank in ranks)
 
 
+def _kv_cache_reporter(engine: VllmEngine):
+    """A vLLM stat logger (its public hook for per-step scheduler stats) that keeps the engine's
+    `kv_cache_usage` current: vLLM's own fraction of KV blocks in use."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class KvCacheReporter(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                engine.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+        def log_engine_initialized(self):
+            pass
+
+    return KvCacheReporter
+
+
 class VllmEngine(Engine):
     ptl_context = 16
 
@@ -102,8 +121,9 @@ class VllmEngine(Engine):
         # OpenMP threads are bound in its worker processes); in process nothing is bound, and the
         # engine thread sets its own count (streamrl.compute), so the real function goes back.
         set_num_threads = torch.set_num_threads
+        self.kv_cache_usage = 0.0
         try:
-            self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+            self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=[_kv_cache_reporter(self)])
         finally:
             torch.set_num_threads = set_num_threads
         self.capacity = spec.max_num_seqs
@@ -146,7 +166,8 @@ class VllmEngine(Engine):
         return bool(self._waiting or self._running)
 
     def stats(self) -> EngineStats:
-        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.batch_cap)
+        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.batch_cap,
+                           self.kv_cache_usage)
 
     def set_batch_cap(self, max_batch_size: int) -> None:
         self.batch_cap = min(max_batch_size, self.capacity) if max_batch_size > 0 else self.capacity

@@ -159,6 +159,7 @@ class Worker(Executor):
             self.metrics.generated_tokens.inc(st.num_generated_tokens - before.num_generated_tokens)
             self.metrics.batch_occupancy.set(st.num_running / st.capacity)
             self.metrics.engine_running.set(st.num_running)
+            self.metrics.engine_kv_cache_usage.set(st.kv_cache_usage)
             self.metrics.engine_waiting.set(st.num_waiting + sum(len(w.sample_indices) for w in self._deferred))
             if low:
                 dt = time.monotonic() - t0

@@ -173,6 +173,7 @@ def test_abort_drops_waiting_and_running_requests(engine, tok):
             engine.add_request(r)
         engine.step()  # 0-3 run, 4-7 wait
         assert (engine.stats().num_running, engine.stats().num_waiting) == (4, 4)
+        assert 0 < engine.stats().kv_cache_usage < 0.5
         engine.abort(["1", "6", "unknown"])
         out = {}
         while engine.has_unfinished():
