@@ -34,10 +34,12 @@ class HfModelSource(SpecModel):
     a file into the trainer's pods only (never an environment variable). Locally, huggingface_hub
     finds the token itself (HF_TOKEN, or what `hf auth login` stored)."""
     cache_size: str = Field("50Gi", pattern=QUANTITY, max_length=32)
-    """Kubernetes, without a checkpoint volume: the room the download gets on the node's own disk
-    (the cache emptyDir's sizeLimit, and the trainer pod's ephemeral-storage request, so it is
-    scheduled where that room is). Size it to the repository: a 70B model in bf16 is about 140Gi.
-    With a checkpoint volume the cache lives on the claim and this is not used."""
+    """Kubernetes, without a checkpoint volume: the size of the claim the operator makes for the
+    hub cache (<job>-hf-cache), so a download outlives an evicted or restarted trainer pod.
+    Size it to the repository: a 70B model in bf16 is about 140Gi. With a checkpoint volume
+    the cache lives on that claim and this is not used."""
+    cache_storage_class: str | None = Field(None, min_length=1, max_length=253)
+    """Kubernetes: the storage class of the hub cache's claim (unset = the cluster's default)."""
 
 
 class HfFileSource(SpecModel):
