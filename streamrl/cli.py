@@ -241,6 +241,9 @@ def cmd_profile(args) -> int:
     if args.pool and args.pool not in pools:
         raise ValueError(f"--pool {args.pool!r}: the job has no such pool ({', '.join(pools)})")
     pool = pools[args.pool] if args.pool else spec.generators.pools[0]
+    if pool.engine.type != "torch":
+        raise ValueError(f"pool {pool.name!r}: engine.type {pool.engine.type}: streamrl profile measures the torch "
+                         "engine only so far (a vLLM replica measures its own PTL(BS) when it starts)")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
     completion_tokens = args.completion_tokens or spec.algorithm.max_new_tokens
     out = Path(args.out)

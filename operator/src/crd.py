@@ -136,10 +136,11 @@ def structural(node: dict, defs: dict) -> dict:
 
     if "$ref" in node:
         return wrapped(defs[node["$ref"].rsplit("/", 1)[-1]])
-    if "oneOf" in node:  # a discriminated union of one model (the engine, until a second one exists)
-        if len(node["oneOf"]) != 1:
-            raise ValueError("unions of several models are not structural; add the type to the CRD by hand")
-        return wrapped(node["oneOf"][0])
+    if "oneOf" in node:  # a discriminated union (the engine): one object, each member's fields its own
+        if len(node["oneOf"]) == 1:
+            return wrapped(node["oneOf"][0])
+        merged = tagged_union(node, defs)  # structural already
+        return {**merged, "description": _description(node["description"])} if "description" in node else merged
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         if len(options) != 1 or len(node["anyOf"]) != 2:
@@ -181,6 +182,45 @@ def structural(node: dict, defs: dict) -> dict:
         out["items"] = structural(node["items"], defs)
     if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
         raise ValueError(f"untyped schema node: {node}")
+    return out
+
+
+def tagged_union(node: dict, defs: dict) -> dict:
+    """A pydantic discriminated union (`oneOf` with a `discriminator`) as one structural object,
+    since a structural schema cannot put properties under `oneOf`: the tag's enum lists every
+    member, a field that several members declare alike is shared, and any other field carries no
+    default (the API server would store it under every tag; pydantic applies each member's own)
+    and a CEL rule that refuses it under the other tags."""
+    tag = node["discriminator"]["propertyName"]
+    members = [defs[ref["$ref"].rsplit("/", 1)[-1]] for ref in node["oneOf"]]
+    names = [m["properties"][tag]["const"] for m in members]
+    schemas = [structural(m, defs) for m in members]
+    props: dict[str, dict] = {}
+    owners: dict[str, list[str]] = {}
+    for name, schema in zip(names, schemas):
+        for key, sub in schema["properties"].items():
+            owners.setdefault(key, []).append(name)
+            props.setdefault(key, []).append(sub)
+    out: dict[str, Any] = {"type": "object", "properties": {}}
+    rules = []
+    for key, subs in props.items():
+        if key == tag:
+            out["properties"][key] = {**subs[0], "enum": names}
+            continue
+        if len(owners[key]) == len(names) and all(sub == subs[0] for sub in subs):
+            out["properties"][key] = subs[0]
+            continue
+        first = {k: v for k, v in subs[0].items() if k != "default"}
+        first["description"] = " ".join(f"({owner}) {sub.get('description', '')}".strip()
+                                        for owner, sub in zip(owners[key], subs))
+        out["properties"][key] = first
+        if len(owners[key]) < len(names):
+            allowed = ", ".join(f"'{o}'" for o in owners[key])
+            rules.append({"rule": f"!has(self.{key}) || self.{tag} in [{allowed}]",
+                          "message": f"{key} applies to {tag} {' or '.join(owners[key])} only",
+                          "fieldPath": f".{key}"})
+    if rules:
+        out["x-kubernetes-validations"] = rules
     return out
 
 

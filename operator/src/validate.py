@@ -19,6 +19,7 @@ from celpy.adapter import json_to_cel
 
 from streamrl.operator.crd import rljob_crd
 from streamrl.spec import GROUP, KIND, RLJob, SpecError, dump_job, field_path, parse_job
+from streamrl.vllm_args import job_problems
 
 
 def to_jsonschema(node: dict) -> dict:
@@ -171,6 +172,8 @@ def validate_job(data, source: str, crd: dict | None = None) -> Verdict:
                 problems[same[0]] = (where, message)
             elif where == "spec" or not any(_covers(where, f) or _covers(f, where) for f, _ in problems):
                 problems.append((where, message))
+    if job is not None and not problems:
+        problems += job_problems(job)  # engine.type vllm: installed here, its engineArgs known to it
     return Verdict(source, tuple(problems), None if problems else job)
 
 

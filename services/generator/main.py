@@ -89,7 +89,7 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
         if booted is None:
             metrics.model_read_bytes.inc(weight_bytes(model_dir))
         engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir),
-                              weights=booted is None)
+                              weights=booted is None, threads=pool.threads)
         log.info("engine %s %.1fs after the process started", "built (no weights yet)" if booted else "loaded",
                  time.time() - started)
         relay = None

@@ -36,13 +36,13 @@ class LocalGenerator:
     memory and weights taken from the trainer's store."""
 
     def __init__(self, engine: Engine, coordinator: Coordinator, store: WeightStore, metrics: ServiceMetrics,
-                 generator_id: str = "local-0"):
+                 generator_id: str = "local-0", engine_type: str = "torch"):
         self.coordinator = coordinator
         self.store = store
         self.metrics = metrics
         self.loop = asyncio.get_running_loop()
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._on_sample, on_loaded=self._on_loaded)
-        self.replica = coordinator.connect(Hello(generator_id, "local", engine.stats().capacity, "torch",
+        self.replica = coordinator.connect(Hello(generator_id, "local", engine.stats().capacity, engine_type,
                                                  engine.policy_version))
         self.replica.skewness_bubble_s = lambda: self.worker.skewness_bubble_s
         self._thread: threading.Thread | None = None
@@ -108,8 +108,9 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, **options) -> int:
     def in_process(coordinator: Coordinator, store: WeightStore) -> LocalGenerator:
         # Its own metrics: the engine's busy time must not count as the trainer's.
         metrics = ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl")
-        engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, load_tokenizer(model_dir).eos_token_id)
-        return LocalGenerator(engine, coordinator, store, metrics)
+        engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, load_tokenizer(model_dir).eos_token_id,
+                              threads=pool.threads)
+        return LocalGenerator(engine, coordinator, store, metrics, engine_type=pool.engine.type)
 
     return await trainer.serve(job, model_dir, out_dir, in_process=in_process, **options)
 

@@ -30,6 +30,7 @@ from streamrl.records import (
     write_json,
 )
 from streamrl.spec import load_job
+from streamrl.vllm_args import check_job
 
 Say = Callable[[str], None]
 Keeper = ReplicaRestarts | LocalAutoscaler
@@ -87,6 +88,7 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
 
     say = (lambda msg: None) if quiet else warn
     job = load_job(job_file)
+    check_job(job, str(job_file))  # engine.type vllm: installed here, engineArgs known to it
     resume = decide(out_dir.resolve(), job) if out_dir is not None else Resume(Start.NEW)
     if resume.start == Start.COMPLETE:  # before anything starts or the directory changes
         warn(resume.message)

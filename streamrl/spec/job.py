@@ -144,12 +144,15 @@ def field_path(loc: tuple[str | int, ...]) -> str:
     return out or "<root>"
 
 
+_ENGINE_TAGS = ("torch", "vllm", "TorchEngineSpec", "VllmEngineSpec")
+
+
 def _problems(err: ValidationError) -> tuple[tuple[str, str], ...]:
     out = []
     for e in err.errors():
         loc = [p for p in e["loc"] if not str(p).startswith("function-after")]
-        # A discriminated union's tag (the engine's `torch`) is pydantic's, not a field.
-        loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "engine" and p in ("torch", "TorchEngineSpec"))]
+        # A discriminated union's tag (the engine's `torch` or `vllm`) is pydantic's, not a field.
+        loc = [p for i, p in enumerate(loc) if not (i and loc[i - 1] == "engine" and p in _ENGINE_TAGS)]
         where = field_path(tuple(loc))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":

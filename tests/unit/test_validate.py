@@ -107,3 +107,15 @@ def test_file_level_problems_and_several_documents(tmp_path):
         f"{several} (document 2): skipped: not an RLJob (v1 ConfigMap)",
         f"{several} (document 3): spec.suspend: Input should be a valid boolean",
     ]
+
+
+def test_a_vllm_engine_argument_vllm_lacks_is_refused_by_name(tmp_path):
+    job = yaml.safe_load((ROOT / "deploy/examples/rljob-tiny-cpu.yaml").read_text())
+    job["spec"]["generators"]["pools"][0]["engine"] = {"type": "vllm", "device": "cpu",
+                                                       "engineArgs": {"max_num_batched_tokens": 4096,
+                                                                      "max_num_seqz": 8}}
+    out = io.StringIO()
+    assert run([str(_write(tmp_path, "vllm.yaml", job))], False, out) == 1
+    assert out.getvalue() == (f"{tmp_path / 'vllm.yaml'}: spec.generators.pools[0].engine.engineArgs.max_num_seqz: "
+                              "not an argument of the installed vLLM's EngineArgs (names are vLLM's, snake_case, "
+                              "e.g. max_num_batched_tokens)\n")

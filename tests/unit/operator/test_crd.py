@@ -196,7 +196,13 @@ INVALID = [
      "generators.pools: must have at most 16 items, has 17"),
     (_with("generators.dispatch", {"longTailFraction": 1.5}),
      "generators.dispatch.longTailFraction: 1.5 is greater than the maximum of 1"),
-    (_with("generators.pools.0.engine", {"type": "vllm"}), "generators.pools[0].engine.type: 'vllm' is not one of"),
+    (_with("generators.pools.0.engine", {"type": "tpu"}), "generators.pools[0].engine.type: 'tpu' is not one of"),
+    (_with("generators.pools.0.engine", {"type": "torch", "maxNumSeqs": 8}),
+     "generators.pools[0].engine.maxNumSeqs: maxNumSeqs applies to type vllm only"),
+    (_with("generators.pools.0.engine", {"type": "vllm", "maxBatchSize": 8}),
+     "generators.pools[0].engine.maxBatchSize: maxBatchSize applies to type torch only"),
+    (_with("generators.pools.0.engine", {"type": "vllm", "gpuMemoryUtilization": 1.5}),
+     "generators.pools[0].engine.gpuMemoryUtilization: 1.5 is greater than the maximum of 1"),
     (_with("trainer.weightChunkBytes", 100), "trainer.weightChunkBytes: 100 is less than the minimum of 1024"),
     (_with("suspend", "yes"), "suspend: 'yes' is not of type 'boolean'"),
     (_with("generators.pools", [{"name": "a", "replicas": 1, "minReplicas": 3, "maxReplicas": 2}]),
@@ -217,6 +223,14 @@ def test_invalid_jobs_are_refused_with_the_field_named(obj, message):
 
 def test_valid_base_is_accepted():
     assert check(CRD, BASE) == []
+
+
+def test_a_vllm_engine_is_accepted_with_its_own_fields_and_engine_args():
+    engine = {"type": "vllm", "device": "cpu", "maxNumSeqs": 16, "enforceEager": True, "cpuKvCacheGib": 0.5,
+              "engineArgs": {"max_num_batched_tokens": 4096}}
+    obj = _with("generators.pools.0.engine", engine)
+    assert check(CRD, obj) == []
+    assert parse_job(obj).spec.generators.pools[0].engine.max_batch_size == 16
     assert len(INVALID) >= 20
 
 

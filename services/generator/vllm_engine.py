@@ -1,0 +1,303 @@
+"""vLLM behind the generator's Engine interface: token ids in, the sampled tokens and their
+logprobs at the sampling temperature out, each policy version loaded in place. Knows token ids
+and tensor names only.
+
+vLLM's engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), stepped by the
+generator's engine thread like the torch engine, so a step is one scheduler iteration and its
+time is the replica's PTL. Admission stays the generator's: requests wait here in our order
+(highest priority first, then arrival) and join vLLM while it runs fewer than the batch cap;
+inside vLLM they keep that order through its priority scheduling (which also picks whom to
+preempt when the KV cache runs out).
+
+Logprobs are vLLM's processed ones: after temperature, as the torch engine's, and, where
+algorithm.topP < 1, also after the nucleus cut (renormalised over it), where the torch engine's
+are taken before it. At topP 1 (the default) the two engines agree (tests/integration).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest
+from streamrl.latency import observe_ptl, ptl_bucket
+from streamrl.rollout.workqueue import admission_key
+from streamrl.spec import VllmEngineSpec
+from streamrl.vllm_args import engine_kwargs
+
+VERSION_LOADER = "streamrl.generator.vllm_worker.VersionLoader"
+PRIORITY_SCALE = 1000
+"""vLLM's priorities are integers (lower first): ours (higher first, fractional) times this, negated."""
+
+
+@dataclass
+class _Running:
+    request: GenerationRequest
+    admitted_at: float
+    queued_s: float
+    policy_version: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def parameter_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """The policy's parameters (names as in its named_parameters, tied embeddings once) and
+    shapes, from the directory's config alone (built on the meta device: no memory, no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def versions_base() -> Path:
+    """Where versions are written: memory-backed /dev/shm where it exists (a pod's is a tmpfs),
+    else the temporary directory."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _cpu_threads_env(threads: int, tensor_parallel_size: int) -> None:
+    """vLLM's CPU backend, left to itself, reserves a core and binds its OpenMP threads to the
+    others: on a replica given one or two cores that halves it. In process (one worker, our
+    default) nothing binds and the engine thread's own torch threads (streamrl.compute) run the
+    model. A tensor-parallel replica's workers are processes of vLLM's: each binds to its share of
+    the `threads` cores this process may run on, none reserved."""
+    cores = sorted(os.sched_getaffinity(0))[:max(threads, tensor_parallel_size)]
+    if len(cores) < tensor_parallel_size:
+        raise ValueError(f"engine.tensorParallelSize {tensor_parallel_size}: on CPU each rank needs a core of its own; "
+                         f"this replica may run on {len(cores)}")
+    per_rank = len(cores) // tensor_parallel_size
+    ranks = [cores[i * per_rank:(i + 1) * per_rank] for i in range(tensor_parallel_size)]
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, rank)) for rank in ranks)
+
+
+class VllmEngine(Engine):
+    ptl_context = 16
+
+    def __init__(self, spec: VllmEngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0,
+                 weights: bool = True, threads: int = 1):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core steps on our engine thread
+        kwargs = engine_kwargs(spec, model_dir, dtype, seed, weights)
+        kwargs["worker_extension_cls"] = VERSION_LOADER
+        if spec.device == "cpu":
+            _cpu_threads_env(threads, spec.tensor_parallel_size)
+        from vllm import LLMEngine
+        from vllm.engine.arg_utils import EngineArgs
+
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process (its
+        # OpenMP threads are bound in its worker processes); in process nothing is bound, and the
+        # engine thread sets its own count (streamrl.compute), so the real function goes back.
+        set_num_threads = torch.set_num_threads
+        try:
+            self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.capacity = spec.max_num_seqs
+        self.batch_cap = spec.max_num_seqs
+        self.eos_token_id = eos_token_id
+        self.max_len = self._llm.model_config.max_model_len
+        self._shapes = parameter_shapes(model_dir)
+        self._waiting: list[tuple[float, int, GenerationRequest, float]] = []  # heap
+        self._arrival = itertools.count()
+        self._running: dict[str, _Running] = {}  # in vLLM: waiting there or decoding
+        self._paused = False
+        self._pending: dict[str, torch.Tensor] = {}
+        self._ignore_eos = False  # measure_latency: every synthetic request runs to its max_new_tokens
+        self.num_generated_tokens = 0
+        self.policy_version = 0
+        self.holds_weights = weights
+        self._ptl: dict[int, float] = {}
+        self._ptl_lock = threading.Lock()  # read by the agent's load reporter thread
+
+    # ---- requests -------------------------------------------------------------------
+    def add_request(self, request: GenerationRequest) -> None:
+        need = len(request.prompt_token_ids) + request.max_new_tokens
+        if need > self.max_len:
+            raise ValueError(f"request {request.request_id}: prompt + max_new_tokens = {need} exceeds the context "
+                             f"of {self.max_len} (engine.maxModelLen)")
+        heapq.heappush(self._waiting, (*admission_key(request.priority, next(self._arrival)), request,
+                                       time.monotonic()))
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        ids = set(request_ids)
+        self._waiting = [w for w in self._waiting if w[2].request_id not in ids]
+        heapq.heapify(self._waiting)
+        inside = [rid for rid in ids if rid in self._running]
+        if inside:
+            self._llm.abort_request(inside)
+            for rid in inside:
+                del self._running[rid]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self._running), len(self._waiting), self.num_generated_tokens, self.batch_cap)
+
+    def set_batch_cap(self, max_batch_size: int) -> None:
+        self.batch_cap = min(max_batch_size, self.capacity) if max_batch_size > 0 else self.capacity
+
+    # ---- the loop -------------------------------------------------------------------
+    def step(self) -> list[Completion]:
+        if self._paused:
+            return []
+        self._admit()
+        if not self._running:
+            return []
+        batch_size = len(self._running)
+        t0 = time.perf_counter()
+        outputs = self._llm.step()
+        finished = self._collect(outputs)
+        self._observe_latency(batch_size, time.perf_counter() - t0)
+        return finished
+
+    def _admit(self) -> None:
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        now = time.monotonic()
+        while self._waiting and len(self._running) < self.batch_cap:
+            _, _, req, queued_at = heapq.heappop(self._waiting)
+            params = SamplingParams(
+                temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
+                logprobs=0, stop_token_ids=[] if self._ignore_eos else [self.eos_token_id],
+                ignore_eos=True,  # vLLM knows no EOS without a tokenizer: stop_token_ids says it
+                output_kind=RequestOutputKind.DELTA,
+            )
+            # The salt keeps a prompt's cached KV to the version that computed it.
+            prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids),
+                                  cache_salt=f"streamrl-v{self.policy_version}")
+            self._llm.add_request(req.request_id, prompt, params, priority=-round(req.priority * PRIORITY_SCALE))
+            self._running[req.request_id] = _Running(req, now, now - queued_at, self.policy_version)
+
+    def _collect(self, outputs) -> list[Completion]:
+        now = time.monotonic()
+        finished = []
+        for out in outputs:
+            r = self._running.get(out.request_id)
+            if r is None:
+                continue  # aborted meanwhile
+            done = out.outputs[0]
+            r.tokens.extend(done.token_ids)
+            # logprobs=0: each position holds the sampled token's entry (processed_logprobs: after temperature).
+            r.logprobs.extend(pos[tok].logprob for tok, pos in zip(done.token_ids, done.logprobs or ()))
+            self.num_generated_tokens += len(done.token_ids)
+            if out.finished:
+                del self._running[out.request_id]
+                reason = "stop" if r.tokens and r.tokens[-1] == self.eos_token_id and not self._ignore_eos else "length"
+                finished.append(Completion(r.request.request_id, tuple(r.tokens), tuple(r.logprobs), reason,
+                                           r.policy_version, r.queued_s, now - r.admitted_at))
+        return finished
+
+    # ---- latency profile ------------------------------------------------------------
+    def _observe_latency(self, batch_size: int, seconds: float) -> None:
+        with self._ptl_lock:
+            observe_ptl(self._ptl, batch_size, seconds)
+
+    def latency_profile(self) -> list[tuple[int, float]]:
+        with self._ptl_lock:
+            return sorted(self._ptl.items())
+
+    def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4,
+                        context: int | None = None) -> list[tuple[int, float]]:
+        """At each batch size, `steps` of this engine's own steps (vLLM's scheduler iteration, the
+        forward, sampling, our bookkeeping) over a steady batch of synthetic requests with
+        `context` prompt tokens (default ptl_context), once every one has its first token (the
+        prefill steps are untimed). They are aborted after; the engine is left as it was."""
+        if self.has_unfinished():
+            raise RuntimeError("measure_latency needs an idle engine")
+        context = self.ptl_context if context is None else context
+        if not 1 <= context <= self.max_len - steps - 16:
+            raise ValueError(f"measure_latency context {context}: must be 1..{self.max_len - steps - 16}")
+        saved = self.batch_cap, self.num_generated_tokens
+        with self._ptl_lock:
+            observed = dict(self._ptl)
+        self._ignore_eos, self.batch_cap = True, self.capacity
+        prompt = tuple(4 + k % 16 for k in range(context))
+        out = []
+        try:
+            for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
+                ids = [f"measure-latency-{bs}-{i}" for i in range(bs)]
+                for i, rid in enumerate(ids):  # prompts differ in their last token: no prefix is shared
+                    self.add_request(GenerationRequest(rid, (*prompt[:-1], 4 + i % 32), steps + 16, 1.0, 1.0,
+                                                       seed=i))
+                while self._waiting or any(not self._running[rid].tokens for rid in ids):
+                    self.step()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    self.step()
+                out.append((bs, (time.perf_counter() - t0) / steps))
+                self.abort(ids)
+        finally:
+            self.abort(list(self._running) + [w[2].request_id for w in self._waiting])
+            self._ignore_eos = False
+            self.batch_cap, self.num_generated_tokens = saved
+            with self._ptl_lock:
+                self._ptl = observed
+        if context == self.ptl_context:
+            with self._ptl_lock:
+                self._ptl.update((ptl_bucket(bs), seconds) for bs, seconds in out)
+        return out
+
+    # ---- weights: a version written once, then loaded in place --------------------------
+    def pause_generation(self) -> None:
+        self._paused = True
+
+    def start_weight_update(self) -> None:
+        if not self._paused:
+            raise RuntimeError("start_weight_update needs pause_generation first")
+        self._pending = {}
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            shape = self._shapes.get(name)
+            if shape is None:
+                raise ValueError(f"weight update names an unknown parameter {name!r}")
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"weight {name}: shape {tuple(tensor.shape)} != {shape}")
+            self._pending[name] = tensor.detach().to("cpu").contiguous()
+
+    def finish_weight_update(self, policy_version: int) -> None:
+        """Refuse a version that lacks a parameter (the engine keeps the one it holds), else write it
+        once as a safetensors directory, visible by rename once complete, and load it in place; the
+        prefix cache forgets the older KV. vLLM keeps no reference to the files once they are
+        loaded, so they are removed then (a process killed mid-load leaves one version behind)."""
+        from safetensors.torch import save_file
+
+        tensors, self._pending = self._pending, {}
+        missing = sorted(set(self._shapes) - set(tensors))
+        if missing:
+            raise ValueError(f"weight update for version {policy_version} lacks {len(missing)} parameter(s): "
+                             f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}; it is not loaded")
+        root = Path(tempfile.mkdtemp(prefix=f"streamrl-vllm-v{policy_version}-", dir=versions_base()))
+        try:
+            partial, path = root / "partial", root / f"v{policy_version}"
+            partial.mkdir()
+            save_file(tensors, str(partial / "model.safetensors"))
+            os.rename(partial, path)
+            loaded = self._llm.collective_rpc("load_version", args=(str(path),))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        for names in loaded:
+            if set(names) != set(tensors):
+                raise RuntimeError(f"version {policy_version}: vLLM's worker loaded {len(set(names))} of "
+                                   f"{len(tensors)} tensors from {path}")
+        self._llm.reset_prefix_cache()  # what no running request holds; the salt keeps the rest apart
+        self.policy_version = policy_version
+
+    def resume_generation(self) -> None:
+        self._paused = False

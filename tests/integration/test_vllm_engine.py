@@ -1,0 +1,206 @@
+"""The vLLM engine for real (vLLM's CPU build, in process) with the built-in model: it samples as
+the torch engine does on the same weights, each version it loads in place samples as a fresh
+vLLM engine started on that version, an incomplete version is refused, abort and priority hold.
+
+One engine serves the whole module (starting one takes seconds); a test that changes its
+version or EOS puts them back.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from streamrl.generator.engine import GenerationRequest, setup_engine
+from streamrl.generator.torch_engine import TorchEngine
+from streamrl.generator.vllm_engine import versions_base
+from streamrl.models import eos_token_id, load_model, load_tokenizer
+from streamrl.spec import VllmEngineSpec
+
+SPEC = VllmEngineSpec(device="cpu", enforce_eager=True, max_num_seqs=8, cpu_kv_cache_gib=0.25)
+PROMPTS = ["1..5:", "12..40:", "3+4=", "99..99:", "a", "hello world", "7..9:", "123+456="]
+LOGPROB_TOL = 1e-4
+"""float32 on both sides; vLLM's kernels (oneDNN GEMMs, its own attention) sum in another order
+than torch's: measured differences are below 1e-6."""
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def kept() -> list:
+    """Engines a test starts beside `engine`, kept until the module ends: vLLM tears down its
+    process-wide parallel state when an engine is collected, which the other engine still uses
+    (a generator process holds one engine; only tests hold two)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, kept):
+    yield setup_engine(SPEC, str(tiny_model_dir), "float32", eos_token_id(tiny_model_dir))
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    kept.clear()
+    cleanup_dist_env_and_memory()  # the test process's torch.distributed as it was before the module
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def _requests(tok, temperature=0.0, max_new=lambda i: 12 + 5 * i, seed=100):
+    out = []
+    for i, text in enumerate(PROMPTS):
+        ids = (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"])
+        out.append(GenerationRequest(str(i), ids, max_new(i), temperature, 1.0, seed=seed + i))
+    return out
+
+
+def _run(engine, requests):
+    for r in requests:
+        engine.add_request(r)
+    out = {}
+    while engine.has_unfinished():
+        for c in engine.step():
+            assert c.request_id not in out
+            out[c.request_id] = c
+    return out
+
+
+def _perturbed(model, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {n: p.detach() + 0.05 * torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
+
+
+def test_greedy_samples_and_logprobs_equal_the_torch_engines(engine, model, tok):
+    reference = TorchEngine(model, 8, tok.eos_token_id)
+    # The untrained model never says EOS: one of its greedy tokens stands in, so both engines stop on it.
+    eos = _run(reference, _requests(tok))["1"].token_ids[4]
+    saved = engine.eos_token_id
+    engine.eos_token_id = reference.eos_token_id = eos
+    try:
+        got, expected = _run(engine, _requests(tok)), _run(reference, _requests(tok))
+    finally:
+        engine.eos_token_id = saved
+    assert set(got) == {str(i) for i in range(len(PROMPTS))}
+    for rid, c in got.items():
+        assert c.token_ids == expected[rid].token_ids, rid
+        assert c.logprobs == pytest.approx(expected[rid].logprobs, abs=LOGPROB_TOL)
+        assert c.finish_reason == expected[rid].finish_reason
+        assert c.policy_version == engine.policy_version
+    assert {c.finish_reason for c in got.values()} == {"stop", "length"}
+
+
+def test_sampled_logprobs_are_those_of_the_tempered_distribution(engine, model, tok):
+    """The trainer's ratio divides by the probability the token was drawn with: at temperature T,
+    softmax(logits / T) (vLLM's processed logprobs), not the raw softmax(logits)."""
+    temperature = 0.7
+    got = _run(engine, _requests(tok, temperature=temperature, max_new=lambda i: 10))
+    for r in _requests(tok, temperature=temperature, max_new=lambda i: 10):
+        c = got[r.request_id]
+        full = torch.tensor([list(r.prompt_token_ids) + list(c.token_ids)])
+        with torch.no_grad():
+            logits = model(full).logits[0, len(r.prompt_token_ids) - 1: -1]
+        tempered = torch.log_softmax(logits / temperature, -1).gather(-1, full[0, len(r.prompt_token_ids):, None])
+        assert list(c.logprobs) == pytest.approx(tempered[:, 0].tolist(), abs=LOGPROB_TOL)
+
+
+def test_a_seeded_sample_is_the_same_whatever_else_runs(engine, tok):
+    alone = _run(engine, [_requests(tok, temperature=1.0)[3]])["3"]
+    batched = _run(engine, _requests(tok, temperature=1.0))["3"]
+    assert alone.token_ids == batched.token_ids
+    other_seed = _run(engine, _requests(tok, temperature=1.0, seed=7))["3"]
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_each_version_samples_as_a_fresh_engine_started_on_it(engine, model, tok, tmp_path, tiny_model_dir, kept):
+    before = _run(engine, _requests(tok))  # the prompts' KV is in the prefix cache now
+    v1 = _perturbed(model, seed=1)
+    written = set(versions_base().glob("streamrl-vllm-v*"))
+    engine.load_weights(v1.items(), 1)
+    assert engine.policy_version == 1
+    assert set(versions_base().glob("streamrl-vllm-v*")) == written  # the files go once loaded
+    after = _run(engine, _requests(tok))
+    assert any(after[rid].token_ids != before[rid].token_ids for rid in before)  # the new version is in use
+
+    # A fresh engine started on version 1 written as a model directory.
+    fresh_dir = tmp_path / "v1"
+    shutil.copytree(tiny_model_dir, fresh_dir)
+    fresh_model = load_model(tiny_model_dir)
+    fresh_model.load_state_dict(v1, strict=False)
+    fresh_model.save_pretrained(fresh_dir)
+    fresh = setup_engine(SPEC, str(fresh_dir), "float32", eos_token_id(tiny_model_dir))
+    kept.append(fresh)
+    expected = _run(fresh, _requests(tok))
+    for rid in before:
+        assert after[rid].token_ids == expected[rid].token_ids, rid
+        assert after[rid].logprobs == expected[rid].logprobs, rid  # the same kernels on the same weights
+        assert after[rid].policy_version == 1
+
+    # Version 0 again: its samples come back bit for bit (no KV of version 1 is reused).
+    engine.load_weights(((n, p.detach()) for n, p in model.named_parameters()), 2)
+    again = _run(engine, _requests(tok))
+    for rid in before:
+        assert (again[rid].token_ids, again[rid].logprobs) == (before[rid].token_ids, before[rid].logprobs)
+
+
+def test_a_version_missing_a_parameter_is_refused_and_the_held_one_kept(engine, model, tok):
+    held, before = engine.policy_version, _run(engine, _requests(tok))
+    partial = _perturbed(model, seed=2)
+    del partial["model.layers.1.mlp.down_proj.weight"]
+    with pytest.raises(ValueError, match=r"weight update for version 9 lacks 1 parameter\(s\): "
+                                         r"model.layers.1.mlp.down_proj.weight; it is not loaded"):
+        engine.load_weights(partial.items(), 9)
+    engine.resume_generation()  # load_weights stopped at the refusal, paused
+    assert engine.policy_version == held
+    after = _run(engine, _requests(tok))
+    assert {rid: c.token_ids for rid, c in after.items()} == {rid: c.token_ids for rid, c in before.items()}
+    with pytest.raises(ValueError, match="weight update names an unknown parameter 'lm_head.bias'"):
+        engine.load_weights([("lm_head.bias", torch.zeros(3))], 9)
+    engine.resume_generation()
+
+
+def test_abort_drops_waiting_and_running_requests(engine, tok):
+    requests = _requests(tok, max_new=lambda i: 30)
+    engine.set_batch_cap(4)
+    try:
+        for r in requests:
+            engine.add_request(r)
+        engine.step()  # 0-3 run, 4-7 wait
+        assert (engine.stats().num_running, engine.stats().num_waiting) == (4, 4)
+        engine.abort(["1", "6", "unknown"])
+        out = {}
+        while engine.has_unfinished():
+            out.update((c.request_id, c) for c in engine.step())
+    finally:
+        engine.set_batch_cap(0)
+    assert set(out) == {"0", "2", "3", "4", "5", "7"}
+    assert all(len(c.token_ids) == 30 for c in out.values())
+
+
+def test_higher_priority_is_admitted_first(engine, tok):
+    ids = (tok.bos_token_id, 5, 6)
+    engine.set_batch_cap(1)
+    try:
+        for rid, priority in [("low", 1.0), ("high", 40.0), ("mid", 12.5), ("mid-later", 12.5)]:
+            engine.add_request(GenerationRequest(rid, ids, 3, 0.0, 1.0, priority=priority))
+        order = []
+        while engine.has_unfinished():
+            order += [c.request_id for c in engine.step()]
+    finally:
+        engine.set_batch_cap(0)
+    assert order == ["high", "mid", "mid-later", "low"]
+
+
+def test_measure_latency_times_steps_and_leaves_the_engine_idle(engine):
+    tokens = engine.stats().num_generated_tokens
+    points = engine.measure_latency([1, 4, 8], steps=3)
+    assert [bs for bs, _ in points] == [1, 4, 8]
+    assert all(0 < seconds < 1 for _, seconds in points)
+    assert not engine.has_unfinished() and engine.stats().num_generated_tokens == tokens
+    assert [bs for bs, _ in engine.latency_profile()][:1] == [1]
