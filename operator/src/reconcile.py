@@ -429,6 +429,18 @@ def claim_of_another_job(current: dict, desired: dict, adopt: bool) -> str | Non
             f"{ADOPT_CHECKPOINTS}=true to resume from them")
 
 
+async def _create_claim(runtime: Runtime, desired: dict, what: str, logger: Logger) -> None:
+    """Create a claim the operator makes (one created meanwhile, 409, is as good)."""
+    try:
+        await runtime.kube.create(desired)
+    except KubeError as err:
+        if err.status != 409:
+            raise
+    spec = desired["spec"]
+    logger.info("created the %s claim %s (%s, %s)", what, desired["metadata"]["name"],
+                spec["resources"]["requests"]["storage"], spec["accessModes"][0])
+
+
 async def ensure_cache_claim(runtime: Runtime, desired: dict | None, logger: Logger) -> str | None:
     """The hub cache's claim (builders.build_hub_cache_claim): created once, its spec the
     cluster's afterwards (a bound claim's size and mode are not the operator's to change); one
@@ -440,13 +452,7 @@ async def ensure_cache_claim(runtime: Runtime, desired: dict | None, logger: Log
     path = path_of("v1", "PersistentVolumeClaim", desired["metadata"]["namespace"], claim)
     current = await runtime.kube.get(path)
     if current is None:
-        try:
-            await runtime.kube.create(desired)
-        except KubeError as err:
-            if err.status != 409:
-                raise
-        logger.info("created the hub cache claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
-                    ["storage"], desired["spec"]["accessModes"][0])
+        await _create_claim(runtime, desired, "hub cache", logger)
         return None
     if current["metadata"].get("deletionTimestamp"):
         return f"waiting for the previous PersistentVolumeClaim {claim} to be deleted (the hub cache, model.hf)"
@@ -474,13 +480,7 @@ async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: di
             f"checkpoint.volume.claimName: PersistentVolumeClaim {claim!r} not found in namespace {namespace}; "
             "the trainer's pods wait for it")
     if current is None:
-        try:
-            await runtime.kube.create(desired)
-        except KubeError as err:
-            if err.status != 409:
-                raise
-        logger.info("created the checkpoint claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
-                    ["storage"], desired["spec"]["accessModes"][0])
+        await _create_claim(runtime, desired, "checkpoint", logger)
         return None
     _refuse_foreign(desired, current)  # a claim of that name that is someone else's is neither adopted nor deleted
     problem = claim_of_another_job(current, desired, adopt)
