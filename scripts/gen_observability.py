@@ -206,6 +206,13 @@ def weights() -> Dashboard:
                            q(f"rate(streamrl_samples_stale_dropped_total{{{JOB}}}[$__rate_interval])", "stale"),
                            q(f"rate(streamrl_samples_redispatched_total{{{JOB}}}[$__rate_interval])",
                              "re-dispatched")))
+        .with_row(Row("Train/inference mismatch"))
+        .with_panel(series("Engine vs learner log-probabilities (per token, last iteration)", "none",
+                           q(f"streamrl_mismatch_abs_logprob{{{JOB}}}", "mean |log p - log q|"),
+                           q(f"streamrl_mismatch_kl{{{JOB}}}", "KL(engine || learner), k3")))
+        .with_panel(series("Largest token probability ratio, and tokens capped", "none",
+                           q(f"streamrl_mismatch_ratio_max{{{JOB}}}", "max ratio (either way)"),
+                           q(f"streamrl_importance_capped_fraction{{{JOB}}}", "fraction capped (importanceSampling)")))
     )
 
 

@@ -59,6 +59,10 @@ MAX_STALENESS = "streamrl_max_staleness"
 OUTPUT_LENGTH = "streamrl_output_length_tokens"
 PREDICTED_LENGTH_MEAN = "streamrl_predicted_length_mean"
 ACTUAL_LENGTH_MEAN = "streamrl_actual_length_mean"
+MISMATCH_ABS_LOGP = "streamrl_mismatch_abs_logprob"
+MISMATCH_KL = "streamrl_mismatch_kl"
+MISMATCH_RATIO_MAX = "streamrl_mismatch_ratio_max"
+IMPORTANCE_CAPPED_FRACTION = "streamrl_importance_capped_fraction"
 ENGINE_RUNNING = "streamrl_engine_running_sequences"
 ENGINE_WAITING = "streamrl_engine_waiting_sequences"
 ENGINE_KV_CACHE_USAGE = "streamrl_engine_kv_cache_usage_ratio"
@@ -203,6 +207,16 @@ class ServiceMetrics:
             registry=r)
         self.actual_length_mean = Gauge(ACTUAL_LENGTH_MEAN, "Last iteration: mean actual output length",
                                         registry=r)
+        self.mismatch_abs_logp = Gauge(
+            MISMATCH_ABS_LOGP, "Last iteration: mean |log p learner - log p engine| of the sampled tokens", registry=r)
+        self.mismatch_kl = Gauge(MISMATCH_KL, "Last iteration: mean k3 estimate of KL(engine || learner) per token",
+                                 registry=r)
+        self.mismatch_ratio_max = Gauge(
+            MISMATCH_RATIO_MAX, "Last iteration: largest learner/engine probability ratio of a token, either way",
+            registry=r)
+        self.importance_capped_fraction = Gauge(
+            IMPORTANCE_CAPPED_FRACTION, "Last iteration: fraction of tokens whose importance weight was capped",
+            registry=r)
         self.engine_running = Gauge(ENGINE_RUNNING, "Generator: sequences decoding now", registry=r)
         self.engine_waiting = Gauge(ENGINE_WAITING, "Generator: samples assigned and waiting to start",
                                     registry=r)

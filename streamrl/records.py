@@ -63,6 +63,14 @@ class StepStats:
     optimizer_s: float
     value_loss: float = 0.0
     """ppo: sum of the micro-batches' critic losses (0 under grpo)."""
+    mismatch_abs_logp: float = 0.0
+    """Train/inference mismatch: mean over completion tokens of |log p_learner - log p_engine|."""
+    mismatch_kl: float = 0.0
+    """Mean over completion tokens of the k3 estimate of KL(engine || learner)."""
+    mismatch_ratio_max: float = 1.0
+    """The largest probability ratio of one sampled token between learner and engine, either way."""
+    importance_capped_fraction: float = 0.0
+    """Fraction of completion tokens whose importance weight was truncated or masked (algorithm.importanceSampling)."""
 
     @property
     def train_s(self) -> float:
@@ -126,6 +134,17 @@ class IterationRecord(Record):
     grad_norm: float
     value_loss: float = 0.0
     """ppo: the critic's loss over the iteration's samples (0 under grpo)."""
+    mismatch_abs_logp: float = 0.0
+    """Train/inference mismatch: mean over completion tokens of |log p_learner - log p_engine|
+    (the learner's log-probability before the step against the one the engine reported; it
+    includes the policy's change for samples of an older version)."""
+    mismatch_kl: float = 0.0
+    """Mean over completion tokens of the k3 estimate of KL(engine || learner)."""
+    mismatch_ratio_max: float = 1.0
+    """The largest probability ratio of one sampled token between learner and engine, either way."""
+    importance_capped_fraction: float = 0.0
+    """Fraction of completion tokens whose importance weight was truncated or masked at
+    algorithm.importanceSampling.cap (0 without a correction)."""
     num_micro_batches: int
     staleness_mean: float
     staleness_max: int

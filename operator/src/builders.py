@@ -249,6 +249,29 @@ def build_checkpoint_claim(job: RLJob, namespace: str, owner: dict | None = None
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
+def hub_cache_claim_name(job: RLJob) -> str | None:
+    """The claim the hub cache lives on when there is no checkpoint claim to share (an `hf`
+    model): a download outlives the pod an eviction or a restart takes. None otherwise."""
+    if job.spec.model.source != "hf" or job.spec.checkpoint.volume is not None:
+        return None
+    return name(job.metadata.name, "hf-cache")
+
+
+def build_hub_cache_claim(job: RLJob, namespace: str, owner: dict | None = None) -> dict | None:
+    """The hub cache's claim (hub_cache_claim_name): model.hf.cacheSize, ReadWriteMany when
+    several trainer pods share it, deleted with the RLJob (a cache, not a result)."""
+    claim = hub_cache_claim_name(job)
+    if claim is None:
+        return None
+    hf = job.spec.model.hf
+    mode = "ReadWriteOnce" if job.spec.trainer.nodes == 1 else "ReadWriteMany"
+    spec: dict[str, Any] = {"accessModes": [mode], "resources": {"requests": {"storage": hf.cache_size}}}
+    if hf.cache_storage_class:
+        spec["storageClassName"] = hf.cache_storage_class
+    meta = object_meta(claim, namespace, labels(job.metadata.name, "hf-cache"), owner)
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
+
+
 def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | None = None,
                   restarts: int = 0) -> dict:
     """The trainer as an Indexed Job, the way JobSet and the Kubeflow trainer build one:
@@ -273,7 +296,8 @@ def build_trainer(job: RLJob, namespace: str, settings: Settings, owner: dict | 
                             restart_policy="Never", config_hash=config_hash(job), shm=True,
                             startup_s=trainer_startup_s(job),
                             out_volume={"persistentVolumeClaim": {"claimName": claim}} if claim else None)
-    apply_model_parts(template["spec"], model_parts(job, OUT_MOUNT, CACHE_MOUNT, claim is not None, JOB_FILE), MAIN)
+    apply_model_parts(template["spec"], model_parts(job, OUT_MOUNT, CACHE_MOUNT, claim is not None, JOB_FILE,
+                                                    hub_cache_claim_name(job)), MAIN)
     template["metadata"].setdefault("annotations", {}).update(TRAINER_POD_ANNOTATIONS)
     if command:
         template["spec"]["containers"][0]["command"] = command
@@ -429,7 +453,8 @@ def build_children(job: RLJob, namespace: str, settings: Settings, owner: dict |
         out.append(build_token_secret(job, namespace, token, owner))
     if settings.network_policy:
         out += build_network_policies(job, namespace, settings, owner, operator_namespace=settings.namespace)
-    out += [*([claim] if claim else []), build_trainer(job, namespace, settings, owner),
+    out += [c for c in (claim, build_hub_cache_claim(job, namespace, owner)) if c]
+    out += [build_trainer(job, namespace, settings, owner),
             build_trainer_service(job, namespace, owner), build_trainer_admin_service(job, namespace, owner),
             build_trainer_ranks_service(job, namespace, owner)]
     if uses_ranker(job):

@@ -29,7 +29,7 @@ import kopf
 
 from streamrl.operator import clusters, reconcile, remote
 from streamrl.operator.autoscaler import autoscale
-from streamrl.operator.builders import build_children
+from streamrl.operator.builders import build_children, claim_name, hub_cache_claim_name
 from streamrl.operator.kube import KubeError, path_of
 from streamrl.operator.names import ADOPT_CHECKPOINTS, owner_reference
 from streamrl.operator.observe import observe
@@ -121,7 +121,8 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
             logger.warning("invalid RLJob: %s", err)
         return derive(Observed(generation=generation, invalid=str(err)), previous, _now())
     trainer = next(c for c in children if c["kind"] == "Job")
-    claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
+    claims = {c["metadata"]["name"]: c for c in children if c["kind"] == "PersistentVolumeClaim"}
+    claim, hub_cache = claims.get(claim_name(job) or ""), claims.get(hub_cache_claim_name(job) or "")
     problem, refused, group, claim_problem, seen = None, None, None, None, {}
     try:
         if final is None:
@@ -130,7 +131,8 @@ async def _reconcile(runtime: Runtime, body, namespace: str, status: dict, logge
                                                                       ("Job", "PersistentVolumeClaim", "Deployment")],
                                          logger)
         adopt = (body["metadata"].get("annotations") or {}).get(ADOPT_CHECKPOINTS) == "true"
-        claim_problem = await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger, adopt)
+        claim_problem = (await reconcile.ensure_claim(runtime, job, namespace, claim, owner, logger, adopt)
+                         or await reconcile.ensure_cache_claim(runtime, hub_cache, logger))
         group = await reconcile.ensure_trainer(runtime, job, trainer, _count(status, "restarts"),
                                                reconcile.restart_budget(job, runtime.settings), logger,
                                                _count(status, "preemptions"), finished=final is not None,

@@ -165,6 +165,11 @@ class KubeClient:
         return await self._request("PATCH", path, json=body, params={"fieldManager": FIELD_MANAGER},
                                    headers={"Content-Type": "application/merge-patch+json"})
 
+    async def json_patch(self, path: str, ops: list[dict]) -> dict:
+        """An RFC 6902 JSON patch (managedFields, which a merge patch cannot replace whole)."""
+        return await self._request("PATCH", path, json=ops, params={"fieldManager": FIELD_MANAGER},
+                                   headers={"Content-Type": "application/json-patch+json"})
+
     async def apply(self, obj: dict) -> dict:
         """Server-side apply: the object becomes what `obj` says for every field the operator
         applies (created when missing; fields it applied before and leaves out now are

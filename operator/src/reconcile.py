@@ -19,6 +19,7 @@ import kubernetes_validate
 
 from streamrl.operator.admission import find_workload, needs_workload, read_admission
 from streamrl.operator.builders import PREEMPTED_EXIT_CODE, claim_name
+from streamrl.operator.fieldowners import LEGACY_MANAGERS, migration_patch
 from streamrl.operator.kube import KubeClient, KubeError, path_for, path_of
 from streamrl.operator.names import (
     ADOPT_CHECKPOINTS,
@@ -182,6 +183,7 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
         digest = _digest(obj)
         if current is not None:
             _refuse_foreign(obj, current, client)
+            current = await _take_over_legacy_fields(client, path, obj["kind"], current, logger)
             meta = current["metadata"]
             unchanged = memory.get((client.name, path)) == (digest, meta.get("resourceVersion"))
             if meta.get("deletionTimestamp") or unchanged:
@@ -200,6 +202,18 @@ async def apply_all(runtime: Runtime, client: KubeClient, key: str, objects: lis
         elif result["metadata"].get("resourceVersion") != current["metadata"].get("resourceVersion"):
             logger.info("updated %s %s%s", obj["kind"], obj["metadata"]["name"], _where(client))
     return out
+
+
+async def _take_over_legacy_fields(client: KubeClient, path: str, kind: str, current: dict, logger: Logger) -> dict:
+    """`current` with the fields an operator before server-side apply wrote handed to this
+    one (fieldowners.py), so that the apply that follows prunes what it no longer applies."""
+    ops = migration_patch(current)
+    if ops is None:
+        return current
+    result = await client.json_patch(path, ops)
+    logger.info("took over the fields an earlier operator wrote on %s %s%s (managedFields of %s)", kind,
+                current["metadata"]["name"], _where(client), ", ".join(sorted(LEGACY_MANAGERS)))
+    return result
 
 
 def _where(client: KubeClient | None) -> str:
@@ -415,6 +429,37 @@ def claim_of_another_job(current: dict, desired: dict, adopt: bool) -> str | Non
             f"{ADOPT_CHECKPOINTS}=true to resume from them")
 
 
+async def _create_claim(runtime: Runtime, desired: dict, what: str, logger: Logger) -> None:
+    """Create a claim the operator makes (one created meanwhile, 409, is as good)."""
+    try:
+        await runtime.kube.create(desired)
+    except KubeError as err:
+        if err.status != 409:
+            raise
+    spec = desired["spec"]
+    logger.info("created the %s claim %s (%s, %s)", what, desired["metadata"]["name"],
+                spec["resources"]["requests"]["storage"], spec["accessModes"][0])
+
+
+async def ensure_cache_claim(runtime: Runtime, desired: dict | None, logger: Logger) -> str | None:
+    """The hub cache's claim (builders.build_hub_cache_claim): created once, its spec the
+    cluster's afterwards (a bound claim's size and mode are not the operator's to change); one
+    of that name that is not the job's is ForeignObject. Returns why the trainer's pods cannot
+    mount it yet (None: they can, or the job has none)."""
+    if desired is None:
+        return None
+    claim = desired["metadata"]["name"]
+    path = path_of("v1", "PersistentVolumeClaim", desired["metadata"]["namespace"], claim)
+    current = await runtime.kube.get(path)
+    if current is None:
+        await _create_claim(runtime, desired, "hub cache", logger)
+        return None
+    if current["metadata"].get("deletionTimestamp"):
+        return f"waiting for the previous PersistentVolumeClaim {claim} to be deleted (the hub cache, model.hf)"
+    _refuse_foreign(desired, current)
+    return None
+
+
 async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: dict | None, owner: dict | None,
                        logger: Logger, adopt: bool = False) -> str | None:
     """The checkpoint claim: created once when the operator makes it (`desired`; its spec is
@@ -435,13 +480,7 @@ async def ensure_claim(runtime: Runtime, job: RLJob, namespace: str, desired: di
             f"checkpoint.volume.claimName: PersistentVolumeClaim {claim!r} not found in namespace {namespace}; "
             "the trainer's pods wait for it")
     if current is None:
-        try:
-            await runtime.kube.create(desired)
-        except KubeError as err:
-            if err.status != 409:
-                raise
-        logger.info("created the checkpoint claim %s (%s, %s)", claim, desired["spec"]["resources"]["requests"]
-                    ["storage"], desired["spec"]["accessModes"][0])
+        await _create_claim(runtime, desired, "checkpoint", logger)
         return None
     _refuse_foreign(desired, current)  # a claim of that name that is someone else's is neither adopted nor deleted
     problem = claim_of_another_job(current, desired, adopt)

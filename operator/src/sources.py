@@ -4,8 +4,10 @@ and the trainer's `--model-dir`. Only trainer pods get them: generators boot fro
 and mount no model. Pure: no I/O.
 
 - `hf` (model or task file): an init container (`streamrl fetch`) downloads it once into the
-  Hugging Face cache on the checkpoint claim (the pod's cache emptyDir without one); the
-  trainer then reads that cache offline. A token Secret is mounted as a file, for these two
+  Hugging Face cache on a claim: the checkpoint claim, else for a model the claim the
+  operator makes for the cache (<job>-hf-cache), so an evicted or restarted pod finds the
+  download there (a task file alone goes to the pod's cache emptyDir); the trainer then
+  reads that cache offline. A token Secret is mounted as a file, for these two
   containers only (HF_TOKEN_PATH), never an environment variable.
 - task `pvc`: the claim, read-only; the spec the pods load names the file's path in it.
 - `pvc`: the claim, read-only.
@@ -24,6 +26,8 @@ from streamrl.spec import RLJob, SpecError
 MODEL_MOUNT = "/var/lib/streamrl/model"
 DATA_MOUNT = "/var/lib/streamrl/data"
 HF_TOKEN_MOUNT = "/var/run/secrets/streamrl/hf"
+HF_CACHE_MOUNT = "/var/lib/streamrl/hf-cache"
+"""Where the hub cache's own claim is mounted (a job without a checkpoint claim)."""
 FETCH_CONTAINER, COPY_CONTAINER = "fetch", "model-copy"
 """The init containers that download from the hub (`streamrl fetch`) and copy a model image out."""
 
@@ -41,9 +45,6 @@ class ModelParts:
     """The trainer's --model-dir (None: it resolves the spec's source itself)."""
     from_hub: bool = False
     """The fetch init container fills the Hugging Face cache: the trainer then reads it offline."""
-    cache_size: str | None = None
-    """The room of the pod's own cache volume the download fills (its sizeLimit and the pod's
-    ephemeral-storage request); None: the cache is on the claim, or nothing large is downloaded."""
 
 
 def _inside(root: str, sub: str) -> str:
@@ -67,13 +68,23 @@ def task_path(job: RLJob) -> str | None:
     return _inside(DATA_MOUNT, pvc.path) if pvc else None
 
 
-def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, job_file: str) -> ModelParts:
+def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, job_file: str,
+                cache_claim: str | None = None) -> ModelParts:
     """The pod parts for the job's model source and task file (empty for a built-in model and
-    task: built in the pod; a path is the user's to mount through the pod template)."""
+    task: built in the pod; a path is the user's to mount through the pod template).
+    `on_claim`: the run directory is on the checkpoint claim; `cache_claim`: the hub cache's
+    own claim (builders.hub_cache_claim_name)."""
     model, task = job.spec.model, job.spec.task
     parts = ModelParts()
     if model.source == "hf" or task.hf:
-        cache = f"{out_mount}/hf-cache" if on_claim else f"{cache_mount}/hf"
+        if on_claim:
+            cache = f"{out_mount}/hf-cache"
+        elif cache_claim:
+            cache = HF_CACHE_MOUNT
+            parts.volumes.append({"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache_claim}})
+            parts.mounts.append({"name": "hf-cache", "mountPath": HF_CACHE_MOUNT})
+        else:
+            cache = f"{cache_mount}/hf"
         parts.env.append({"name": "HF_HUB_CACHE", "value": cache})
         if (token := hub_token_secret(job)) is not None:
             secret = {"secretName": token, "defaultMode": 0o440, "items": [{"key": "token", "path": "token"}]}
@@ -82,10 +93,6 @@ def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, jo
             parts.env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_MOUNT}/token"})
         parts.init_containers.append({"name": FETCH_CONTAINER, "args": ["fetch", job_file]})
         parts.from_hub = True
-        if model.source == "hf" and not on_claim:
-            # Bounded, so a model larger than the room evicts the pod once (an eviction the
-            # restart budget counts) rather than filling the node's disk again at each restart.
-            parts.cache_size = model.hf.cache_size
     if task.pvc:
         parts.volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": task.pvc.claim_name,
                                                                          "readOnly": True}})
@@ -120,11 +127,6 @@ def apply_model_parts(pod_spec: dict, parts: ModelParts, main: str) -> None:
     container["env"] = [*container["env"], *copy.deepcopy(parts.env)]
     if parts.model_dir:
         container["args"] = [*container["args"], "--model-dir", parts.model_dir]
-    if parts.cache_size:
-        cache = next(v for v in pod_spec["volumes"] if v["name"] == "cache")
-        cache["emptyDir"] = {"sizeLimit": parts.cache_size}
-        resources = container.setdefault("resources", {})
-        resources["requests"] = {**resources.get("requests", {}), "ephemeral-storage": parts.cache_size}
     plain = {kind: {k: v for k, v in values.items() if k in ("cpu", "memory", "ephemeral-storage")}
              for kind, values in (container.get("resources") or {}).items()}
     for part in parts.init_containers:

@@ -9,7 +9,7 @@ import copy
 import math
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,6 +41,38 @@ from streamrl.trainer.timings import RankTimings
 
 
 @dataclass(frozen=True)
+class Mismatch:
+    """Sums over completion tokens of how the learner's log-probability of each sampled token
+    (log p) differs from the engine's (log q), before this step: the train/inference mismatch."""
+
+    tokens: int = 0
+    abs_logp: float = 0.0
+    """Sum of |log p - log q|."""
+    kl: float = 0.0
+    """Sum of the k3 estimate of KL(engine || learner) on the engine's samples: r - 1 - log r, r = p / q."""
+    ratio_max: float = 1.0
+    """The largest probability ratio of one token either way, max(p / q, q / p)."""
+    capped: int = 0
+    """Tokens whose importance weight was truncated or masked at the cap (0 without a correction)."""
+
+
+def importance_weights(delta: torch.Tensor, mask: torch.Tensor, mode: str,
+                       cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weights ([B, T]) of the correction `mode` for log-ratios `delta` = log p - log q
+    ([B, T], zero off the mask), and which tokens were capped. Truncation is a min with `cap`; a
+    masked sample (its product of ratios above `cap`) weighs 0. In log space: no overflow."""
+    log_cap = math.log(cap)
+    log_w = delta if mode == "token-truncate" else (delta * mask).sum(-1, keepdim=True).expand_as(delta)
+    over = (log_w > log_cap) & mask.bool()
+    weights = torch.exp(log_w.clamp(max=log_cap))
+    if mode == "sequence-mask":
+        weights = weights.masked_fill(over, 0.0)
+    elif mode not in ("token-truncate", "sequence-truncate"):
+        raise ValueError(f"algorithm.importanceSampling.mode: unknown {mode!r}")
+    return weights * mask, over
+
+
+@dataclass(frozen=True)
 class LossTerms:
     loss: torch.Tensor
     """Scalar: mean over samples of the per-sample token-mean loss (scaled by `weight`)."""
@@ -48,6 +80,7 @@ class LossTerms:
     """Fraction of completion tokens whose ratio was clipped."""
     kl: float
     """Mean k3 KL estimate per token (0 without a reference)."""
+    mismatch: Mismatch = Mismatch()
 
 
 def ppo_clip_loss(
@@ -61,20 +94,40 @@ def ppo_clip_loss(
     kl_coef: float = 0.0,
     weight: float = 1.0,
     token_normalizer: float | None = None,
+    importance_sampling: str = "none",
+    cap: float = 3.0,
 ) -> LossTerms:
     """PPO-clip objective summed over samples times `weight`; each sample contributes its
     token-mean loss, or its token-sum / token_normalizer when that is given.
 
     logp, behaviour_logp, ref_logp, mask: [B, T]; advantages: [B] (one per sample) or [B, T]
-    (one per token). The importance ratio is exp(logp - behaviour_logp), clipped to
-    [1 - clip_eps, 1 + clip_eps_high].
+    (one per token). `importance_sampling` "none": the ratio is exp(logp - behaviour_logp),
+    clipped to [1 - clip_eps, 1 + clip_eps_high]. Otherwise the ratio is against the
+    learner's own log-probabilities before this step (logp, detached) and each token's loss is
+    weighted by importance_weights(...) of the learner/engine ratio (spec ImportanceSamplingSpec).
+    The mismatch between logp and behaviour_logp is measured either way.
     """
     mask = mask.to(logp.dtype)
-    ratio = torch.exp(logp - behaviour_logp)
+    with torch.no_grad():
+        delta = (logp.detach() - behaviour_logp) * mask
+        on = mask.bool()
+        mismatch = Mismatch(
+            tokens=int(mask.sum()), abs_logp=float(delta.abs().sum()),
+            kl=float(((torch.exp(delta.clamp(max=50.0)) - 1 - delta) * mask).sum()),
+            ratio_max=float(torch.exp(delta.abs()[on].max().clamp(max=50.0))) if on.any() else 1.0)
+    if importance_sampling == "none":
+        ratio = torch.exp(logp - behaviour_logp)
+        is_weights = None
+    else:
+        ratio = torch.exp(logp - logp.detach())
+        is_weights, capped = importance_weights(delta, mask, importance_sampling, cap)
+        mismatch = replace(mismatch, capped=int(capped.sum()))
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights
     kl_value = 0.0
     if ref_logp is not None and kl_coef > 0:
         log_r = ref_logp - logp
@@ -88,6 +141,7 @@ def ppo_clip_loss(
         per_sample.sum() * weight,
         float(was_clipped.sum() / mask.sum().clamp(min=1)),
         kl_value,
+        mismatch,
     )
 
 
@@ -114,6 +168,11 @@ class _Accumulated:
     """KL x samples."""
     value_loss: float = 0.0
     forward_backward_s: float = 0.0
+    mismatch_tokens: int = 0
+    mismatch_abs_logp: float = 0.0
+    mismatch_kl: float = 0.0
+    mismatch_ratio_max: float = 1.0
+    mismatch_capped: int = 0
 
 
 class Learner:
@@ -271,8 +330,10 @@ class Learner:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = token_logprobs(self.ref_model, batch, self.algo.temperature)
+        correction = self.algo.importance_sampling
         terms = ppo_clip_loss(logp, behaviour, advantages, batch.completion_mask, self.algo.clip_eps,
-                              self.algo.clip_eps_high, ref, self.algo.kl_coef, weight, normalizer)
+                              self.algo.clip_eps_high, ref, self.algo.kl_coef, weight, normalizer,
+                              correction.mode, correction.cap)
         (terms.loss if critic_loss is None else terms.loss + critic_loss).backward()
         self.timings.forward_backward(time.monotonic() - t0)
         if weight == 0.0:
@@ -286,6 +347,12 @@ class Learner:
         acc.kl += terms.kl * n
         acc.value_loss += critic_loss.item() / self.data_parallel if critic_loss is not None else 0.0
         acc.forward_backward_s += time.monotonic() - t0
+        mm = terms.mismatch
+        acc.mismatch_tokens += mm.tokens
+        acc.mismatch_abs_logp += mm.abs_logp
+        acc.mismatch_kl += mm.kl
+        acc.mismatch_ratio_max = max(acc.mismatch_ratio_max, mm.ratio_max)
+        acc.mismatch_capped += mm.capped
 
     def _step(self) -> StepStats:
         t0 = time.monotonic()
@@ -303,13 +370,18 @@ class Learner:
         acc, self._acc = self._acc, _Accumulated()
         with self.timings.collective(ALL_REDUCE):
             summed = self.ranks.sum([acc.num_samples, acc.num_micro_batches, acc.loss, acc.clipped, acc.kl,
-                                     acc.value_loss])
+                                     acc.value_loss, acc.mismatch_tokens, acc.mismatch_abs_logp, acc.mismatch_kl,
+                                     acc.mismatch_capped])
             # every rank of a tensor-parallel group counted the same samples: once per group
-            num_samples, num_micro_batches, loss, clipped, kl, critic_loss = (x / self.tensor_parallel for x in summed)
+            (num_samples, num_micro_batches, loss, clipped, kl, critic_loss, tokens, abs_logp, mismatch_kl,
+             capped) = (x / self.tensor_parallel for x in summed)
             forward_backward_s = self.ranks.maximum(acc.forward_backward_s)
-        n = max(num_samples, 1)
+            ratio_max = self.ranks.maximum(acc.mismatch_ratio_max)
+        n, t = max(num_samples, 1), max(tokens, 1)
         return StepStats(int(num_samples), int(num_micro_batches), loss, clipped / n, kl / n, float(grad_norm),
-                         forward_backward_s, time.monotonic() - t0, critic_loss)
+                         forward_backward_s, time.monotonic() - t0, critic_loss,
+                         mismatch_abs_logp=abs_logp / t, mismatch_kl=mismatch_kl / t, mismatch_ratio_max=ratio_max,
+                         importance_capped_fraction=capped / t)
 
     def wait_saved(self) -> float:
         """Wait for this rank's checkpoint save to be on disk; the seconds waited."""

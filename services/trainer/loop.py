@@ -332,6 +332,10 @@ class TrainLoop:
             kl=stats.kl,
             grad_norm=stats.grad_norm,
             value_loss=stats.value_loss,
+            mismatch_abs_logp=stats.mismatch_abs_logp,
+            mismatch_kl=stats.mismatch_kl,
+            mismatch_ratio_max=stats.mismatch_ratio_max,
+            importance_capped_fraction=stats.importance_capped_fraction,
             num_micro_batches=stats.num_micro_batches,
             num_samples_stale_dropped=self.coordinator.counters.num_samples_stale_dropped,
             **self._length_prediction_record(),
@@ -354,6 +358,10 @@ class TrainLoop:
         m.iteration_wall_seconds.set(record.wall_s)
         m.sample_staleness_max.set(record.staleness_max)
         m.actual_length_mean.set(record.completion_tokens_mean)
+        m.mismatch_abs_logp.set(record.mismatch_abs_logp)
+        m.mismatch_kl.set(record.mismatch_kl)
+        m.mismatch_ratio_max.set(record.mismatch_ratio_max)
+        m.importance_capped_fraction.set(record.importance_capped_fraction)
         if record.predicted_length_mean is not None:
             m.predicted_length_mean.set(record.predicted_length_mean)
         log.info("iteration %d: reward %.3f, %.1f samples/s, bubble %.2f", it, record.reward_mean,

@@ -34,10 +34,12 @@ class HfModelSource(SpecModel):
     a file into the trainer's pods only (never an environment variable). Locally, huggingface_hub
     finds the token itself (HF_TOKEN, or what `hf auth login` stored)."""
     cache_size: str = Field("50Gi", pattern=QUANTITY, max_length=32)
-    """Kubernetes, without a checkpoint volume: the room the download gets on the node's own disk
-    (the cache emptyDir's sizeLimit, and the trainer pod's ephemeral-storage request, so it is
-    scheduled where that room is). Size it to the repository: a 70B model in bf16 is about 140Gi.
-    With a checkpoint volume the cache lives on the claim and this is not used."""
+    """Kubernetes, without a checkpoint volume: the size of the claim the operator makes for the
+    hub cache (<job>-hf-cache), so a download outlives an evicted or restarted trainer pod.
+    Size it to the repository: a 70B model in bf16 is about 140Gi. With a checkpoint volume
+    the cache lives on that claim and this is not used."""
+    cache_storage_class: str | None = Field(None, min_length=1, max_length=253)
+    """Kubernetes: the storage class of the hub cache's claim (unset = the cluster's default)."""
 
 
 class HfFileSource(SpecModel):
@@ -176,6 +178,23 @@ class RewardSpec(SpecModel):
     `zero` scores that sample 0, counts it (`num_samples_reward_failed`) and logs it."""
 
 
+class ImportanceSamplingSpec(SpecModel):
+    """Correction of the train/inference mismatch: the engine that sampled a token and the
+    learner disagree on its probability (different kernels, precision, a stale version). With
+    a mode other than `none` the PPO ratio is taken against the learner's own log-probability
+    before this step (so it clips only what the learner changed), and each token's loss is
+    weighted by the probability ratio learner/engine, truncated or masked at `cap` (TRL's
+    `vllm_importance_sampling_*`; Yao et al., truncated importance sampling)."""
+
+    mode: Literal["none", "token-truncate", "sequence-truncate", "sequence-mask"] = "none"
+    """`none`: the PPO ratio against the engine's log-probabilities, no weight. `token-truncate`:
+    each token weighted by its ratio, at most `cap`. `sequence-truncate`: every token of a
+    sample by the product of its tokens' ratios, at most `cap`. `sequence-mask`: by that
+    product, and a sample whose product exceeds `cap` is left out of the loss."""
+    cap: float = Field(3.0, gt=1, le=1000)
+    """The largest weight (truncate), or the product above which a sample is dropped (mask)."""
+
+
 class AlgorithmSpec(SpecModel):
     """The RL algorithm and its hyper-parameters."""
 
@@ -228,6 +247,9 @@ class AlgorithmSpec(SpecModel):
     """ppo: GAE's lambda (1 = Monte-Carlo returns less the values; 0 = one-step TD)."""
     critic_learning_rate: float | None = Field(None, gt=0)
     """ppo: AdamW learning rate of the critic (unset = learningRate)."""
+    importance_sampling: ImportanceSamplingSpec = Field(default_factory=ImportanceSamplingSpec)
+    """Correction of the mismatch between the engine's and the learner's log-probabilities;
+    the mismatch itself is measured every iteration either way (metrics.jsonl `mismatch_*`)."""
 
     @field_validator("group_size")
     @classmethod

@@ -342,3 +342,27 @@ def test_one_operator_replica_holds_the_lease_and_the_cluster_id_is_kube_systems
     uid = get("namespace", "kube-system")["metadata"]["uid"]
     logs = kubectl("logs", "-n", install.operator_ns, holder).stdout
     assert f"as cluster {uid}" in logs, logs[-2000:]
+
+
+def test_a_field_an_earlier_operator_wrote_is_taken_over_and_pruned_on_a_real_server(install, running_job):
+    """N26 where the real server keeps managedFields: the generator Deployment as an operator
+    before server-side apply left it (python-httpx owning every field), then a label the
+    operator never applies co-owned that way is handed over and pruned by the next apply."""
+    ns, deployment = install.jobs_ns, f"{running_job}-gen-default"
+    current = get("deployment", deployment, "-n", ns)
+    entries = current["metadata"]["managedFields"]
+    mine = next(e for e in entries if e["manager"] == "streamrl-operator" and e["operation"] == "Apply")
+    legacy = {**mine, "manager": "python-httpx", "operation": "Update"}
+    legacy["fieldsV1"] = {**mine["fieldsV1"], "f:metadata": {**mine["fieldsV1"].get("f:metadata", {}),
+                                                             "f:annotations": {".": {}, "f:streamrl.io/legacy": {}}}}
+    kubectl("annotate", "deployment", deployment, "-n", ns, "streamrl.io/legacy=1")
+    current = get("deployment", deployment, "-n", ns)
+    patch = [{"op": "replace", "path": "/metadata/managedFields",
+              "value": [e for e in current["metadata"]["managedFields"] if e["manager"] != "kubectl-annotate"]
+              + [legacy]}]
+    kubectl("patch", "deployment", deployment, "-n", ns, "--type=json", "-p", json.dumps(patch))
+    until(lambda: "streamrl.io/legacy" not in ((get("deployment", deployment, "-n", ns) or {})["metadata"]
+                                               .get("annotations") or {}) or None, 120,
+          "the legacy annotation pruned", install.snapshot)
+    managers = {e["manager"] for e in get("deployment", deployment, "-n", ns)["metadata"]["managedFields"]}
+    assert "python-httpx" not in managers, managers

@@ -14,6 +14,8 @@ replays watches without resourceVersion semantics; this subclass adds, per reque
 | server-side apply (apply-patch+yaml, fieldManager):    | the same, lists of named items merged by name |
 | creates, drops what the manager stopped applying,      | (the real key of some lists is another field) |
 | keeps others' fields                                   |                                               |
+| `metadata.managedFields`: who owns each field; a field | the same (fieldmanagers.py): Update and Apply |
+| one manager stops applying stays while another owns it | entries, user agent as the default manager    |
 | quantities stored as canonical strings                 | ints and floats of resources become strings   |
 | `metadata.resourceVersion` in a PATCH is a precondition| 409 when stale                                |
 | RLJob `/scale` (GET and PATCH on specReplicasPath); GET| same                                          |
@@ -49,7 +51,7 @@ import jsonpatch
 import kmock
 
 from streamrl.spec import API_VERSION
-from tests.integration.operator import rbac
+from tests.integration.operator import fieldmanagers, rbac
 
 VERSION = "v1.33.2"
 """The Kubernetes version the emulator answers /version with (the rules above are 1.33's)."""
@@ -103,28 +105,6 @@ def _apply_merge(current, applied):
         out = [_apply_merge(mine[x["name"]], x) if x["name"] in mine else copy.deepcopy(x) for x in applied]
         return out + [copy.deepcopy(x) for x in current if x["name"] not in {a["name"] for a in applied}]
     return copy.deepcopy(applied)
-
-
-def _drop_unapplied(current, before, now):
-    """`current` without what the manager applied `before` and no longer applies `now`."""
-    if not isinstance(current, dict) or not isinstance(before, dict):
-        return current
-    out = dict(current)
-    for k, was in before.items():
-        if k not in out:
-            continue
-        if not isinstance(now, dict) or k not in now:
-            del out[k]
-        elif isinstance(was, dict):
-            out[k] = _drop_unapplied(out[k], was, now[k])
-        elif _named(was) and _named(out[k]) and _named(now[k]):
-            keep = {x["name"] for x in now[k]}
-            gone = {x["name"] for x in was} - keep
-            olds = {x["name"]: x for x in was}
-            news = {x["name"]: x for x in now[k]}
-            out[k] = [_drop_unapplied(x, olds.get(x["name"]), news.get(x["name"])) if x["name"] in keep else x
-                      for x in out[k] if x["name"] not in gone]
-    return out
 
 
 def _selector_matches(selector: str, labels: dict) -> bool:
@@ -245,6 +225,8 @@ class Emulator(kmock.KubernetesEmulator):
         data.clear()
         data.update(normalised)
         meta = data["metadata"]
+        meta["managedFields"] = fieldmanagers.after_update(
+            None, data, fieldmanagers.manager_of(request.params, request.headers))
         if request.namespace:
             meta.setdefault("namespace", request.namespace)
         meta.setdefault("uid", str(uuid.uuid4()))
@@ -293,10 +275,14 @@ class Emulator(kmock.KubernetesEmulator):
             data = request.data
             if apply:
                 new = self._applied_object(request, key, current)
-            elif isinstance(data, list):  # JSON patch (kopf's finalizers)
+            elif isinstance(data, list):  # JSON patch (kopf's finalizers, a managedFields migration)
                 new = jsonpatch.apply_patch(current, data)
+                self._precondition(request, current, (new.get("metadata") or {}).get("resourceVersion"))
             else:
                 new = self._merge_patched(request, current, data)
+            if not apply and request.subresource != "status":
+                new.setdefault("metadata", {})["managedFields"] = fieldmanagers.after_update(
+                    current, new, fieldmanagers.manager_of(request.params, request.headers))
             if current is not None:
                 self._refuse_immutable(request, current, new)
                 self._split_status(request, current, new)
@@ -332,16 +318,16 @@ class Emulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message=FIELD_MANAGER_REQUIRED)
         applied = copy.deepcopy(request.data)
         applied.get("metadata", {}).pop("resourceVersion", None)
-        if current is None:
-            new = applied
-        else:
-            before = self.applied[key].get(manager, {})
-            conflicts = [] if request.params.get("force") == "true" else self._conflicts(key, manager, current,
-                                                                                         applied)
+        applied.get("metadata", {}).pop("managedFields", None)
+        force = request.params.get("force") == "true"
+        if current is not None and not force:
+            conflicts = self._conflicts(key, manager, current, applied)
             if conflicts:
                 raise kmock.KubernetesError(status=409, reason="Conflict", message="Apply failed with conflicts: "
                                                                                    + ", ".join(conflicts))
-            new = _apply_merge(_drop_unapplied(current, before, applied), applied)
+        removed, managed = fieldmanagers.applied(current, _normalise(applied), manager, force)
+        new = applied if current is None else _apply_merge(fieldmanagers.remove_paths(current, removed), applied)
+        new.setdefault("metadata", {})["managedFields"] = managed
         self.applied[key][manager] = applied
         return new
 
@@ -357,12 +343,16 @@ class Emulator(kmock.KubernetesEmulator):
         return out
 
     def _merge_patched(self, request, current: dict, patch: dict) -> dict:
-        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        self._precondition(request, current, (patch.get("metadata") or {}).get("resourceVersion"))
+        return _merge(current, patch)
+
+    @staticmethod
+    def _precondition(request, current: dict, wanted: str | None) -> None:
+        """A resourceVersion the write carries must be the stored one (409 otherwise)."""
         if wanted is not None and wanted != current["metadata"].get("resourceVersion"):
             raise kmock.KubernetesError(status=409, reason="Conflict", message=(
                 f"Operation cannot be fulfilled on {request.resource.plural} {request.name!r}: the object has "
                 "been modified; please apply your changes to the latest version and try again"))
-        return _merge(current, patch)
 
     @staticmethod
     def _split_status(request, current: dict, new: dict) -> None:

@@ -284,3 +284,30 @@ async def test_status_after_a_simulated_restart_shows_the_resume_and_one_resumed
         assert status(k8s, "again")["trainer"]["resumedFrom"] == 12
     finally:
         admin.stop()
+
+
+async def test_the_hub_cache_of_a_job_without_a_checkpoint_volume_is_a_claim_that_outlives_its_pods(k8s, operator):
+    """N7: the download lived in the pod's emptyDir, so an eviction threw it away and the
+    restarted group downloaded the model again (and filled the node's disk again)."""
+    body = sharded("hub", nodes=2)
+    body["spec"]["model"] = {"source": "hf", "hf": {"repo": "org/m", "cacheSize": "140Gi"}}
+    await create(k8s, body)
+    await wait_for(lambda: "hub-hf-cache" in claims(k8s), what="the hub cache's claim")
+    await wait_for(lambda: trainer_job(k8s, "hub"), what="the trainer Job")
+    cache = claim(k8s, "hub-hf-cache")
+    assert plain(cache["spec"]) == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "140Gi"}}}
+    [owner] = cache["metadata"]["ownerReferences"]
+    assert owner["uid"] == get(k8s, RLJOB, "hub")["metadata"]["uid"]  # a cache: it goes with the job
+    pod = trainer_job(k8s, "hub")["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "hf-cache"]
+    assert plain(volume["persistentVolumeClaim"]) == {"claimName": "hub-hf-cache"}
+    # An eviction restarts the group; the new pods mount the same claim, made once.
+    uid = trainer_job(k8s, "hub")["metadata"]["uid"]
+    created = cache["metadata"]["uid"]
+    await fail(k8s, "hub", "Pod rl/hub-trainer-1-de34f has condition DisruptionTarget matching FailJob rule at index 1")
+    await wait_for(lambda: trainer_job(k8s, "hub")["metadata"]["uid"] != uid, what="the group restarted")
+    assert claim(k8s, "hub-hf-cache")["metadata"]["uid"] == created
+    pod = trainer_job(k8s, "hub")["spec"]["template"]["spec"]
+    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == "hub-hf-cache" for v in pod["volumes"])
+    assert (await k8s.delete(f"{JOBS}/hub")).status == 200
+    await wait_for(lambda: "hub-hf-cache" not in claims(k8s), what="the cache deleted with the job")

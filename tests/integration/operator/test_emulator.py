@@ -5,6 +5,7 @@ would mean on a cluster."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from streamrl.operator.kube import KubeClient, KubeError, path_for, path_of
@@ -227,3 +228,23 @@ def test_discovery_is_a_non_resource_request_every_authenticated_user_may_get(pa
     assert rbac.Authorizer([]).allows(rbac.service_account("ns", "sa"), a)
     anonymous = rbac.User("system:anonymous", ("system:unauthenticated",))  # /version only (public info)
     assert rbac.Authorizer([]).allows(anonymous, a) == (path == "/version")
+
+
+async def test_a_field_another_manager_co_owns_stays_when_the_applier_stops_applying_it(k8s, kube):
+    # As structured-merge-diff prunes: only what no other manager owns. An earlier writer without
+    # a fieldManager is recorded under its user agent's name.
+    first = _deployment(nodeSelector={"pool": "a"})
+    legacy = httpx.AsyncClient(base_url=str(k8s.url), headers={"User-Agent": "python-httpx/0.28.1"})
+    try:
+        resp = await legacy.post("/apis/apps/v1/namespaces/rl/deployments", json=first)
+        assert resp.status_code in (200, 201), resp.text
+    finally:
+        await legacy.aclose()
+    stored = await kube.get(path_for(first))
+    assert [(e["manager"], e["operation"]) for e in stored["metadata"]["managedFields"]] == [
+        ("python-httpx", "Update")]
+    await kube.apply(first)  # the same values: shared with python-httpx
+    result = await kube.apply(_deployment())
+    assert result["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "a"}  # python-httpx still owns it
+    assert {(e["manager"], e["operation"]) for e in result["metadata"]["managedFields"]} == {
+        ("python-httpx", "Update"), ("streamrl-operator", "Apply")}

@@ -9,9 +9,11 @@ import asyncio
 
 import pytest
 
+from tests.integration.operator import fieldmanagers
 from tests.integration.operator.conftest import wait_for
 from tests.integration.operator.test_operator import (
     CONFIGMAPS,
+    DEPLOYMENTS,
     JOBS,
     JOBS_RES,
     NS,
@@ -142,3 +144,39 @@ async def test_a_trainer_job_of_that_name_that_is_someone_elses_is_not_replaced(
     await rounds(operator)
     job = get(k8s, JOBS_RES, "busy-trainer")
     assert not job.deleted and job["spec"]["template"]["spec"]["containers"][0]["image"] == "theirs"
+
+
+async def test_fields_an_operator_before_server_side_apply_wrote_are_taken_over_and_pruned(
+        k8s, operator, watch_namespaces):
+    # Review N26: children an earlier operator wrote by merge patch (no fieldManager: the server
+    # records its user agent, python-httpx) co-own every field; a field later dropped from the
+    # spec stayed, shared with a manager that no longer exists.
+    body = example("legacy")
+    body["spec"]["generators"]["pools"][0]["placement"] = {"nodeSelector": {"pool": "a"}}
+    await create(k8s, body)
+    await wait_for(lambda: exists(k8s, DEPLOYMENTS, "legacy-gen-default"), what="generator Deployment")
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/legacy-gen-default"
+    deployment = plain(get(k8s, DEPLOYMENTS, "legacy-gen-default"))
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "a"}
+    # The Deployment as the earlier operator left it: it created it, so python-httpx owns all of it.
+    before_upgrade = [{"manager": "python-httpx", "operation": "Update", "apiVersion": "apps/v1",
+                       "fieldsType": "FieldsV1",
+                       "fieldsV1": fieldmanagers.to_fields_v1(fieldmanagers.field_paths(deployment))}]
+    resp = await k8s.patch(path, json=[{"op": "replace", "path": "/metadata/managedFields", "value": before_upgrade}],
+                           headers={"Content-Type": "application/json-patch+json"})
+    assert resp.status == 200, await resp.text()
+    spec = plain(get(k8s, RLJOB, "legacy")["spec"])
+    spec["generators"]["pools"][0]["placement"] = {}
+    assert (await k8s.patch(f"{JOBS}/legacy", json={"spec": spec})).status == 200
+
+    def pruned() -> bool:
+        return "nodeSelector" not in get(k8s, DEPLOYMENTS, "legacy-gen-default")["spec"]["template"]["spec"]
+
+    await wait_for(pruned, what="the dropped nodeSelector removed")
+    managers = {(e["manager"], e["operation"]) for e in get(k8s, DEPLOYMENTS, "legacy-gen-default")["metadata"][
+        "managedFields"]}
+    assert ("python-httpx", "Update") not in managers and ("streamrl-operator", "Apply") in managers
+    # What the operator applies is its own alone now: its next apply leaves nothing to anyone else.
+    owned = fieldmanagers.paths_of_entry(plain(get(k8s, DEPLOYMENTS, "legacy-gen-default")), "streamrl-operator",
+                                         "Apply")
+    assert ("f:spec", "f:template", "f:spec", "f:containers", 'k:{"name":"main"}', "f:image") in owned

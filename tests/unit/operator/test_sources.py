@@ -12,7 +12,7 @@ import yaml
 
 from streamrl.cli import main
 from streamrl.operator.observe import pod_problems
-from streamrl.operator.sources import HF_TOKEN_MOUNT, MODEL_MOUNT
+from streamrl.operator.sources import HF_CACHE_MOUNT, HF_TOKEN_MOUNT, MODEL_MOUNT
 from tests.k8stools import psa_restricted_problems
 
 BASE = {"apiVersion": "streamrl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "grpo-7b"},
@@ -58,26 +58,33 @@ def test_hf_downloads_once_into_the_claim_by_an_init_container_and_the_trainer_r
     assert "--model-dir" not in main_c["args"]  # it resolves the repository in the cache itself
 
 
-def test_hf_without_a_checkpoint_claim_caches_in_the_pod(tmp_path, capsys):
+def test_hf_without_a_checkpoint_claim_caches_on_a_claim_of_its_own(tmp_path, capsys):
+    # N7: the download outlives the pod an eviction takes (an emptyDir went with it, and every
+    # restart downloaded the model again).
     job = {**BASE, "spec": {"model": {"source": "hf", "hf": {"repo": "org/m"}}}}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     assert main(["render", str(path)]) == 0
-    [trainer] = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d and d["kind"] == "Job"]
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    [trainer] = [d for d in docs if d["kind"] == "Job"]
+    [claim] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     pod = trainer["spec"]["template"]["spec"]
-    assert _env(pod["containers"][0])["HF_HUB_CACHE"] == "/var/cache/streamrl/hf"
+    assert _env(pod["containers"][0])["HF_HUB_CACHE"] == HF_CACHE_MOUNT
     assert "hf-token" not in {v["name"] for v in pod["volumes"]}
-    # N7: bounded, and scheduled where the room is (the default, then the spec's own).
-    [cache] = [v for v in pod["volumes"] if v["name"] == "cache"]
-    assert cache["emptyDir"] == {"sizeLimit": "50Gi"}
-    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "50Gi"
-    assert pod["initContainers"][0]["resources"]["requests"]["ephemeral-storage"] == "50Gi"
-    job["spec"]["model"]["hf"]["cacheSize"] = "160Gi"
+    [cache] = [v for v in pod["volumes"] if v["name"] == "hf-cache"]
+    assert cache["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"]}
+    for container in (pod["containers"][0], pod["initContainers"][0]):  # the download and its reader
+        assert {"name": "hf-cache", "mountPath": HF_CACHE_MOUNT} in container["volumeMounts"]
+        assert "ephemeral-storage" not in (container.get("resources") or {}).get("requests", {})
+    assert claim["metadata"]["name"] == f"{job['metadata']['name']}-hf-cache"
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "50Gi"}}}
+    job["spec"]["model"]["hf"].update(cacheSize="160Gi", cacheStorageClass="fast")
+    job["spec"]["trainer"] = {"nodes": 2}
     path.write_text(yaml.safe_dump(job))
     assert main(["render", str(path)]) == 0
-    [trainer] = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d and d["kind"] == "Job"]
-    [cache] = [v for v in trainer["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache"]
-    assert cache["emptyDir"] == {"sizeLimit": "160Gi"}
+    [claim] = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d and d["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "160Gi"}},
+                             "storageClassName": "fast"}
 
 
 def test_hf_on_a_checkpoint_claim_leaves_the_pods_disk_unbounded_and_unrequested(tmp_path, capsys):
