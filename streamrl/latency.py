@@ -6,7 +6,9 @@ PTL(BS) as it serves (ptl_bucket, observe_ptl), pure so the simulator's replicas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 
 
 def interpolate_ptl(points: Sequence[tuple[int, float]], batch_size: int, floor: float = 0.0) -> float:
@@ -63,3 +65,39 @@ def observe_ptl(points: dict[int, float], batch_size: int, seconds: float, steps
 def ptl_batch_sizes(capacity: int) -> list[int]:
     """The batch sizes PTL(BS) is measured at: powers of two up to the capacity, and the capacity."""
     return sorted({1 << k for k in range(capacity.bit_length())} | {capacity})
+
+
+class ServedLatency:
+    """A replica's PTL(BS) as its engine serves it: each bucket's smoothed seconds per step
+    (observe_ptl), observed on the engine thread and read by the agent's load reporter thread.
+    Steps an engine times to measure itself are not served ones: `measured` keeps them out of
+    the observed points and then records what the measurement found."""
+
+    def __init__(self) -> None:
+        self._points: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, batch_size: int, seconds: float) -> None:
+        with self._lock:
+            observe_ptl(self._points, batch_size, seconds)
+
+    def points(self) -> list[tuple[int, float]]:
+        with self._lock:
+            return sorted(self._points.items())
+
+    @contextlib.contextmanager
+    def measuring(self, record: bool) -> Iterator[list[tuple[int, float]]]:
+        """While an engine times its own steps: the list it fills with (batch size, seconds);
+        on leaving, the observed points as they were, plus those when `record` (the context the
+        replica reports)."""
+        with self._lock:
+            observed = dict(self._points)
+        out: list[tuple[int, float]] = []
+        try:
+            yield out
+        finally:
+            with self._lock:
+                self._points = observed
+        if record:
+            with self._lock:
+                self._points.update((ptl_bucket(bs), seconds) for bs, seconds in out)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from streamrl.generator.engine import (
     EngineStats,
     GenerationRequest,
 )
-from streamrl.latency import observe_ptl, ptl_bucket
+from streamrl.latency import ServedLatency
 from streamrl.rollout.workqueue import admission_key
 
 
@@ -62,8 +61,7 @@ class TorchEngine(Engine):
         self._updated: set[str] = set()
         self.num_generated_tokens = 0
         self.policy_version = 0
-        self._ptl: dict[int, float] = {}  # batch-size bucket -> smoothed seconds per decode step
-        self._ptl_lock = threading.Lock()  # read by the agent's load reporter thread
+        self.served_latency = ServedLatency()  # read by the agent's load reporter thread
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
@@ -112,17 +110,12 @@ class TorchEngine(Engine):
             positions = torch.tensor([r.cache_len for r in slots], device=self.device)
             logits = self.decoder.decode(tokens, positions)
             self._sample(list(range(batch_size)), logits, finished)
-            self._observe_latency(batch_size, time.perf_counter() - t0)
+            self.served_latency.observe(batch_size, time.perf_counter() - t0)
         return finished
 
     # ---- latency profile ------------------------------------------------------------
-    def _observe_latency(self, batch_size: int, seconds: float) -> None:
-        with self._ptl_lock:
-            observe_ptl(self._ptl, batch_size, seconds)
-
     def latency_profile(self) -> list[tuple[int, float]]:
-        with self._ptl_lock:
-            return sorted(self._ptl.items())
+        return self.served_latency.points()
 
     def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4,
                         context: int | None = None) -> list[tuple[int, float]]:
@@ -138,32 +131,25 @@ class TorchEngine(Engine):
         if not 1 <= context <= self.decoder.max_len - steps - 3:
             raise ValueError(f"measure_latency context {context}: must be 1..{self.decoder.max_len - steps - 3}")
         saved = self.eos_token_id, self.batch_cap, self.num_generated_tokens
-        with self._ptl_lock:
-            observed = dict(self._ptl)  # its steps are not served ones: they do not count as observed
         self.eos_token_id = -1  # no EOS: every synthetic request runs to its max_new_tokens
         self.batch_cap = self.capacity
         prompt = tuple(4 + k % 16 for k in range(context))  # ordinary ids of any vocabulary
-        out = []
-        try:
-            for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
-                ids = [f"measure-latency-{bs}-{i}" for i in range(bs)]
-                for i, rid in enumerate(ids):  # steps + 3 tokens: none finishes inside the timed steps
-                    self.add_request(GenerationRequest(rid, prompt, steps + 3, 1.0, 1.0, seed=i))
-                self.step()
-                t0 = time.perf_counter()
-                for _ in range(steps):
+        with self.served_latency.measuring(record=context == self.ptl_context) as out:
+            try:
+                for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
+                    ids = [f"measure-latency-{bs}-{i}" for i in range(bs)]
+                    for i, rid in enumerate(ids):  # steps + 3 tokens: none finishes inside the timed steps
+                        self.add_request(GenerationRequest(rid, prompt, steps + 3, 1.0, 1.0, seed=i))
                     self.step()
-                seconds = (time.perf_counter() - t0) / steps
-                self.abort(ids)
-                out.append((bs, seconds))
-        finally:
-            self.abort([r.request.request_id for r in self._running])
-            self.eos_token_id, self.batch_cap, self.num_generated_tokens = saved
-            with self._ptl_lock:
-                self._ptl = observed
-        if context == self.ptl_context:  # what the replica reports
-            with self._ptl_lock:
-                self._ptl.update((ptl_bucket(bs), seconds) for bs, seconds in out)
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        self.step()
+                    seconds = (time.perf_counter() - t0) / steps
+                    self.abort(ids)
+                    out.append((bs, seconds))
+            finally:
+                self.abort([r.request.request_id for r in self._running])
+                self.eos_token_id, self.batch_cap, self.num_generated_tokens = saved
         return out
 
     def set_batch_cap(self, max_batch_size: int) -> None:

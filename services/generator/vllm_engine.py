@@ -21,7 +21,6 @@ import itertools
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 
 from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest
-from streamrl.latency import observe_ptl, ptl_bucket
+from streamrl.latency import ServedLatency
 from streamrl.rollout.workqueue import admission_key
 from streamrl.spec import VllmEngineSpec
 from streamrl.vllm_args import engine_kwargs
@@ -140,8 +139,7 @@ class VllmEngine(Engine):
         self.num_generated_tokens = 0
         self.policy_version = 0
         self.holds_weights = weights
-        self._ptl: dict[int, float] = {}
-        self._ptl_lock = threading.Lock()  # read by the agent's load reporter thread
+        self.served_latency = ServedLatency()  # read by the agent's load reporter thread
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
@@ -183,7 +181,7 @@ class VllmEngine(Engine):
         t0 = time.perf_counter()
         outputs = self._llm.step()
         finished = self._collect(outputs)
-        self._observe_latency(batch_size, time.perf_counter() - t0)
+        self.served_latency.observe(batch_size, time.perf_counter() - t0)
         return finished
 
     def _admit(self) -> None:
@@ -225,13 +223,8 @@ class VllmEngine(Engine):
         return finished
 
     # ---- latency profile ------------------------------------------------------------
-    def _observe_latency(self, batch_size: int, seconds: float) -> None:
-        with self._ptl_lock:
-            observe_ptl(self._ptl, batch_size, seconds)
-
     def latency_profile(self) -> list[tuple[int, float]]:
-        with self._ptl_lock:
-            return sorted(self._ptl.items())
+        return self.served_latency.points()
 
     def measure_latency(self, batch_sizes: Iterable[int], steps: int = 4,
                         context: int | None = None) -> list[tuple[int, float]]:
@@ -245,33 +238,26 @@ class VllmEngine(Engine):
         if not 1 <= context <= self.max_len - steps - 16:
             raise ValueError(f"measure_latency context {context}: must be 1..{self.max_len - steps - 16}")
         saved = self.batch_cap, self.num_generated_tokens
-        with self._ptl_lock:
-            observed = dict(self._ptl)
         self._ignore_eos, self.batch_cap = True, self.capacity
         prompt = tuple(4 + k % 16 for k in range(context))
-        out = []
-        try:
-            for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
-                ids = [f"measure-latency-{bs}-{i}" for i in range(bs)]
-                for i, rid in enumerate(ids):  # prompts differ in their last token: no prefix is shared
-                    self.add_request(GenerationRequest(rid, (*prompt[:-1], 4 + i % 32), steps + 16, 1.0, 1.0,
-                                                       seed=i))
-                while self._waiting or any(not self._running[rid].tokens for rid in ids):
-                    self.step()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    self.step()
-                out.append((bs, (time.perf_counter() - t0) / steps))
-                self.abort(ids)
-        finally:
-            self.abort(list(self._running) + [w[2].request_id for w in self._waiting])
-            self._ignore_eos = False
-            self.batch_cap, self.num_generated_tokens = saved
-            with self._ptl_lock:
-                self._ptl = observed
-        if context == self.ptl_context:
-            with self._ptl_lock:
-                self._ptl.update((ptl_bucket(bs), seconds) for bs, seconds in out)
+        with self.served_latency.measuring(record=context == self.ptl_context) as out:
+            try:
+                for bs in sorted({min(b, self.capacity) for b in batch_sizes}):
+                    ids = [f"measure-latency-{bs}-{i}" for i in range(bs)]
+                    for i, rid in enumerate(ids):  # prompts differ in their last token: no prefix is shared
+                        self.add_request(GenerationRequest(rid, (*prompt[:-1], 4 + i % 32), steps + 16, 1.0, 1.0,
+                                                           seed=i))
+                    while self._waiting or any(not self._running[rid].tokens for rid in ids):
+                        self.step()
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        self.step()
+                    out.append((bs, (time.perf_counter() - t0) / steps))
+                    self.abort(ids)
+            finally:
+                self.abort(list(self._running) + [w[2].request_id for w in self._waiting])
+                self._ignore_eos = False
+                self.batch_cap, self.num_generated_tokens = saved
         return out
 
     # ---- weights: a version written once, then loaded in place --------------------------
