@@ -7,10 +7,15 @@ vLLM-backed engine implements the same interface.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from streamrl.rollout.workqueue import admission_key
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +68,33 @@ class EngineStats:
     """Maximum running sequences."""
     kv_cache_usage: float = 0.0
     """Fraction of the KV cache in use, 0-1, as of the last step."""
+
+
+class WaitingRequests:
+    """An engine's requests not yet decoding: highest priority first, then arrival
+    (workqueue.admission_key), each with when it was queued (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, GenerationRequest, float]] = []
+        self._arrival = itertools.count()
+
+    def push(self, request: GenerationRequest) -> None:
+        heapq.heappush(self._heap, (*admission_key(request.priority, next(self._arrival)), request, time.monotonic()))
+
+    def pop(self) -> tuple[GenerationRequest, float]:
+        """The next request to admit, and when it was queued."""
+        _, _, request, queued_at = heapq.heappop(self._heap)
+        return request, queued_at
+
+    def remove(self, request_ids: set[str]) -> None:
+        self._heap = [w for w in self._heap if w[2].request_id not in request_ids]
+        heapq.heapify(self._heap)
+
+    def request_ids(self) -> list[str]:
+        return [w[2].request_id for w in self._heap]
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
 
 class Engine(ABC):

@@ -6,8 +6,6 @@ from its own seeded random stream, so a sample is reproducible whichever batch i
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,14 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from streamrl.generator.decoder import SlotDecoder
-from streamrl.generator.engine import (
-    Completion,
-    Engine,
-    EngineStats,
-    GenerationRequest,
-)
+from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, WaitingRequests
 from streamrl.latency import ServedLatency
-from streamrl.rollout.workqueue import admission_key
 
 
 @dataclass
@@ -54,8 +46,7 @@ class TorchEngine(Engine):
         self.decoder = SlotDecoder(model, max_batch_size, min(max_len, 8192))
         self.device = model.lm_head.weight.device
         self._params = dict(model.named_parameters())
-        self._waiting: list[tuple[float, int, GenerationRequest, float]] = []  # heap
-        self._arrival = itertools.count()
+        self._waiting = WaitingRequests()
         self._running: list[_Running] = []  # index = slot
         self._paused = False
         self._updated: set[str] = set()
@@ -71,13 +62,11 @@ class TorchEngine(Engine):
                 f"request {request.request_id}: prompt + max_new_tokens = {need} exceeds the context of "
                 f"{self.decoder.max_len}"
             )
-        heapq.heappush(self._waiting, (*admission_key(request.priority, next(self._arrival)), request,
-                                       time.monotonic()))
+        self._waiting.push(request)
 
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = set(request_ids)
-        self._waiting = [w for w in self._waiting if w[2].request_id not in ids]
-        heapq.heapify(self._waiting)
+        self._waiting.remove(ids)
         for slot in reversed(range(len(self._running))):
             if self._running[slot].request.request_id in ids:
                 self._remove(slot)
@@ -162,7 +151,7 @@ class TorchEngine(Engine):
         now = time.monotonic()
         new = []
         while self._waiting and len(new) < free:
-            _, _, req, queued_at = heapq.heappop(self._waiting)
+            req, queued_at = self._waiting.pop()
             rng = torch.Generator(device="cpu")
             rng.manual_seed(req.seed)
             new.append(_Running(req, rng, now, now - queued_at, self.policy_version))

@@ -16,8 +16,6 @@ are taken before it. At topP 1 (the default) the two engines agree (tests/integr
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import os
 import shutil
 import tempfile
@@ -28,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest
+from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, WaitingRequests
 from streamrl.latency import ServedLatency
-from streamrl.rollout.workqueue import admission_key
 from streamrl.spec import VllmEngineSpec
 from streamrl.vllm_args import engine_kwargs
 
@@ -130,8 +127,7 @@ class VllmEngine(Engine):
         self.eos_token_id = eos_token_id
         self.max_len = self._llm.model_config.max_model_len
         self._shapes = parameter_shapes(model_dir)
-        self._waiting: list[tuple[float, int, GenerationRequest, float]] = []  # heap
-        self._arrival = itertools.count()
+        self._waiting = WaitingRequests()
         self._running: dict[str, _Running] = {}  # in vLLM: waiting there or decoding
         self._paused = False
         self._pending: dict[str, torch.Tensor] = {}
@@ -147,13 +143,11 @@ class VllmEngine(Engine):
         if need > self.max_len:
             raise ValueError(f"request {request.request_id}: prompt + max_new_tokens = {need} exceeds the context "
                              f"of {self.max_len} (engine.maxModelLen)")
-        heapq.heappush(self._waiting, (*admission_key(request.priority, next(self._arrival)), request,
-                                       time.monotonic()))
+        self._waiting.push(request)
 
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = set(request_ids)
-        self._waiting = [w for w in self._waiting if w[2].request_id not in ids]
-        heapq.heapify(self._waiting)
+        self._waiting.remove(ids)
         inside = [rid for rid in ids if rid in self._running]
         if inside:
             self._llm.abort_request(inside)
@@ -190,7 +184,7 @@ class VllmEngine(Engine):
 
         now = time.monotonic()
         while self._waiting and len(self._running) < self.batch_cap:
-            _, _, req, queued_at = heapq.heappop(self._waiting)
+            req, queued_at = self._waiting.pop()
             params = SamplingParams(
                 temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
                 logprobs=0, stop_token_ids=[] if self._ignore_eos else [self.eos_token_id],
@@ -255,7 +249,7 @@ class VllmEngine(Engine):
                     out.append((bs, (time.perf_counter() - t0) / steps))
                     self.abort(ids)
             finally:
-                self.abort(list(self._running) + [w[2].request_id for w in self._waiting])
+                self.abort(list(self._running) + self._waiting.request_ids())
                 self._ignore_eos = False
                 self.batch_cap, self.num_generated_tokens = saved
         return out

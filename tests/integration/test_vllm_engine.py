@@ -18,6 +18,7 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.generator.vllm_engine import versions_base
 from streamrl.models import eos_token_id, load_model, load_tokenizer
 from streamrl.spec import VllmEngineSpec
+from tests.unit.generator.test_engine import run_requests as _run
 
 SPEC = VllmEngineSpec(device="cpu", enforce_eager=True, max_num_seqs=8, cpu_kv_cache_gib=0.25)
 PROMPTS = ["1..5:", "12..40:", "3+4=", "99..99:", "a", "hello world", "7..9:", "123+456="]
@@ -58,17 +59,6 @@ def _requests(tok, temperature=0.0, max_new=lambda i: 12 + 5 * i, seed=100):
     for i, text in enumerate(PROMPTS):
         ids = (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"])
         out.append(GenerationRequest(str(i), ids, max_new(i), temperature, 1.0, seed=seed + i))
-    return out
-
-
-def _run(engine, requests):
-    for r in requests:
-        engine.add_request(r)
-    out = {}
-    while engine.has_unfinished():
-        for c in engine.step():
-            assert c.request_id not in out
-            out[c.request_id] = c
     return out
 
 

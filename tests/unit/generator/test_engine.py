@@ -19,22 +19,24 @@ def _requests(tok, temperature=0.0, max_new=lambda i: 12 + 5 * i):
         yield GenerationRequest(str(i), ids, max_new(i), temperature, 1.0, seed=100 + i)
 
 
-def _run(engine, requests):
+def run_requests(engine, requests):
+    """Every request through `engine` to its end: request id -> its one Completion."""
     for r in requests:
         engine.add_request(r)
     out = {}
     while engine.has_unfinished():
         for c in engine.step():
+            assert c.request_id not in out
             out[c.request_id] = c
     return out
 
 
 def test_continuous_batching_equals_sequential_greedy(model_and_tok):
     model, tok = model_and_tok
-    batched = _run(TorchEngine(model, 3, tok.eos_token_id), _requests(tok))
+    batched = run_requests(TorchEngine(model, 3, tok.eos_token_id), _requests(tok))
     one_by_one = {}
     for r in _requests(tok):
-        one_by_one.update(_run(TorchEngine(model, 1, tok.eos_token_id), [r]))
+        one_by_one.update(run_requests(TorchEngine(model, 1, tok.eos_token_id), [r]))
     assert set(batched) == {str(i) for i in range(len(PROMPTS))}
     for rid, c in batched.items():
         assert c.token_ids == one_by_one[rid].token_ids
@@ -43,7 +45,7 @@ def test_continuous_batching_equals_sequential_greedy(model_and_tok):
 
 def test_greedy_matches_hf_generate_and_logprobs_match_a_full_forward(model_and_tok):
     model, tok = model_and_tok
-    out = _run(TorchEngine(model, 4, tok.eos_token_id), _requests(tok))
+    out = run_requests(TorchEngine(model, 4, tok.eos_token_id), _requests(tok))
     for r in _requests(tok):
         ref = model.generate(torch.tensor([r.prompt_token_ids]), max_new_tokens=r.max_new_tokens, do_sample=False,
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -59,10 +61,10 @@ def test_greedy_matches_hf_generate_and_logprobs_match_a_full_forward(model_and_
 
 def test_sampling_is_reproducible_whatever_the_batch(model_and_tok):
     model, tok = model_and_tok
-    a = _run(TorchEngine(model, 8, tok.eos_token_id), _requests(tok, temperature=1.0))
-    b = _run(TorchEngine(model, 2, tok.eos_token_id), _requests(tok, temperature=1.0))
+    a = run_requests(TorchEngine(model, 8, tok.eos_token_id), _requests(tok, temperature=1.0))
+    b = run_requests(TorchEngine(model, 2, tok.eos_token_id), _requests(tok, temperature=1.0))
     assert {k: v.token_ids for k, v in a.items()} == {k: v.token_ids for k, v in b.items()}
-    greedy = _run(TorchEngine(model, 8, tok.eos_token_id), _requests(tok))
+    greedy = run_requests(TorchEngine(model, 8, tok.eos_token_id), _requests(tok))
     assert any(a[k].token_ids != greedy[k].token_ids for k in a)
 
 
@@ -70,8 +72,8 @@ def test_top_p_keeps_only_the_nucleus(model_and_tok):
     model, tok = model_and_tok
     tiny_p = list(_requests(tok, temperature=1.0))
     tiny_p = [GenerationRequest(r.request_id, r.prompt_token_ids, r.max_new_tokens, 1.0, 1e-6, r.seed) for r in tiny_p]
-    sampled = _run(TorchEngine(model, 8, tok.eos_token_id), tiny_p)
-    greedy = _run(TorchEngine(model, 8, tok.eos_token_id), _requests(tok))
+    sampled = run_requests(TorchEngine(model, 8, tok.eos_token_id), tiny_p)
+    greedy = run_requests(TorchEngine(model, 8, tok.eos_token_id), _requests(tok))
     assert {k: v.token_ids for k, v in sampled.items()} == {k: v.token_ids for k, v in greedy.items()}
 
 
@@ -184,7 +186,7 @@ def test_an_idle_engine_lends_its_kv_cache_and_takes_it_back_for_work(model_and_
     """Colocated mode's switch: sleep() releases the cache only when idle; the next step with
     work allocates it again, and generation is what it was without sleeping."""
     model, tok = model_and_tok
-    awake = _run(TorchEngine(model, 4, tok.eos_token_id), _requests(tok, temperature=1.0))
+    awake = run_requests(TorchEngine(model, 4, tok.eos_token_id), _requests(tok, temperature=1.0))
     engine = TorchEngine(model, 4, tok.eos_token_id)
     full = engine.decoder.cache_bytes
     assert full > 0
@@ -193,6 +195,6 @@ def test_an_idle_engine_lends_its_kv_cache_and_takes_it_back_for_work(model_and_
     engine.abort(["0"])
     assert engine.sleep() is True and engine.decoder.cache_bytes == 0
     assert engine.step() == [] and engine.decoder.released  # no work: stays asleep
-    woken = _run(engine, _requests(tok, temperature=1.0))
+    woken = run_requests(engine, _requests(tok, temperature=1.0))
     assert engine.decoder.cache_bytes == full
     assert {rid: c.token_ids for rid, c in woken.items()} == {rid: c.token_ids for rid, c in awake.items()}
