@@ -80,10 +80,13 @@ def job_problems(job: RLJob) -> list[tuple[str, str]]:
     return out
 
 
-def engine_kwargs(spec: VllmEngineSpec, model_dir: str, model_dtype: str, seed: int, weights: bool) -> dict[str, Any]:
+def engine_kwargs(spec: VllmEngineSpec, model_dir: str, model_dtype: str, seed: int, weights: bool,
+                  sleep_mode: bool = False) -> dict[str, Any]:
     """The keyword arguments of vLLM's EngineArgs for one replica: the spec's fields, its
     `engineArgs`, and what StreamRL sets itself. Without `weights`, vLLM starts on dummy weights
-    (a replica booting from the trainer: the first version loads in place)."""
+    (a replica booting from the trainer: the first version loads in place). `sleep_mode`: a
+    colocated engine on a platform where vLLM can sleep (its memory then comes from vLLM's
+    allocator, which can release it)."""
     problems = engine_problems(spec, "engine")
     if problems:
         raise ValueError("; ".join(f"{field}: {msg}" for field, msg in problems))
@@ -98,6 +101,7 @@ def engine_kwargs(spec: VllmEngineSpec, model_dir: str, model_dtype: str, seed: 
         logprobs_mode="processed_logprobs",
         scheduling_policy="priority",
         load_format="auto" if weights else "dummy",
+        enable_sleep_mode=sleep_mode,
     )
     if spec.device == "cpu":
         kwargs["kv_cache_memory_bytes"] = int(spec.cpu_kv_cache_gib * 2**30)

@@ -184,10 +184,11 @@ class Engine(ABC):
 
 
 def setup_engine(spec: EngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0,
-                 weights: bool = True, threads: int = 1) -> Engine:
+                 weights: bool = True, threads: int = 1, colocated: bool = False) -> Engine:
     """Build the engine a pool's spec names; without `weights`, from the directory's config
     alone (a replica booting from the trainer: holds_weights stays False until a version loads).
-    `threads`: the cores the pool gives each replica (vLLM's CPU backend binds to them)."""
+    `threads`: the cores the pool gives each replica (vLLM's CPU backend binds to them).
+    `colocated`: it shares its device with a trainer (sleep() then releases what it can)."""
     if spec.type == "torch":
         from streamrl.generator.torch_engine import TorchEngine
         from streamrl.models import load_model, model_from_config
@@ -200,5 +201,6 @@ def setup_engine(spec: EngineSpec, model_dir: str, dtype: str, eos_token_id: int
     if spec.type == "vllm":
         from streamrl.generator.vllm_engine import VllmEngine
 
-        return VllmEngine(spec, model_dir, dtype, eos_token_id, seed=seed, weights=weights, threads=threads)
+        return VllmEngine(spec, model_dir, dtype, eos_token_id, seed=seed, weights=weights, threads=threads,
+                          colocated=colocated)
     raise ValueError(f"engine.type {spec.type!r}: unknown engine")

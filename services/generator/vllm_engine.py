@@ -16,6 +16,7 @@ are taken before it. At topP 1 (the default) the two engines agree (tests/integr
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -32,6 +33,11 @@ from streamrl.spec import VllmEngineSpec
 from streamrl.vllm_args import engine_kwargs
 
 VERSION_LOADER = "streamrl.generator.vllm_worker.VersionLoader"
+log = logging.getLogger(__name__)
+
+VERSIONS_PREFIX = "streamrl-vllm-"
+"""Version directories are named <prefix><pid>-v<version>-<random> in versions_base()."""
+
 PRIORITY_SCALE = 1000
 """vLLM's priorities are integers (lower first): ours (higher first, fractional) times this, negated."""
 
@@ -63,6 +69,39 @@ def versions_base() -> Path:
     else the temporary directory."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM can sleep on this platform (release its KV cache and weights for a colocated
+    trainer): CUDA, ROCm and XPU, not CPU."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
+
+
+def remove_orphaned_versions(base: Path | None = None) -> list[Path]:
+    """Remove the version directories a generator killed mid-load left in `base` (default
+    versions_base()): a pod's /dev/shm outlives its container, and each is a model's size in
+    memory. A directory is orphaned when the process named in it is gone, or when that process id
+    is this process's own (a restarted container runs under the same id, and this engine has
+    written nothing yet). Returns what was removed."""
+    base = versions_base() if base is None else base
+    removed = []
+    for path in base.glob(f"{VERSIONS_PREFIX}*"):
+        pid = path.name.removeprefix(VERSIONS_PREFIX).split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        if int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+                continue  # alive: another generator's version, loading now
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue  # alive, another user's
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _cpu_threads_env(threads: int, tensor_parallel_size: int) -> None:
@@ -104,9 +143,17 @@ class VllmEngine(Engine):
     ptl_context = 16
 
     def __init__(self, spec: VllmEngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0,
-                 weights: bool = True, threads: int = 1):
+                 weights: bool = True, threads: int = 1, colocated: bool = False):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core steps on our engine thread
-        kwargs = engine_kwargs(spec, model_dir, dtype, seed, weights)
+        self.sleep_mode = colocated and sleep_mode_available()
+        if colocated and not self.sleep_mode:
+            log.warning("engine vllm on %s: vLLM has no sleep mode on this platform, so its KV cache (%s) stays "
+                        "allocated while the colocated trainer trains", spec.device,
+                        f"{spec.cpu_kv_cache_gib:g} GiB" if spec.device == "cpu"
+                        else f"gpuMemoryUtilization {spec.gpu_memory_utilization:g}")
+        kwargs = engine_kwargs(spec, model_dir, dtype, seed, weights, sleep_mode=self.sleep_mode)
+        for path in remove_orphaned_versions():
+            log.warning("removed %s: a version a killed generator was loading", path)
         kwargs["worker_extension_cls"] = VERSION_LOADER
         if spec.device == "cpu":
             _cpu_threads_env(threads, spec.tensor_parallel_size)
@@ -130,6 +177,7 @@ class VllmEngine(Engine):
         self._waiting = WaitingRequests()
         self._running: dict[str, _Running] = {}  # in vLLM: waiting there or decoding
         self._paused = False
+        self._asleep = False
         self._pending: dict[str, torch.Tensor] = {}
         self._ignore_eos = False  # measure_latency: every synthetic request runs to its max_new_tokens
         self.num_generated_tokens = 0
@@ -168,6 +216,8 @@ class VllmEngine(Engine):
     def step(self) -> list[Completion]:
         if self._paused:
             return []
+        if self._waiting:
+            self.wake_up()
         self._admit()
         if not self._running:
             return []
@@ -228,6 +278,7 @@ class VllmEngine(Engine):
         prefill steps are untimed). They are aborted after; the engine is left as it was."""
         if self.has_unfinished():
             raise RuntimeError("measure_latency needs an idle engine")
+        self.wake_up()
         context = self.ptl_context if context is None else context
         if not 1 <= context <= self.max_len - steps - 16:
             raise ValueError(f"measure_latency context {context}: must be 1..{self.max_len - steps - 16}")
@@ -254,6 +305,22 @@ class VllmEngine(Engine):
                 self.batch_cap, self.num_generated_tokens = saved
         return out
 
+    # ---- colocated: the device lent to the trainer --------------------------------------
+    def sleep(self) -> bool:
+        """vLLM's sleep (level 1: the KV cache discarded, the weights moved to host memory) where
+        the platform has it (CUDA, ROCm, XPU), else nothing: the warning at start said so."""
+        if self.has_unfinished():
+            return False
+        if self.sleep_mode and not self._asleep:
+            self._llm.sleep(level=1)
+            self._asleep = True
+        return True
+
+    def wake_up(self) -> None:
+        if self._asleep:
+            self._llm.wake_up()
+            self._asleep = False
+
     # ---- weights: a version written once, then loaded in place --------------------------
     def pause_generation(self) -> None:
         self._paused = True
@@ -261,6 +328,7 @@ class VllmEngine(Engine):
     def start_weight_update(self) -> None:
         if not self._paused:
             raise RuntimeError("start_weight_update needs pause_generation first")
+        self.wake_up()  # the weights go back to the device before a version loads into them
         self._pending = {}
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -276,7 +344,8 @@ class VllmEngine(Engine):
         """Refuse a version that lacks a parameter (the engine keeps the one it holds), else write it
         once as a safetensors directory, visible by rename once complete, and load it in place; the
         prefix cache forgets the older KV. vLLM keeps no reference to the files once they are
-        loaded, so they are removed then (a process killed mid-load leaves one version behind)."""
+        loaded, so they are removed then (what a process killed mid-load leaves behind, the next
+        engine on this storage removes: remove_orphaned_versions)."""
         from safetensors.torch import save_file
 
         tensors, self._pending = self._pending, {}
@@ -284,7 +353,7 @@ class VllmEngine(Engine):
         if missing:
             raise ValueError(f"weight update for version {policy_version} lacks {len(missing)} parameter(s): "
                              f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}; it is not loaded")
-        root = Path(tempfile.mkdtemp(prefix=f"streamrl-vllm-v{policy_version}-", dir=versions_base()))
+        root = Path(tempfile.mkdtemp(prefix=f"{VERSIONS_PREFIX}{os.getpid()}-v{policy_version}-", dir=versions_base()))
         try:
             partial, path = root / "partial", root / f"v{policy_version}"
             partial.mkdir()

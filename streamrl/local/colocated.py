@@ -109,7 +109,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, **options) -> int:
         # Its own metrics: the engine's busy time must not count as the trainer's.
         metrics = ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl")
         engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, load_tokenizer(model_dir).eos_token_id,
-                              threads=pool.threads)
+                              threads=pool.threads, colocated=True)
         return LocalGenerator(engine, coordinator, store, metrics, engine_type=pool.engine.type)
 
     return await trainer.serve(job, model_dir, out_dir, in_process=in_process, **options)

@@ -15,7 +15,7 @@ import torch
 
 from streamrl.generator.engine import GenerationRequest, setup_engine
 from streamrl.generator.torch_engine import TorchEngine
-from streamrl.generator.vllm_engine import versions_base
+from streamrl.generator.vllm_engine import VERSIONS_PREFIX, versions_base
 from streamrl.models import eos_token_id, load_model, load_tokenizer
 from streamrl.spec import VllmEngineSpec
 from tests.unit.generator.test_engine import run_requests as _run
@@ -111,10 +111,10 @@ def test_a_seeded_sample_is_the_same_whatever_else_runs(engine, tok):
 def test_each_version_samples_as_a_fresh_engine_started_on_it(engine, model, tok, tmp_path, tiny_model_dir, kept):
     before = _run(engine, _requests(tok))  # the prompts' KV is in the prefix cache now
     v1 = _perturbed(model, seed=1)
-    written = set(versions_base().glob("streamrl-vllm-v*"))
+    written = set(versions_base().glob(f"{VERSIONS_PREFIX}*"))
     engine.load_weights(v1.items(), 1)
     assert engine.policy_version == 1
-    assert set(versions_base().glob("streamrl-vllm-v*")) == written  # the files go once loaded
+    assert set(versions_base().glob(f"{VERSIONS_PREFIX}*")) == written  # the files go once loaded
     after = _run(engine, _requests(tok))
     assert any(after[rid].token_ids != before[rid].token_ids for rid in before)  # the new version is in use
 
