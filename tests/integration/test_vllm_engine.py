@@ -1,5 +1,5 @@
-"""The vLLM engine for real (vLLM's CPU build, in process) with the built-in model: it samples as
-the torch engine does on the same weights, each version it loads in place samples as a fresh
+"""The vLLM engine for real (vLLM's CPU build, in process) with the built-in model: booted on dummy
+weights and given its first version in place, it samples as the torch engine does on the same weights, each version it loads in place samples as a fresh
 vLLM engine started on that version, an incomplete version is refused, abort and priority hold.
 
 One engine serves the whole module (starting one takes seconds); a test that changes its
@@ -40,9 +40,19 @@ def kept() -> list:
     return []
 
 
+BOOTED: dict[str, object] = {}
+"""What the module's engine was before its first version loaded."""
+
+
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir, kept):
-    yield setup_engine(SPEC, str(tiny_model_dir), "float32", eos_token_id(tiny_model_dir))
+def engine(tiny_model_dir, kept, model):
+    """As a replica booting from the trainer starts: vLLM on dummy weights, then version 0 (the
+    model's weights) loaded in place. Every test below runs on an engine that got its weights so;
+    the fresh engines some tests start load theirs from files."""
+    booted = setup_engine(SPEC, str(tiny_model_dir), "float32", eos_token_id(tiny_model_dir), weights=False)
+    BOOTED.update(holds_weights=booted.holds_weights, policy_version=booted.policy_version)
+    booted.load_weights(((n, p.detach()) for n, p in model.named_parameters()), 0)
+    yield booted
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     kept.clear()
@@ -65,6 +75,11 @@ def _requests(tok, temperature=0.0, max_new=lambda i: 12 + 5 * i, seed=100):
 def _perturbed(model, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {n: p.detach() + 0.05 * torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
+
+
+def test_an_engine_booted_on_dummy_weights_holds_none_until_its_first_version(engine):
+    assert BOOTED == {"holds_weights": False, "policy_version": 0}  # the worker gives it no work then
+    assert engine.holds_weights
 
 
 def test_greedy_samples_and_logprobs_equal_the_torch_engines(engine, model, tok):
