@@ -49,6 +49,10 @@ def process_started_unix(pid: int | str = "self") -> float:
 class ExitCode(IntEnum):
     OK = 0
     FAILED = 1
+    JOB_ERROR = 78
+    """EX_CONFIG: the job's own code or files failed in a way every start repeats (its reward
+    function raised with reward.onError fail, its checkpoints belong to another job): the local
+    runner and the operator do not restart it."""
     INTERRUPTED = 130
     """Stopped by a signal before its work was done (128 + SIGINT, as a shell reports it)."""
 

@@ -33,6 +33,7 @@ from streamrl.operator.names import (
 from streamrl.operator.phases import TrainerGroup, rank0_succeeded
 from streamrl.operator.runtime import Runtime
 from streamrl.operator.settings import Settings
+from streamrl.service import ExitCode
 from streamrl.spec import API_VERSION, GROUP, KIND, RLJob, SpecError, parse_job
 
 KUBERNETES_VERSION = "1.33"
@@ -259,6 +260,15 @@ def restart_budget(job: RLJob, settings: Settings) -> int:
 
 
 _PREEMPTED = re.compile(rf"\bexit code {PREEMPTED_EXIT_CODE}\b")
+_JOB_ERROR = re.compile(rf"\bexit code {int(ExitCode.JOB_ERROR)}\b")
+
+
+def job_error(failed: dict) -> bool:
+    """Whether a failed trainer Job failed through its own code or files in a way every start
+    repeats (its trainer exited ExitCode.JOB_ERROR: a raising reward function, checkpoints of
+    another job): not restarted. `failed`: the Job's Failed condition, whose message names the
+    exit code of the rule that matched."""
+    return failed.get("reason") == "PodFailurePolicy" and bool(_JOB_ERROR.search(failed.get("message") or ""))
 
 
 def preemption(failed: dict, suspended: bool) -> str | None:
@@ -383,6 +393,11 @@ async def _supervise(runtime: Runtime, job: RLJob, desired: dict, current: dict 
             return TrainerGroup("restarting", restarts, f"restarting the trainer group, {free} (not counted "
                                                         f"against the restart budget): {why}", seen,
                                 preemptions + 1), None
+        if job_error(failed):
+            return TrainerGroup("failed", restarts, f"the trainer failed with exit code {int(ExitCode.JOB_ERROR)}: the "
+                                                    "job's own code or files failed in a way every restart repeats "
+                                                    f"(see the trainer's log); not restarted: {why}", seen,
+                                preemptions), None
         if restarts >= budget:
             return TrainerGroup("failed", restarts, f"the trainer group failed after {restarts} restart(s) "
                                                     f"(budget {budget}): {why}", seen, preemptions), None

@@ -26,7 +26,7 @@ from streamrl.admin import merged_registry
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer, weight_bytes
 from streamrl.records import CheckpointInfo, RunEvent, TrainerPhase, TrainerStatus, append_event
-from streamrl.rewards import sample_scorer
+from streamrl.rewards import RewardError, sample_scorer
 from streamrl.rollout.workqueue import SamplingConfig
 from streamrl.service import ExitCode, Service
 from streamrl.spec import RLJob
@@ -169,7 +169,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         log.error("not starting: %s", err)
         learner.stop()
         shell.admin.stop()
-        return ExitCode.FAILED
+        return ExitCode.JOB_ERROR
     recorder = Recorder(out_dir, resume_at=found[1].iteration if found else None)
 
     def save_model(path: Path) -> None:
@@ -219,6 +219,11 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             loop.phase = loop.stopping or TrainerPhase.INTERRUPTED
             log.warning("trainer %s after %d iterations", loop.phase.value.lower(), len(recorder.records))
             return preempted_exit_code if loop.phase == TrainerPhase.PREEMPTED else ExitCode.INTERRUPTED
+        except RewardError:
+            loop.phase = TrainerPhase.FAILED
+            log.exception("trainer failed: the job's reward function raised (reward.onError fail); a restart would "
+                          "score the same completion again, so this exit (%d) asks for none", ExitCode.JOB_ERROR)
+            return ExitCode.JOB_ERROR
         except Exception:
             loop.phase = TrainerPhase.FAILED
             log.exception("trainer failed")

@@ -18,6 +18,7 @@ from streamrl.local.children import Child
 from streamrl.local.crashloop import Slot
 from streamrl.local.launch import GeneratorLauncher, Services
 from streamrl.records import RunEvent, TrainerStatus, append_event
+from streamrl.service import ExitCode
 
 TRAINER_RESTART_LIMIT = 3
 """Trainer restarts of `streamrl run` when spec.trainer.restartLimit is unset."""
@@ -35,7 +36,8 @@ class TrainerRestarts:
     """Each tick, restarts the trainer's whole group when a rank failed: rank 0 exiting with
     anything but FINISHED, or another rank exiting non-zero while rank 0 runs (rank 0 would
     wait in a collective for it until the process group's timeout). RunFailed, naming the
-    process and its exit code, once trainer.restartLimit restarts are spent."""
+    process and its exit code, once trainer.restartLimit restarts are spent, or at once when it
+    exited with ExitCode.JOB_ERROR (a failure of the job's own that every start repeats)."""
 
     def __init__(self, services: Services, restart_limit: int | None, out_dir: Path | None = None):
         self.services = services
@@ -63,6 +65,9 @@ class TrainerRestarts:
         rank = child.labels.get("rank")
         who = f"trainer rank {rank} ({child.name})" if rank else "trainer"
         _event(self.out_dir, "died", child.name, f"exit {code}")
+        if code == ExitCode.JOB_ERROR:
+            raise RunFailed(f"{who} exited with {code}: the job's own code or files failed in a way every start "
+                            f"repeats; not restarted; see {child.log_path}:\n{child.tail()}")
         if self.restarts >= self.limit:
             raise RunFailed(f"{who} exited with {code}; not restarted: {self.restarts} restart(s) of "
                             f"trainer.restartLimit {self.limit} spent; see {child.log_path}:\n{child.tail()}")

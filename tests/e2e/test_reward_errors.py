@@ -1,6 +1,6 @@
 """A reward function that raises on some completions (reward.onError): the run never hangs
-and never loses the sample. `fail` stops it with the function, the prompt and the error
-named; `zero` scores those samples 0, counts them and trains on every sample once."""
+and never loses the sample. `fail` stops it at once (no restart: the same completion would
+raise again) with the function, the prompt and the error named; `zero` scores those samples 0, counts them and trains on every sample once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from streamrl.records import RunSummary
+from streamrl.records import EVENTS_FILE, RunEvent, RunSummary
 from tests.conftest import child_env
 
 pytestmark = pytest.mark.slow
@@ -46,6 +46,12 @@ def test_a_raising_reward_fails_the_run_with_the_error_named(tmp_path, write_job
     assert "reward.function 'flaky_reward:score' raised on prompt" in trainer_log
     assert "ValueError: cannot score" in trainer_log and "reward.onError fail" in trainer_log
     assert "reward.function 'flaky_reward:score' raised" in proc.stderr  # the runner shows the trainer's end
+    # The same completion would raise again: no restart is spent on it.
+    assert "trainer exited with 78: the job's own code or files failed in a way every start repeats; not restarted" \
+        in proc.stderr
+    assert trainer_log.count("starting (start 1 of its run)") == 1 and "start 2 of its run" not in trainer_log
+    events = RunEvent.read_lines(out / EVENTS_FILE)
+    assert [(e.kind, e.process, e.detail) for e in events if e.process == "trainer"] == [("died", "trainer", "exit 78")]
     summary = RunSummary.read(out / "summary.json")
     assert summary.phase == "Failed" and summary.num_iterations < ITERATIONS
 

@@ -121,3 +121,20 @@ async def test_an_edit_of_what_the_trainer_reads_only_at_start_keeps_the_running
     await wait_for(lambda: "everyIterations: 3" in get(k8s, CONFIGMAPS, "keep-spec")["data"]["job.yaml"],
                    what="the ConfigMap carries the new values")
     assert trainer_job(k8s, "keep")["metadata"]["uid"] == before
+
+
+async def test_a_trainer_that_exits_with_a_job_error_fails_the_job_at_once_with_budget_left(k8s, operator):
+    """Exit 78 (ExitCode.JOB_ERROR): the job's reward function raised, or its checkpoints are
+    another job's; every restart would repeat it, so none is spent."""
+    await create(k8s, sharded("badreward", nodes=1))
+    await wait_for(lambda: status(k8s, "badreward")["trainer"]["expectedPods"] == 1, what="status written")
+    assert operator.settings.trainer_backoff_limit == 2
+    uid = trainer_job(k8s, "badreward")["metadata"]["uid"]
+    await fail(k8s, "badreward", "Container main for pod rl/badreward-trainer-0-ab12c failed with exit code 78 "
+                                 "matching FailJob rule at index 2")
+    await wait_for(lambda: status(k8s, "badreward")["phase"] == "Failed", what="phase Failed without a restart")
+    assert status(k8s, "badreward")["trainer"]["restarts"] == 0
+    assert status(k8s, "badreward")["message"].startswith(
+        "the trainer failed with exit code 78: the job's own code or files failed in a way every restart repeats "
+        "(see the trainer's log); not restarted: Container main for pod rl/badreward-trainer-0-ab12c failed")
+    assert trainer_job(k8s, "badreward")["metadata"]["uid"] == uid  # kept, for its pod's log
