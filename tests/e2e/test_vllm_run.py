@@ -20,7 +20,7 @@ from streamrl.records import EVENTS_FILE, RunEvent, RunSummary, TrainerStatus
 from tests.conftest import child_env
 
 PROMPTS, GROUP, WINDOW = 64, 8, 5
-ITERATIONS = {"stream-async": 20, "stream-sync": 16, "batch": 16, "colocated": 16}
+ITERATIONS = 20
 KILL_AT_VERSION = 4
 ENGINE = {"type": "vllm", "device": "cpu", "maxNumSeqs": 64, "enforceEager": True, "cpuKvCacheGib": 0.5}
 
@@ -49,7 +49,7 @@ def _kill_as_a_version_arrives(run: subprocess.Popen, out: Path, said: Path) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["stream-async", "stream-sync", "batch", "colocated"])
 def test_vllm_learns_in_every_mode_and_trains_every_sample_once(mode, write_job, tmp_path):
-    iterations = ITERATIONS[mode]
+    iterations = ITERATIONS
     job = write_job({"spec": {
         "algorithm": {"numIterations": iterations, "promptsPerStep": PROMPTS, "groupSize": GROUP,
                       "learningRate": 3.0e-4},
