@@ -284,8 +284,11 @@ class VllmEngine(Engine):
     def finish_weight_update(self, policy_version: int) -> None:
         """Refuse a version that lacks a parameter (the engine keeps the one it holds), else write it
         once as a safetensors directory, visible by rename once complete, and load it in place; the
-        prefix cache forgets the older KV. vLLM keeps no reference to the files once they are
-        loaded, so they are removed then (a process killed mid-load leaves one version behind)."""
+        prefix cache forgets the older KV (requests running through the load, an in-flight update,
+        keep theirs: their next tokens come from the new weights). vLLM keeps no reference to the
+        files once they are loaded, so they are removed then (a process killed mid-load leaves one
+        version behind). Under vLLM's async scheduling (off on CPU) a step may return a token the
+        batch before the load sampled: version_runs could then place the switch a token late."""
         from safetensors.torch import save_file
 
         tensors, self._pending = self._pending, {}
