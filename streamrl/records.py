@@ -148,6 +148,11 @@ class IterationRecord(Record):
     num_micro_batches: int
     staleness_mean: float
     staleness_max: int
+    """Versions behind the learner that consumed them, counted from each sample's oldest token."""
+    num_samples_mixed_versions: int = 0
+    """Samples whose tokens came from more than one weight version (pipeline.inFlightUpdates)."""
+    versions_per_sample_mean: float = 1.0
+    """Weight versions that generated a sample's tokens, mean over the iteration's samples."""
     num_samples_stale_dropped: int
     """Run total so far."""
     weight_sync_s_max: float

@@ -77,6 +77,12 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         {"rule": "!has(self.pools) || self.pools.exists(p, p.replicas > 0)",
          "message": "at least one generator replica is needed", "fieldPath": ".pools"},
     ],
+    "pipeline": [
+        {"rule": "!has(self.inFlightUpdates) || !self.inFlightUpdates || "
+                 "(has(self.mode) && self.mode == 'stream-async')",
+         "message": "inFlightUpdates: true needs mode stream-async: only there do generators run requests while a "
+                    "new version arrives", "fieldPath": ".inFlightUpdates"},
+    ],
     "generators.pools[]": [
         {"rule": "!has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",
          "message": "maxReplicas must be at least minReplicas", "fieldPath": ".maxReplicas"},

@@ -89,7 +89,7 @@ class GeneratorAgent:
     def __init__(self, engine: Engine, trainer_address: str, generator_id: str, pool: str,
                  metrics: ServiceMetrics, engine_type: str = "torch", relay: Relay | None = None,
                  security: SecuritySpec | None = None, low_occupancy: float = 0.5, started_unix: float = 0.0,
-                 reconnect: ReconnectSpec | None = None):
+                 reconnect: ReconnectSpec | None = None, in_flight_updates: bool = False):
         self.engine = engine
         self.trainer_address = trainer_address
         self.generator_id = generator_id
@@ -100,7 +100,8 @@ class GeneratorAgent:
         self.security = security or SecuritySpec()
         self.reconnect = reconnect or ReconnectSpec()
         self.worker = Worker(engine, generator_id, metrics, on_sample=self._from_engine, on_loaded=self._loaded,
-                             waiting_weights=lambda: bool(self.fetcher.fetching), low_occupancy=low_occupancy)
+                             waiting_weights=lambda: bool(self.fetcher.fetching), low_occupancy=low_occupancy,
+                             in_flight_updates=in_flight_updates)
         self._stopping = asyncio.Event()
         """Set when the replica leaves (stop, drain timeout, the end of run())."""
         self.fetcher = WeightFetcher(engine, self.worker.inbox, metrics, relay, self.security, self._stopping)

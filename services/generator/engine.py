@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from streamrl.rollout.workqueue import admission_key
+from streamrl.samples import VersionRun
 
 if TYPE_CHECKING:
     import torch
@@ -51,11 +52,13 @@ class Completion:
     finish_reason: str
     """"stop" (EOS) or "length" (max_new_tokens)."""
     policy_version: int
-    """Weight version that produced the first token."""
+    """Weight version that produced the first (oldest) token."""
     queue_s: float
     """Seconds from add_request to admission into the running batch."""
     generate_s: float
     """Seconds from admission to the last token."""
+    version_runs: tuple[VersionRun, ...] = ()
+    """The versions of its tokens, run-length (samples.version_runs); () when all are policy_version's."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,11 @@ class Engine(ABC):
     def stats(self) -> EngineStats: ...
 
     @abstractmethod
+    def hold_admission(self, held: bool) -> None:
+        """While held, waiting requests stay waiting: step() decodes the running ones only (a
+        replica draining them before it loads a version)."""
+
+    @abstractmethod
     def set_batch_cap(self, max_batch_size: int) -> None:
         """Decode at most this many sequences at once from now on (0 = full capacity);
         running sequences above the cap finish, new ones wait."""
@@ -144,7 +152,8 @@ class Engine(ABC):
     def latency_profile(self) -> list[tuple[int, float]]:
         """PTL(BS) as seen in recent decode steps (smoothed), plus measured points not seen since."""
 
-    # Weight updates, in this order, between two steps.
+    # Weight updates, in this order, between two steps. Running requests keep their KV cache and
+    # go on with the new version: each token's version is in its Completion's version_runs.
     @abstractmethod
     def pause_generation(self) -> None: ...
 

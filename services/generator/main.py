@@ -100,7 +100,7 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
             relay.address = join_host_port(advertise_host or host, port)  # POD_IP: IPv4 or IPv6
         agent = up["agent"] = GeneratorAgent(engine, trainer_address, gid, pool.name, metrics, pool.engine.type,
                                              relay, spec.security, spec.generators.dispatch.low_occupancy, started,
-                                             spec.generators.reconnect)
+                                             spec.generators.reconnect, spec.pipeline.in_flight_updates)
         await shell.serving()
         log.info("generator %s (pool %s, %s engine, batch %d) dialling %s; admin http://%s:%d", gid, pool.name,
                  pool.engine.type, engine.stats().capacity, trainer_address, host, shell.admin.port)

@@ -15,6 +15,7 @@ import torch
 from streamrl.generator.decoder import SlotDecoder
 from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, WaitingRequests
 from streamrl.latency import ServedLatency
+from streamrl.samples import version_runs
 
 
 @dataclass
@@ -23,11 +24,12 @@ class _Running:
     rng: torch.Generator
     admitted_at: float
     queued_s: float
-    policy_version: int
     next_token: int = -1
     """Sampled but not yet in the KV cache."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each token."""
 
     @property
     def cache_len(self) -> int:
@@ -49,6 +51,7 @@ class TorchEngine(Engine):
         self._waiting = WaitingRequests()
         self._running: list[_Running] = []  # index = slot
         self._paused = False
+        self._admission_held = False
         self._updated: set[str] = set()
         self.num_generated_tokens = 0
         self.policy_version = 0
@@ -144,9 +147,12 @@ class TorchEngine(Engine):
     def set_batch_cap(self, max_batch_size: int) -> None:
         self.batch_cap = min(max_batch_size, self.capacity) if max_batch_size > 0 else self.capacity
 
+    def hold_admission(self, held: bool) -> None:
+        self._admission_held = held
+
     def _admit(self, finished: list[Completion]) -> None:
         free = self.batch_cap - len(self._running)
-        if free <= 0 or not self._waiting:
+        if free <= 0 or not self._waiting or self._admission_held:
             return
         now = time.monotonic()
         new = []
@@ -154,7 +160,7 @@ class TorchEngine(Engine):
             req, queued_at = self._waiting.pop()
             rng = torch.Generator(device="cpu")
             rng.manual_seed(req.seed)
-            new.append(_Running(req, rng, now, now - queued_at, self.policy_version))
+            new.append(_Running(req, rng, now, now - queued_at))
         first = len(self._running)
         self._running.extend(new)
         logits = self.decoder.prefill(first, [list(r.request.prompt_token_ids) for r in new])
@@ -186,6 +192,7 @@ class TorchEngine(Engine):
         for slot, r, tok, lp in zip(slots, reqs, chosen.tolist(), chosen_logp.tolist()):
             r.tokens.append(tok)
             r.logprobs.append(lp)
+            r.versions.append(self.policy_version)
             r.next_token = tok
             self.num_generated_tokens += 1
             if tok == self.eos_token_id or len(r.tokens) >= r.request.max_new_tokens:
@@ -193,7 +200,7 @@ class TorchEngine(Engine):
                 finished.append(
                     Completion(
                         r.request.request_id, tuple(r.tokens), tuple(r.logprobs), reason,
-                        r.policy_version, r.queued_s, now - r.admitted_at,
+                        r.versions[0], r.queued_s, now - r.admitted_at, version_runs(r.versions),
                     )
                 )
                 done.append(slot)

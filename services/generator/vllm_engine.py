@@ -29,6 +29,7 @@ import torch
 
 from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, WaitingRequests
 from streamrl.latency import ServedLatency
+from streamrl.samples import version_runs
 from streamrl.spec import VllmEngineSpec
 from streamrl.vllm_args import engine_kwargs
 
@@ -47,9 +48,10 @@ class _Running:
     request: GenerationRequest
     admitted_at: float
     queued_s: float
-    policy_version: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each token (the one held at the step that returned it)."""
 
 
 def parameter_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
@@ -178,6 +180,7 @@ class VllmEngine(Engine):
         self._running: dict[str, _Running] = {}  # in vLLM: waiting there or decoding
         self._paused = False
         self._asleep = False
+        self._admission_held = False
         self._pending: dict[str, torch.Tensor] = {}
         self._ignore_eos = False  # measure_latency: every synthetic request runs to its max_new_tokens
         self.num_generated_tokens = 0
@@ -212,6 +215,10 @@ class VllmEngine(Engine):
     def set_batch_cap(self, max_batch_size: int) -> None:
         self.batch_cap = min(max_batch_size, self.capacity) if max_batch_size > 0 else self.capacity
 
+    def hold_admission(self, held: bool) -> None:
+        """Held, no request of ours joins vLLM; those in it (decoding, or waiting inside it) go on."""
+        self._admission_held = held
+
     # ---- the loop -------------------------------------------------------------------
     def step(self) -> list[Completion]:
         if self._paused:
@@ -233,7 +240,7 @@ class VllmEngine(Engine):
         from vllm.sampling_params import RequestOutputKind
 
         now = time.monotonic()
-        while self._waiting and len(self._running) < self.batch_cap:
+        while self._waiting and len(self._running) < self.batch_cap and not self._admission_held:
             req, queued_at = self._waiting.pop()
             params = SamplingParams(
                 temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
@@ -245,7 +252,7 @@ class VllmEngine(Engine):
             prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids),
                                   cache_salt=f"streamrl-v{self.policy_version}")
             self._llm.add_request(req.request_id, prompt, params, priority=-round(req.priority * PRIORITY_SCALE))
-            self._running[req.request_id] = _Running(req, now, now - queued_at, self.policy_version)
+            self._running[req.request_id] = _Running(req, now, now - queued_at)
 
     def _collect(self, outputs) -> list[Completion]:
         now = time.monotonic()
@@ -256,6 +263,7 @@ class VllmEngine(Engine):
                 continue  # aborted meanwhile
             done = out.outputs[0]
             r.tokens.extend(done.token_ids)
+            r.versions.extend([self.policy_version] * len(done.token_ids))
             # logprobs=0: each position holds the sampled token's entry (processed_logprobs: after temperature).
             r.logprobs.extend(pos[tok].logprob for tok, pos in zip(done.token_ids, done.logprobs or ()))
             self.num_generated_tokens += len(done.token_ids)
@@ -263,7 +271,8 @@ class VllmEngine(Engine):
                 del self._running[out.request_id]
                 reason = "stop" if r.tokens and r.tokens[-1] == self.eos_token_id and not self._ignore_eos else "length"
                 finished.append(Completion(r.request.request_id, tuple(r.tokens), tuple(r.logprobs), reason,
-                                           r.policy_version, r.queued_s, now - r.admitted_at))
+                                           r.versions[0] if r.versions else self.policy_version, r.queued_s,
+                                           now - r.admitted_at, version_runs(r.versions)))
         return finished
 
     # ---- latency profile ------------------------------------------------------------
@@ -343,9 +352,12 @@ class VllmEngine(Engine):
     def finish_weight_update(self, policy_version: int) -> None:
         """Refuse a version that lacks a parameter (the engine keeps the one it holds), else write it
         once as a safetensors directory, visible by rename once complete, and load it in place; the
-        prefix cache forgets the older KV. vLLM keeps no reference to the files once they are
-        loaded, so they are removed then (what a process killed mid-load leaves behind, the next
-        engine on this storage removes: remove_orphaned_versions)."""
+        prefix cache forgets the older KV (requests running through the load, an in-flight update,
+        keep theirs: their next tokens come from the new weights). vLLM keeps no reference to the
+        files once they are loaded, so they are removed then (what a process killed mid-load leaves
+        behind, the next engine on this storage removes: remove_orphaned_versions). Under vLLM's
+        async scheduling (off on CPU) a step may return a token the batch before the load sampled:
+        version_runs could then place the switch a token late."""
         from safetensors.torch import save_file
 
         tensors, self._pending = self._pending, {}
@@ -366,7 +378,8 @@ class VllmEngine(Engine):
             if set(names) != set(tensors):
                 raise RuntimeError(f"version {policy_version}: vLLM's worker loaded {len(set(names))} of "
                                    f"{len(tensors)} tensors from {path}")
-        self._llm.reset_prefix_cache()  # what no running request holds; the salt keeps the rest apart
+        if not self._running:  # vLLM resets only a cache no request holds; the salt keeps versions apart anyway
+            self._llm.reset_prefix_cache()
         self.policy_version = policy_version
 
     def resume_generation(self) -> None:

@@ -1,5 +1,8 @@
 """The engine thread of a generator: takes assignments, steps the engine, emits each
-sample the moment it finishes, swaps weights between steps.
+sample the moment it finishes, swaps weights between steps: a version that arrives while
+requests run is loaded once they finish, admission held meanwhile (drain-then-update, so
+every sample comes from one version), or at once, the running requests going on with it
+(in-flight updates, pipeline.inFlightUpdates: their samples carry each token's version).
 
 Transport-agnostic: the gRPC agent (remote replicas) and the colocated trainer (in-process)
 feed the same inbox (Work, BatchCap, LoadWeights, TrainerVersion, Abandon, Stop) and receive
@@ -83,6 +86,7 @@ class Worker(Executor):
         on_loaded: Callable[[LoadWeights, float], None] = lambda msg, sync_s: None,
         waiting_weights: Callable[[], bool] = lambda: False,
         low_occupancy: float = 0.5,
+        in_flight_updates: bool = False,
     ):
         self.engine = engine
         self.generator_id = generator_id
@@ -92,6 +96,10 @@ class Worker(Executor):
         self._on_loaded = on_loaded
         self._waiting_weights = waiting_weights
         self.low_occupancy = low_occupancy
+        self.in_flight_updates = in_flight_updates
+        """pipeline.inFlightUpdates: load a version at once, running requests going on with it."""
+        self._draining_for: LoadWeights | None = None
+        """Drain-then-update: the version to load once the running requests finish (admission held)."""
         self._deferred: list[Work] = []
         self._sample_of: dict[str, tuple[str, int, int]] = {}
         """request_id -> (prompt_id, sample_index, incarnation of the Work it answers)."""
@@ -143,12 +151,14 @@ class Worker(Executor):
                 waiting = self._deferred or self._waiting_weights() or not self.engine.holds_weights
                 clock.idle(WAITING_WEIGHTS if waiting else NO_WORK)
             self._drain(block)
+            self._load_when_drained()
             if self._stopped.is_set() or not self.engine.has_unfinished():
                 continue
             before = self.engine.stats()
-            # A skewness bubble: a few (long) sequences decoding while the batch has room
-            # and nothing waits to fill it.
-            low = before.num_waiting == 0 and before.num_running < self.low_occupancy * before.capacity
+            # A skewness bubble: a few (long) sequences decoding while the batch has room and
+            # nothing waits to fill it (or what waits may not join: a drain for a new version).
+            low = ((before.num_waiting == 0 or self._draining_for is not None)
+                   and before.num_running < self.low_occupancy * before.capacity)
             clock.busy(LOW_OCCUPANCY if low else "")
             t0 = time.monotonic()
             finished = self.engine.step()
@@ -165,6 +175,7 @@ class Worker(Executor):
                 dt = time.monotonic() - t0
                 self.skewness_bubble_s += dt
                 self.metrics.skewness_bubble_seconds.inc(dt)
+            self._load_when_drained()
         clock.idle(NO_WORK)
 
     def _drain(self, block: bool) -> None:
@@ -186,15 +197,16 @@ class Worker(Executor):
         if isinstance(msg, Work):
             self._deferred.append(msg)
         elif isinstance(msg, LoadWeights):
-            held = self.engine.policy_version
+            # Against the version it will hold: the one a drain waits to load, else the engine's.
+            held = self._draining_for.policy_version if self._draining_for else self.engine.policy_version
             stale = (msg.policy_version == held and not msg.replace) or (msg.policy_version < held and not msg.rollback)
             if stale and self.engine.holds_weights:
                 return
-            self.engine.load_weights(msg.tensors.items(), msg.policy_version)
-            sync_s = time.monotonic() - msg.notice_at
-            self.metrics.policy_version.set(msg.policy_version)
-            self.metrics.weight_sync_seconds.observe(sync_s)
-            self._on_loaded(msg, sync_s)
+            if self.in_flight_updates or self.engine.stats().num_running == 0:
+                self._load(msg)
+            else:
+                self._draining_for = msg  # a newer one replaces it: only the newest is loaded
+                self.engine.hold_admission(True)
         elif isinstance(msg, BatchCap):
             self.engine.set_batch_cap(msg.max_batch_size)
         elif isinstance(msg, TrainerVersion):
@@ -215,6 +227,25 @@ class Worker(Executor):
             self._stopped.set()
         else:
             raise TypeError(f"unexpected worker message {msg!r}")
+
+    def _load(self, msg: LoadWeights) -> None:
+        self.engine.load_weights(msg.tensors.items(), msg.policy_version)
+        sync_s = time.monotonic() - msg.notice_at
+        self.metrics.policy_version.set(msg.policy_version)
+        self.metrics.weight_sync_seconds.observe(sync_s)
+        self._on_loaded(msg, sync_s)
+
+    def _load_when_drained(self) -> None:
+        """Drain-then-update: once no request runs, load the version waited for and admit again
+        (the work that waited for it included)."""
+        if self._draining_for is None or self.engine.stats().num_running > 0:
+            return
+        msg, self._draining_for = self._draining_for, None
+        try:
+            self._load(msg)
+        finally:
+            self.engine.hold_admission(False)
+        self._release_deferred()
 
     def _release_deferred(self) -> None:
         held, ceiling = self.engine.policy_version, self.version_ceiling
@@ -238,7 +269,8 @@ class Worker(Executor):
         prompt_id, index, incarnation = self._sample_of.pop(done.request_id)
         self.metrics.samples_streamed.inc()
         self._on_sample(Sample(prompt_id, index, done.token_ids, done.logprobs, done.policy_version,
-                               done.finish_reason, self.generator_id, done.queue_s, done.generate_s, incarnation))
+                               done.finish_reason, self.generator_id, done.queue_s, done.generate_s, incarnation,
+                               done.version_runs))
 
     def stop(self) -> None:
         self.inbox.put(Stop())

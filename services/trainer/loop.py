@@ -337,6 +337,8 @@ class TrainLoop:
             mismatch_ratio_max=stats.mismatch_ratio_max,
             importance_capped_fraction=stats.importance_capped_fraction,
             num_micro_batches=stats.num_micro_batches,
+            num_samples_mixed_versions=sum(s.sample.num_versions > 1 for g in groups for s in g.samples),
+            versions_per_sample_mean=sum(s.sample.num_versions for g in groups for s in g.samples) / len(rewards),
             num_samples_stale_dropped=self.coordinator.counters.num_samples_stale_dropped,
             **self._length_prediction_record(),
             # How the version this iteration started from (= it) reached the generators.

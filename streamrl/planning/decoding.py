@@ -1,6 +1,8 @@
 """A simulated generator replica: continuous batching in the product's admission order, work
-held until its weight version is here, versions swapped and finished samples sent between decode
-steps; a stretch of steps with the same batch is one event. Knows its GenerationCost, not dispatch."""
+held until its weight version is here, versions swapped (once the running sequences finish,
+admission held meanwhile, or under them with in-flight updates: the worker's rule) and finished
+samples sent between decode steps; a stretch of steps with the same batch is one event. Knows
+its GenerationCost, not dispatch."""
 
 from __future__ import annotations
 
@@ -50,12 +52,14 @@ class SimReplica:
                  track: Track, on_sample: Callable[[SimReplica, Sequence], None],
                  on_loaded: Callable[[SimReplica, int], None], low_occupancy: float = 0.5, load_s: float = 0.0,
                  policy_version: int = 0, sample_s: float = 0.0, ptl: tuple[tuple[int, float], ...] = (),
-                 on_report: Callable[[SimReplica], None] | None = None):
+                 on_report: Callable[[SimReplica], None] | None = None, in_flight_updates: bool = False):
         self.sim, self.generator_id, self.pool, self.cost = sim, generator_id, pool, cost
         self.capacity = self.batch_cap = capacity
         self.track = track
         self.on_sample, self.on_loaded = on_sample, on_loaded
         self.low_occupancy, self.load_s = low_occupancy, load_s
+        self.in_flight_updates = in_flight_updates
+        """pipeline.inFlightUpdates: a fetched version loads under running sequences (else after them)."""
         self.sample_s = sample_s
         """Seconds per finished sample spent between steps (sending it; in-process, its intake)."""
         self.ptl = dict(ptl)
@@ -136,13 +140,18 @@ class SimReplica:
         if s is None:
             self._next()
             return
-        if admitting and not (len(self.running) < self.batch_cap and self._releasable()):
+        if admitting and not (len(self.running) < self.batch_cap and self._releasable() and not self._draining):
             return
         done = max(1, math.ceil((self.sim.now - s.start - s.prefill_s) / s.step_s - 1e-9)) if s.step_s > 0 else 1
         if done < s.steps:
             s.steps = done
             s.event.cancel()
             s.event = self.sim.at(s.start + s.prefill_s + done * s.step_s, self._stretch_done)
+
+    @property
+    def _draining(self) -> bool:
+        """Drain-then-update: a version waits for the running sequences; nothing is admitted."""
+        return self._fetched is not None and not self.in_flight_updates
 
     def _releasable(self) -> bool:
         return bool(self._waiting) or any(q.min_policy_version <= self.policy_version for q in self._deferred)
@@ -158,7 +167,7 @@ class SimReplica:
         """At a step boundary: swap in fetched weights, release and admit work, start a stretch."""
         if self.closed:
             return
-        if self._fetched is not None:
+        if self._fetched is not None and (self.in_flight_updates or not self.running):
             version, self._fetched = self._fetched, None
             if not self.running:
                 self.track.set("idle", WAITING_WEIGHTS)
@@ -167,7 +176,7 @@ class SimReplica:
             return
         self._release()
         admitted = []
-        while self._waiting and len(self.running) < self.batch_cap:
+        while self._waiting and len(self.running) < self.batch_cap and not self._draining:
             _, q = heapq.heappop(self._waiting)
             q.produced, q.policy_version = 1, self.policy_version  # prefill samples the first token
             admitted.append(q)
@@ -184,7 +193,7 @@ class SimReplica:
         longest = getattr(self.cost, "padded_attention", False)
         context = (max(contexts) if longest else sum(contexts) / batch) + max(0, steps - 1) / 2
         step_s = self.cost.decode_step_s(batch, int(round(context)))
-        low = not self._waiting and batch < self.low_occupancy * self.batch_cap
+        low = (not self._waiting or self._draining) and batch < self.low_occupancy * self.batch_cap
         self.track.set("busy", LOW_OCCUPANCY if low else "")
         s = self._stretch = _Stretch(self.sim.now, prefill_s, step_s, steps, low)
         s.event = self.sim.at(s.start + prefill_s + steps * step_s, self._stretch_done)

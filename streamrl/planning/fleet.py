@@ -96,7 +96,8 @@ class SimulatedFleet(Fleet):
                           gid if spec.weight_relay else "", points)
         engine = SimReplica(self.sim, gid, pool, stage.cost, stage.max_batch, Track(self.sim, f"generator-{gid}"),
                             self._on_sample, self._on_loaded, self.scenario.dispatch.low_occupancy,
-                            stage.load_s, policy_version, stage.sample_s, points, self._on_report)
+                            stage.load_s, policy_version, stage.sample_s, points, self._on_report,
+                            self.scenario.pipeline.in_flight_updates)
         engine.held_since = self.sim.now if held_since is None else held_since
         replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
         self.engines[gid] = engine

@@ -50,11 +50,15 @@ class Refusal(StrEnum):
     """A token id outside the model's vocabulary (its config's vocab_size)."""
     BAD_LOGPROB = "bad_logprob"
     """NaN, infinite, or positive log-prob."""
+    VERSION_RUNS = "version_runs"
+    """version_runs that do not describe the completion: a run of no tokens, versions not ascending,
+    a first version other than policy_version, or token counts that do not add up."""
     # Fine in form, wrong in version: the sample is generated again.
     FUTURE_VERSION = "future_version"
-    """policy_version beyond the newest version the trainer published."""
+    """A token's version (its newest) beyond the newest version the trainer published."""
     STALE = "stale"
-    """Older than the staleness contract allows for its iteration (on arrival, or at consumption)."""
+    """policy_version (its oldest token's) older than the staleness contract allows for its
+    iteration (on arrival, or at consumption)."""
     # Reports with numbers the trainer cannot use: ignored, the stream goes on.
     BAD_LOAD_REPORT = "bad_load_report"
     """A LoadReport with a negative or non-finite number, or a latency profile that is not one."""
@@ -81,11 +85,12 @@ DROPPED_SAMPLES = frozenset({Refusal.PREVIOUS_INCARNATION, Refusal.DUPLICATE, Re
                              Refusal.INDEX_OUT_OF_RANGE})
 """Refused samples with nothing to generate again (no such sample, or it is in already)."""
 REISSUED = frozenset({Refusal.FINISH_REASON, Refusal.EMPTY_COMPLETION, Refusal.TOO_LONG, Refusal.LOGPROBS_MISMATCH,
-                      Refusal.TOKEN_OUT_OF_VOCAB, Refusal.BAD_LOGPROB, Refusal.FUTURE_VERSION, Refusal.STALE})
+                      Refusal.TOKEN_OUT_OF_VOCAB, Refusal.BAD_LOGPROB, Refusal.VERSION_RUNS, Refusal.FUTURE_VERSION,
+                      Refusal.STALE})
 """Refused samples to generate again."""
 MALFORMED = frozenset({Refusal.UNKNOWN_PROMPT, Refusal.INDEX_OUT_OF_RANGE, Refusal.FINISH_REASON,
                        Refusal.EMPTY_COMPLETION, Refusal.TOO_LONG, Refusal.LOGPROBS_MISMATCH,
-                       Refusal.TOKEN_OUT_OF_VOCAB, Refusal.BAD_LOGPROB})
+                       Refusal.TOKEN_OUT_OF_VOCAB, Refusal.BAD_LOGPROB, Refusal.VERSION_RUNS})
 """Samples no healthy generator sends (MAX_MALFORMED_IN_A_ROW of them end its stream)."""
 SAMPLE_REASONS = DROPPED_SAMPLES | MALFORMED | REISSUED
 """Why a sample (not a stream's other message) was refused."""
@@ -167,12 +172,33 @@ def _check_content(sample: Sample, rules: SampleRules) -> Refused | None:
     bad_lp = next((lp for lp in logprobs if not (math.isfinite(lp) and lp <= LOGPROB_TOLERANCE)), None)
     if bad_lp is not None:
         return Refused(Refusal.BAD_LOGPROB, f"sample.logprobs holds {bad_lp}: a log-prob is finite and <= 0")
+    if (why := _version_runs_problem(sample)) is not None:
+        return Refused(Refusal.VERSION_RUNS, f"sample.version_runs {why}")
+    return None
+
+
+def _version_runs_problem(sample: Sample) -> str | None:
+    runs = sample.version_runs
+    if not runs:
+        return None
+    if any(r.num_tokens < 1 for r in runs):
+        return "has a run of no tokens"
+    if any(a.policy_version >= b.policy_version for a, b in zip(runs, runs[1:])):
+        return f"versions {[r.policy_version for r in runs][:16]} are not ascending"
+    if runs[0].policy_version != sample.policy_version:
+        return f"starts at version {runs[0].policy_version}, not at policy_version {sample.policy_version}"
+    total = sum(r.num_tokens for r in runs)
+    if total != len(sample.completion_token_ids):
+        return f"counts {total} tokens for {len(sample.completion_token_ids)} completion tokens"
     return None
 
 
 def _check_version(sample: Sample, task: InFlight, published_version: int) -> Refused | None:
-    if sample.policy_version > published_version:
-        return Refused(Refusal.FUTURE_VERSION, f"sample.policy_version {sample.policy_version} is beyond the "
+    """A sample's tokens may mix versions (in-flight updates): its newest must have been
+    published, and staleness counts from its oldest (policy_version), however new the rest."""
+    if sample.newest_version > published_version:
+        field = "version_runs ends at version" if sample.version_runs else "policy_version"
+        return Refused(Refusal.FUTURE_VERSION, f"sample.{field} {sample.newest_version} is beyond the "
                                                f"newest published version {published_version}")
     if sample.policy_version < task.min_policy_version:
         return Refused(Refusal.STALE, f"sample.policy_version {sample.policy_version} is older than "

@@ -285,6 +285,22 @@ class PipelineSpec(SpecModel):
     when it consumes a sample and the sample's policy_version. Enforced when work is
     handed out and again when a sample is consumed (a too-stale sample is dropped and its
     prompt re-issued). Synchronous modes are on-policy (staleness 0)."""
+    in_flight_updates: StrictBool = False
+    """stream-async only: how a generator takes a new version that arrives while requests
+    run. false (drain-then-update): it stops admitting requests, lets the running ones
+    finish on the version they started on, then loads and admits again, so every sample
+    comes from one version. true (in-flight): it pauses in place, loads, and resumes; the
+    running requests continue on the new weights, their KV cache kept, so a sample may mix
+    versions. Each sample carries the version of each of its tokens (run-length, on the
+    wire and in metrics.jsonl); its policy_version, from which staleness counts, is its
+    oldest token's."""
+
+    @model_validator(mode="after")
+    def _in_flight_needs_stream_async(self) -> PipelineSpec:
+        if self.in_flight_updates and self.mode != PipelineMode.stream_async:
+            raise ValueError(f"inFlightUpdates: true needs mode stream-async (mode is {self.mode.value}): only there "
+                             "do generators run requests while a new version arrives")
+        return self
 
     @property
     def staleness(self) -> int:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19streamrl/v1/rollout.proto\x12\x0bstreamrl.v1\"\xee\x01\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.streamrl.v1.HelloH\x00\x12%\n\x06sample\x18\x02 \x01(\x0b\x32\x13.streamrl.v1.SampleH\x00\x12\'\n\x04load\x18\x03 \x01(\x0b\x32\x17.streamrl.v1.LoadReportH\x00\x12\x34\n\x0eweights_loaded\x18\x04 \x01(\x0b\x32\x1a.streamrl.v1.WeightsLoadedH\x00\x12)\n\x08\x64raining\x18\x05 \x01(\x0b\x32\x15.streamrl.v1.DrainingH\x00\x42\x06\n\x04kind\"\x1a\n\x08\x44raining\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xf9\x01\n\x05Hello\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x17\n\x0fweights_address\x18\x06 \x01(\t\x12\x32\n\x0flatency_profile\x18\x07 \x03(\x0b\x32\x19.streamrl.v1.LatencyPoint\x12\x14\n\x0cstarted_unix\x18\x08 \x01(\x01\x12\x16\n\x0eweights_sha256\x18\t \x01(\t\x12\x17\n\x0fwithout_weights\x18\n \x01(\x08\"<\n\x0cLatencyPoint\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x18\n\x10seconds_per_step\x18\x02 \x01(\x01\"\xe5\x01\n\x06Sample\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x1c\n\x14\x63ompletion_token_ids\x18\x03 \x03(\r\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x30\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x19.streamrl.v1.FinishReason\x12\x0f\n\x07queue_s\x18\x07 \x01(\x01\x12\x12\n\ngenerate_s\x18\x08 \x01(\x01\x12\x13\n\x0bincarnation\x18\t \x01(\r\"\xb9\x01\n\nLoadReport\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x1c\n\x14num_generated_tokens\x18\x03 \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x32\n\x0flatency_profile\x18\x05 \x03(\x0b\x32\x19.streamrl.v1.LatencyPoint\x12\x19\n\x11skewness_bubble_s\x18\x06 \x01(\x01\"[\n\rWeightsLoaded\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x0e\n\x06sync_s\x18\x02 \x01(\x01\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06source\x18\x04 \x01(\t\"\xd4\x01\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.streamrl.v1.WelcomeH\x00\x12%\n\x06\x61ssign\x18\x02 \x01(\x0b\x32\x13.streamrl.v1.AssignH\x00\x12.\n\x0bnew_weights\x18\x04 \x01(\x0b\x32\x17.streamrl.v1.NewWeightsH\x00\x12+\n\tconfigure\x18\x05 \x01(\x0b\x32\x16.streamrl.v1.ConfigureH\x00\x42\x06\n\x04kindJ\x04\x08\x03\x10\x04R\x06\x63\x61ncel\"F\n\x07Welcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x13\n\x0bincarnation\x18\x03 \x01(\r\"\xbf\x01\n\x06\x41ssign\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0esample_indices\x18\x03 \x03(\r\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.streamrl.v1.SamplingParams\x12\x1a\n\x12min_policy_version\x18\x05 \x01(\x04\x12\x10\n\x08priority\x18\x06 \x01(\x01\x12\x13\n\x0bincarnation\x18\x07 \x01(\r\"Z\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"#\n\tConfigure\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\r\"l\n\nNewWeights\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_chunks\x18\x03 \x01(\r\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\"C\n\x13\x46\x65tchWeightsRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x04\"v\n\x14\x46\x65tchWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"\x13\n\x11\x46\x65tchModelRequest\"j\n\x12\x46\x65tchModelResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xfb\x01\n\x07Rollout\x12H\n\x07\x43onnect\x12\x1b.streamrl.v1.ConnectRequest\x1a\x1c.streamrl.v1.ConnectResponse(\x01\x30\x01\x12U\n\x0c\x46\x65tchWeights\x12 .streamrl.v1.FetchWeightsRequest\x1a!.streamrl.v1.FetchWeightsResponse0\x01\x12O\n\nFetchModel\x12\x1e.streamrl.v1.FetchModelRequest\x1a\x1f.streamrl.v1.FetchModelResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19streamrl/v1/rollout.proto\x12\x0bstreamrl.v1\"\xee\x01\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.streamrl.v1.HelloH\x00\x12%\n\x06sample\x18\x02 \x01(\x0b\x32\x13.streamrl.v1.SampleH\x00\x12\'\n\x04load\x18\x03 \x01(\x0b\x32\x17.streamrl.v1.LoadReportH\x00\x12\x34\n\x0eweights_loaded\x18\x04 \x01(\x0b\x32\x1a.streamrl.v1.WeightsLoadedH\x00\x12)\n\x08\x64raining\x18\x05 \x01(\x0b\x32\x15.streamrl.v1.DrainingH\x00\x42\x06\n\x04kind\"\x1a\n\x08\x44raining\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xf9\x01\n\x05Hello\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x17\n\x0fweights_address\x18\x06 \x01(\t\x12\x32\n\x0flatency_profile\x18\x07 \x03(\x0b\x32\x19.streamrl.v1.LatencyPoint\x12\x14\n\x0cstarted_unix\x18\x08 \x01(\x01\x12\x16\n\x0eweights_sha256\x18\t \x01(\t\x12\x17\n\x0fwithout_weights\x18\n \x01(\x08\"<\n\x0cLatencyPoint\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x18\n\x10seconds_per_step\x18\x02 \x01(\x01\"\x94\x02\n\x06Sample\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x1c\n\x14\x63ompletion_token_ids\x18\x03 \x03(\r\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x30\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x19.streamrl.v1.FinishReason\x12\x0f\n\x07queue_s\x18\x07 \x01(\x01\x12\x12\n\ngenerate_s\x18\x08 \x01(\x01\x12\x13\n\x0bincarnation\x18\t \x01(\r\x12-\n\x0cversion_runs\x18\n \x03(\x0b\x32\x17.streamrl.v1.VersionRun\"8\n\nVersionRun\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xb9\x01\n\nLoadReport\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x1c\n\x14num_generated_tokens\x18\x03 \x01(\x04\x12\x14\n\x0ctokens_per_s\x18\x04 \x01(\x01\x12\x32\n\x0flatency_profile\x18\x05 \x03(\x0b\x32\x19.streamrl.v1.LatencyPoint\x12\x19\n\x11skewness_bubble_s\x18\x06 \x01(\x01\"[\n\rWeightsLoaded\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x0e\n\x06sync_s\x18\x02 \x01(\x01\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06source\x18\x04 \x01(\t\"\xd4\x01\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.streamrl.v1.WelcomeH\x00\x12%\n\x06\x61ssign\x18\x02 \x01(\x0b\x32\x13.streamrl.v1.AssignH\x00\x12.\n\x0bnew_weights\x18\x04 \x01(\x0b\x32\x17.streamrl.v1.NewWeightsH\x00\x12+\n\tconfigure\x18\x05 \x01(\x0b\x32\x16.streamrl.v1.ConfigureH\x00\x42\x06\n\x04kindJ\x04\x08\x03\x10\x04R\x06\x63\x61ncel\"F\n\x07Welcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x13\n\x0bincarnation\x18\x03 \x01(\r\"\xbf\x01\n\x06\x41ssign\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0esample_indices\x18\x03 \x03(\r\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.streamrl.v1.SamplingParams\x12\x1a\n\x12min_policy_version\x18\x05 \x01(\x04\x12\x10\n\x08priority\x18\x06 \x01(\x01\x12\x13\n\x0bincarnation\x18\x07 \x01(\r\"Z\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"#\n\tConfigure\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\r\"l\n\nNewWeights\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x12\n\nnum_chunks\x18\x03 \x01(\r\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\"C\n\x13\x46\x65tchWeightsRequest\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x04\"v\n\x14\x46\x65tchWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"\x13\n\x11\x46\x65tchModelRequest\"j\n\x12\x46\x65tchModelResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\xfb\x01\n\x07Rollout\x12H\n\x07\x43onnect\x12\x1b.streamrl.v1.ConnectRequest\x1a\x1c.streamrl.v1.ConnectResponse(\x01\x30\x01\x12U\n\x0c\x46\x65tchWeights\x12 .streamrl.v1.FetchWeightsRequest\x1a!.streamrl.v1.FetchWeightsResponse0\x01\x12O\n\nFetchModel\x12\x1e.streamrl.v1.FetchModelRequest\x1a\x1f.streamrl.v1.FetchModelResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'streamrl.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2176
-  _globals['_FINISHREASON']._serialized_end=2271
+  _globals['_FINISHREASON']._serialized_start=2281
+  _globals['_FINISHREASON']._serialized_end=2376
   _globals['_CONNECTREQUEST']._serialized_start=43
   _globals['_CONNECTREQUEST']._serialized_end=281
   _globals['_DRAINING']._serialized_start=283
@@ -42,31 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LATENCYPOINT']._serialized_start=563
   _globals['_LATENCYPOINT']._serialized_end=623
   _globals['_SAMPLE']._serialized_start=626
-  _globals['_SAMPLE']._serialized_end=855
-  _globals['_LOADREPORT']._serialized_start=858
-  _globals['_LOADREPORT']._serialized_end=1043
-  _globals['_WEIGHTSLOADED']._serialized_start=1045
-  _globals['_WEIGHTSLOADED']._serialized_end=1136
-  _globals['_CONNECTRESPONSE']._serialized_start=1139
-  _globals['_CONNECTRESPONSE']._serialized_end=1351
-  _globals['_WELCOME']._serialized_start=1353
-  _globals['_WELCOME']._serialized_end=1423
-  _globals['_ASSIGN']._serialized_start=1426
-  _globals['_ASSIGN']._serialized_end=1617
-  _globals['_SAMPLINGPARAMS']._serialized_start=1619
-  _globals['_SAMPLINGPARAMS']._serialized_end=1709
-  _globals['_CONFIGURE']._serialized_start=1711
-  _globals['_CONFIGURE']._serialized_end=1746
-  _globals['_NEWWEIGHTS']._serialized_start=1748
-  _globals['_NEWWEIGHTS']._serialized_end=1856
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=1858
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=1925
-  _globals['_FETCHWEIGHTSRESPONSE']._serialized_start=1927
-  _globals['_FETCHWEIGHTSRESPONSE']._serialized_end=2045
-  _globals['_FETCHMODELREQUEST']._serialized_start=2047
-  _globals['_FETCHMODELREQUEST']._serialized_end=2066
-  _globals['_FETCHMODELRESPONSE']._serialized_start=2068
-  _globals['_FETCHMODELRESPONSE']._serialized_end=2174
-  _globals['_ROLLOUT']._serialized_start=2274
-  _globals['_ROLLOUT']._serialized_end=2525
+  _globals['_SAMPLE']._serialized_end=902
+  _globals['_VERSIONRUN']._serialized_start=904
+  _globals['_VERSIONRUN']._serialized_end=960
+  _globals['_LOADREPORT']._serialized_start=963
+  _globals['_LOADREPORT']._serialized_end=1148
+  _globals['_WEIGHTSLOADED']._serialized_start=1150
+  _globals['_WEIGHTSLOADED']._serialized_end=1241
+  _globals['_CONNECTRESPONSE']._serialized_start=1244
+  _globals['_CONNECTRESPONSE']._serialized_end=1456
+  _globals['_WELCOME']._serialized_start=1458
+  _globals['_WELCOME']._serialized_end=1528
+  _globals['_ASSIGN']._serialized_start=1531
+  _globals['_ASSIGN']._serialized_end=1722
+  _globals['_SAMPLINGPARAMS']._serialized_start=1724
+  _globals['_SAMPLINGPARAMS']._serialized_end=1814
+  _globals['_CONFIGURE']._serialized_start=1816
+  _globals['_CONFIGURE']._serialized_end=1851
+  _globals['_NEWWEIGHTS']._serialized_start=1853
+  _globals['_NEWWEIGHTS']._serialized_end=1961
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=1963
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=2030
+  _globals['_FETCHWEIGHTSRESPONSE']._serialized_start=2032
+  _globals['_FETCHWEIGHTSRESPONSE']._serialized_end=2150
+  _globals['_FETCHMODELREQUEST']._serialized_start=2152
+  _globals['_FETCHMODELREQUEST']._serialized_end=2171
+  _globals['_FETCHMODELRESPONSE']._serialized_start=2173
+  _globals['_FETCHMODELRESPONSE']._serialized_end=2279
+  _globals['_ROLLOUT']._serialized_start=2379
+  _globals['_ROLLOUT']._serialized_end=2630
 # @@protoc_insertion_point(module_scope)

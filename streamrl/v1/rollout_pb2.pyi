@@ -69,7 +69,7 @@ class LatencyPoint(_message.Message):
     def __init__(self, batch_size: _Optional[int] = ..., seconds_per_step: _Optional[float] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("prompt_id", "sample_index", "completion_token_ids", "logprobs", "policy_version", "finish_reason", "queue_s", "generate_s", "incarnation")
+    __slots__ = ("prompt_id", "sample_index", "completion_token_ids", "logprobs", "policy_version", "finish_reason", "queue_s", "generate_s", "incarnation", "version_runs")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class Sample(_message.Message):
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     GENERATE_S_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_RUNS_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     sample_index: int
     completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -88,7 +89,16 @@ class Sample(_message.Message):
     queue_s: float
     generate_s: float
     incarnation: int
-    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., queue_s: _Optional[float] = ..., generate_s: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    version_runs: _containers.RepeatedCompositeFieldContainer[VersionRun]
+    def __init__(self, prompt_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., queue_s: _Optional[float] = ..., generate_s: _Optional[float] = ..., incarnation: _Optional[int] = ..., version_runs: _Optional[_Iterable[_Union[VersionRun, _Mapping]]] = ...) -> None: ...
+
+class VersionRun(_message.Message):
+    __slots__ = ("policy_version", "num_tokens")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    num_tokens: int
+    def __init__(self, policy_version: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
     __slots__ = ("num_running", "num_waiting", "num_generated_tokens", "tokens_per_s", "latency_profile", "skewness_bubble_s")

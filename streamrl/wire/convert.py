@@ -17,7 +17,7 @@ from streamrl.messages import (
     Welcome,
     Work,
 )
-from streamrl.samples import Sample
+from streamrl.samples import Sample, VersionRun
 from streamrl.v1 import ranker_pb2 as rpb
 from streamrl.v1 import rollout_pb2 as pb
 
@@ -41,6 +41,7 @@ def sample_to_pb(s: Sample) -> pb.Sample:
         prompt_id=s.prompt_id, sample_index=s.sample_index, completion_token_ids=s.completion_token_ids,
         logprobs=s.logprobs, policy_version=s.policy_version, finish_reason=_FINISH_TO_PB[s.finish_reason],
         queue_s=s.queue_s, generate_s=s.generate_s, incarnation=s.incarnation,
+        version_runs=[pb.VersionRun(policy_version=r.policy_version, num_tokens=r.num_tokens) for r in s.version_runs],
     )
 
 
@@ -55,6 +56,7 @@ def sample_from_pb(m: pb.Sample, generator_id: str) -> Sample:
     return Sample(
         m.prompt_id, m.sample_index, tuple(m.completion_token_ids), tuple(m.logprobs), m.policy_version,
         _finish_from_pb(m.finish_reason), generator_id, m.queue_s, m.generate_s, m.incarnation,
+        tuple(VersionRun(r.policy_version, r.num_tokens) for r in m.version_runs),
     )
 
 

@@ -1,6 +1,7 @@
 """A reward function that raises on some completions (reward.onError): the run never hangs
 and never loses the sample. `fail` stops it at once (no restart: the same completion would
-raise again) with the function, the prompt and the error named; `zero` scores those samples 0, counts them and trains on every sample once."""
+raise again) with the function, the prompt and the error named; `zero` scores those samples
+0, counts them and trains on every sample once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The vLLM engine for real (vLLM's CPU build, in process) with the built-in model: booted on dummy
-weights and given its first version in place, it samples as the torch engine does on the same weights, each version it loads in place samples as a fresh
-vLLM engine started on that version, an incomplete version is refused, abort and priority hold.
+weights and given its first version in place, it samples as the torch engine does on the same
+weights, each version it loads in place samples as a fresh vLLM engine started on that version,
+requests running through a load go on with the new weights (in-flight), an incomplete version is
+refused, abort and priority hold.
 
 One engine serves the whole module (starting one takes seconds); a test that changes its
 version or EOS puts them back.
@@ -152,6 +154,48 @@ def test_each_version_samples_as_a_fresh_engine_started_on_it(engine, model, tok
     again = _run(engine, _requests(tok))
     for rid in before:
         assert (again[rid].token_ids, again[rid].logprobs) == (before[rid].token_ids, before[rid].logprobs)
+
+
+def test_requests_running_through_a_load_go_on_with_the_new_weights_and_say_so(engine, model, tok, tiny_model_dir):
+    """An in-flight update: requests paused mid-sequence keep their KV cache and go on with the
+    new version. Each completion's version runs split where the load came, and its tokens are
+    the torch engine's doing the same (greedy on the old weights, then on the new with the KV
+    computed so far kept), which are not those of the old weights alone."""
+    held = engine.policy_version
+    old = {n: p.detach().clone() for n, p in model.named_parameters()}
+    new = _perturbed(model, seed=3)
+    requests = _requests(tok, max_new=lambda i: 40)
+    try:
+        for r in requests:
+            engine.add_request(r)
+        for _ in range(6):
+            assert engine.step() == []
+        assert engine.stats().num_running == len(requests)
+        engine.load_weights(new.items(), held + 1)  # pause -> update -> resume, the requests kept
+        got = _run(engine, [])
+    finally:
+        engine.load_weights(old.items(), held + 2)  # the module's engine as it was (a version of its own)
+    switched, differs = 0, False
+    for r in requests:
+        c = got[r.request_id]
+        first, then = c.version_runs
+        assert (first.policy_version, then.policy_version, c.policy_version) == (held, held + 1, held)
+        assert first.num_tokens >= 1 and then.num_tokens >= 1 and first.num_tokens + then.num_tokens == len(c.token_ids)
+        reference = TorchEngine(load_model(tiny_model_dir), 1, tok.eos_token_id)
+        reference.add_request(r)
+        while reference.stats().num_generated_tokens < first.num_tokens:
+            assert reference.step() == []
+        old_only = _run(TorchEngine(load_model(tiny_model_dir), 1, tok.eos_token_id), [r])[r.request_id]
+        reference.load_weights(new.items(), 1)
+        expected = _run(reference, [])[r.request_id]
+        assert c.token_ids == expected.token_ids, r.request_id
+        assert c.logprobs == pytest.approx(expected.logprobs, abs=LOGPROB_TOL)
+        assert [(v.policy_version, v.num_tokens) for v in expected.version_runs] == [
+            (0, first.num_tokens), (1, then.num_tokens)]
+        assert c.token_ids[:first.num_tokens] == old_only.token_ids[:first.num_tokens]
+        switched += 1
+        differs |= c.token_ids != old_only.token_ids
+    assert switched == len(requests) and differs  # the tokens after the load are the new weights'
 
 
 def test_a_version_missing_a_parameter_is_refused_and_the_held_one_kept(engine, model, tok):

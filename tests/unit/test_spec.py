@@ -53,6 +53,12 @@ def test_dump_then_parse_round_trips():
          "spec.generators.pools[0].engine.device: Input should be 'cpu' or 'cuda'"),
         ({"generators": {"pools": [{"replicas": 0}]}}, "spec.generators: at least one generator replica is needed"),
         ({"pipeline": {"maxStaleness": 0}}, "spec.pipeline.maxStaleness: Input should be greater than or equal to 1"),
+        ({"pipeline": {"inFlightUpdates": True}},
+         "spec.pipeline: inFlightUpdates: true needs mode stream-async (mode is stream-sync)"),
+        ({"pipeline": {"mode": "colocated", "inFlightUpdates": True}},
+         "spec.pipeline: inFlightUpdates: true needs mode stream-async (mode is colocated)"),
+        ({"pipeline": {"mode": "stream-async", "inFlightUpdates": "yes"}},
+         "spec.pipeline.inFlightUpdates: Input should be a valid boolean"),
         ({"trainer": {"weightChunkBytes": 64 << 20}}, "spec.trainer.weightChunkBytes: Input should be less than"),
     ],
 )
@@ -61,6 +67,12 @@ def test_invalid_spec_names_the_field_and_the_problem(spec, expected):
         parse_job(_job(**spec), "job.yaml")
     assert expected in str(err.value)
     assert str(err.value).startswith("job.yaml: invalid RLJob")
+
+
+def test_in_flight_updates_are_off_by_default_and_allowed_in_stream_async():
+    assert parse_job(_job()).spec.pipeline.in_flight_updates is False
+    pipeline = parse_job(_job(pipeline={"mode": "stream-async", "inFlightUpdates": True})).spec.pipeline
+    assert pipeline.in_flight_updates is True
 
 
 def test_wrong_kind_and_api_version_are_rejected():

@@ -198,3 +198,29 @@ def test_an_idle_engine_lends_its_kv_cache_and_takes_it_back_for_work(model_and_
     woken = run_requests(engine, _requests(tok, temperature=1.0))
     assert engine.decoder.cache_bytes == full
     assert {rid: c.token_ids for rid, c in woken.items()} == {rid: c.token_ids for rid, c in awake.items()}
+
+
+def test_version_runs_are_run_length_and_empty_for_one_version():
+    from streamrl.samples import VersionRun, version_runs
+
+    assert version_runs([]) == () and version_runs([3, 3, 3]) == ()
+    assert version_runs([3, 3, 4, 4, 4, 6]) == (VersionRun(3, 2), VersionRun(4, 3), VersionRun(6, 1))
+
+
+def test_admission_held_keeps_waiting_requests_out_while_running_ones_go_on(model_and_tok):
+    model, tok = model_and_tok
+    engine = TorchEngine(model, 4, eos_token_id=-1)
+    first, later = list(_requests(tok, max_new=lambda i: 6))[:2], list(_requests(tok, max_new=lambda i: 6))[2:4]
+    for r in first:
+        engine.add_request(r)
+    engine.step()
+    engine.hold_admission(True)
+    for r in later:
+        engine.add_request(r)
+    done = []
+    for _ in range(10):
+        done += engine.step()
+    assert sorted(c.request_id for c in done) == ["0", "1"]  # room for two more, yet they waited
+    assert (engine.stats().num_running, engine.stats().num_waiting) == (0, 2)
+    engine.hold_admission(False)
+    assert sorted(run_requests(engine, [])) == ["2", "3"]

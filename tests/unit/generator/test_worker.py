@@ -17,7 +17,7 @@ from streamrl.generator.worker import Abandon, LoadWeights, TrainerVersion, Work
 from streamrl.messages import Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
-from streamrl.samples import Sample
+from streamrl.samples import Sample, VersionRun
 
 
 @pytest.fixture
@@ -172,3 +172,69 @@ def test_a_replica_booted_from_the_trainer_takes_no_work_before_its_first_versio
     finally:
         w.stop()
         thread.join(10)
+
+
+@pytest.fixture
+def updating(tiny_model_dir):
+    """start(in_flight) -> (worker, samples, loads): a worker on a tiny engine of 4 slots whose
+    every load notes (version, tokens generated so far) on the engine thread, before the next step."""
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(in_flight: bool):
+        engine = TorchEngine(load_model(tiny_model_dir), max_batch_size=4, eos_token_id=-1)
+        samples: list[Sample] = []
+        loads: list[tuple[int, int, int]] = []  # (version, tokens generated, samples emitted) at the load
+        w = Worker(engine, "g0", ServiceMetrics("generator"), on_sample=samples.append, in_flight_updates=in_flight,
+                   on_loaded=lambda msg, _: loads.append((msg.policy_version, engine.stats().num_generated_tokens,
+                                                          len(samples))))
+        thread = threading.Thread(target=w.run, name="engine-under-test", daemon=True)
+        thread.start()
+        started.append((w, thread))
+        return w, samples, loads
+
+    yield start
+    for w, thread in started:
+        w.stop()
+        thread.join(10)
+
+
+def _other_weights(engine: TorchEngine, shift: float) -> dict[str, torch.Tensor]:
+    return {k: v.detach() + shift for k, v in engine.model.named_parameters()}
+
+
+def test_drain_then_update_loads_a_version_once_the_running_requests_finish(updating):
+    w, samples, loads = updating(in_flight=False)
+    w.inbox.put(_work("old", 2, max_new=240))
+    _wait(lambda: w.engine.stats().num_running == 2, "the old samples to run")
+    w.inbox.put(LoadWeights(1, _other_weights(w.engine, 0.01), time.monotonic()))
+    w.inbox.put(_work("new", 2, max_new=5))  # room for it in the batch, yet it waits for v1
+    w.inbox.put(LoadWeights(2, _other_weights(w.engine, 0.02), time.monotonic()))  # overtakes v1 while it waits
+    _wait(lambda: len(samples) == 4, "4 samples")
+    assert [(v, emitted) for v, _, emitted in loads] == [(2, 2)]  # the newest only, once both old samples were out
+    by_prompt = {(s.prompt_id, s.sample_index): s for s in samples}
+    for i in range(2):
+        old, new = by_prompt["old", i], by_prompt["new", i]
+        assert (old.policy_version, old.version_runs, len(old.completion_token_ids)) == (0, (), 240)
+        assert (new.policy_version, new.version_runs, len(new.completion_token_ids)) == (2, (), 5)
+    assert w.engine.policy_version == 2
+    w.inbox.put(LoadWeights(3, _other_weights(w.engine, 0.0), time.monotonic()))  # nothing runs: loaded at once
+    _wait(lambda: w.engine.policy_version == 3, "v3 loaded")
+    w.inbox.put(_work("after", 1, max_new=3))
+    _wait(lambda: len(samples) == 5, "a sample after the drain")  # admission is open again
+    assert samples[-1].policy_version == 3
+
+
+def test_in_flight_update_loads_at_once_and_the_running_samples_carry_both_versions(updating):
+    w, samples, loads = updating(in_flight=True)
+    w.inbox.put(_work("p", 4, max_new=240))  # 4 slots: all admitted together, one token each per step
+    _wait(lambda: w.engine.stats().num_running == 4, "4 running samples")
+    w.inbox.put(LoadWeights(1, _other_weights(w.engine, 0.01), time.monotonic()))
+    _wait(lambda: len(samples) == 4, "4 samples")
+    [(version, generated, emitted)] = loads
+    assert (version, emitted) == (1, 0)  # loaded while all four ran
+    before = generated // 4  # tokens each had when v1 came in
+    assert generated % 4 == 0 and 0 < before < 240
+    for s in samples:
+        assert s.policy_version == 0  # its oldest token's: staleness counts from it
+        assert s.version_runs == (VersionRun(0, before), VersionRun(1, 240 - before))
+        assert (s.num_versions, s.newest_version) == (2, 1)

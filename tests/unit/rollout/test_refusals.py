@@ -24,7 +24,7 @@ from streamrl.rollout.refusals import (
 )
 from streamrl.rollout.work import InFlight, PromptWork
 from streamrl.rollout.workqueue import SamplingConfig
-from streamrl.samples import Sample
+from streamrl.samples import Sample, VersionRun
 from streamrl.trainer.coordinator import Coordinator
 
 VOCAB = 50
@@ -48,6 +48,8 @@ def test_a_well_formed_sample_passes():
     assert _check(GOOD) is None
     assert _check(replace(GOOD, logprobs=(-0.5, -1.5, 1e-4), finish_reason="length")) is None  # float rounding
     assert _check(replace(GOOD, completion_token_ids=(0, VOCAB - 1, 2), policy_version=2)) is None
+    assert _check(replace(GOOD, policy_version=2, version_runs=(VersionRun(2, 1), VersionRun(3, 2)))) is None
+    assert _check(replace(GOOD, version_runs=(VersionRun(3, 3),))) is None  # one run: all policy_version's
 
 
 @pytest.mark.parametrize(("sample", "reason", "field"), [
@@ -68,6 +70,21 @@ def test_a_well_formed_sample_passes():
     (replace(GOOD, logprobs=(-0.5, -1.0, 0.25)), Refusal.BAD_LOGPROB, "0.25"),
     (replace(GOOD, policy_version=4), Refusal.FUTURE_VERSION, "policy_version 4"),
     (replace(GOOD, policy_version=1), Refusal.STALE, "older than 2"),
+    # In-flight updates: the tokens' versions, run-length.
+    (replace(GOOD, version_runs=(VersionRun(3, 2), VersionRun(4, 1))), Refusal.FUTURE_VERSION,
+     "version_runs ends at version 4"),
+    (replace(GOOD, policy_version=1, version_runs=(VersionRun(1, 1), VersionRun(3, 2))), Refusal.STALE,
+     "policy_version 1 is older than 2"),
+    (replace(GOOD, policy_version=2, version_runs=(VersionRun(2, 1), VersionRun(3, 1))), Refusal.VERSION_RUNS,
+     "counts 2 tokens for 3"),
+    (replace(GOOD, policy_version=2, version_runs=(VersionRun(3, 1), VersionRun(2, 2))), Refusal.VERSION_RUNS,
+     "not ascending"),
+    (replace(GOOD, policy_version=2, version_runs=(VersionRun(3, 1), VersionRun(3, 2))), Refusal.VERSION_RUNS,
+     "not ascending"),
+    (replace(GOOD, policy_version=2, version_runs=(VersionRun(3, 1), VersionRun(4, 2))), Refusal.VERSION_RUNS,
+     "starts at version 3, not at policy_version 2"),
+    (replace(GOOD, policy_version=2, version_runs=(VersionRun(2, 3), VersionRun(3, 0))), Refusal.VERSION_RUNS,
+     "a run of no tokens"),
 ])
 def test_each_malformed_or_misplaced_sample_is_refused_naming_the_field(sample, reason, field):
     refused = _check(sample)
@@ -95,7 +112,8 @@ def test_the_message_size_limit_holds_a_sample_of_max_new_tokens():
 def test_only_samples_that_exist_and_are_missing_are_generated_again():
     reissued = {r for r in Refusal if Refused(r, "").reissue}
     assert {r.value for r in reissued} == {"finish_reason", "empty_completion", "too_long", "logprobs_mismatch",
-                                           "token_out_of_vocab", "bad_logprob", "future_version", "stale"}
+                                           "token_out_of_vocab", "bad_logprob", "version_runs", "future_version",
+                                           "stale"}
     assert Refusal.INDEX_OUT_OF_RANGE in MALFORMED  # malformed, yet there is no such sample to generate
     assert not reissued & STREAM
 

@@ -7,7 +7,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.rewards import RewardError
 from streamrl.rollout.work import PromptWork
 from streamrl.rollout.workqueue import SamplingConfig
-from streamrl.samples import Sample
+from streamrl.samples import Sample, VersionRun
 from streamrl.trainer.coordinator import Coordinator
 
 
@@ -192,6 +192,40 @@ def test_sample_too_stale_on_arrival_is_refused_and_reissued_before_it_joins_a_g
         [work] = _drain(a)
         assert work.sample_indices == (0,) and work.min_policy_version == 2
         assert c.on_sample("a", Sample("p0", 0, (7, 2), (-0.1, -0.2), 2, "stop", "a")) is True
+
+    run(go())
+
+
+def test_an_in_flight_sample_is_as_stale_as_its_first_token_however_new_its_last():
+    """Tokens of v1 then v2 (a version loaded while it ran): its policy_version is 1, and
+    staleness counts from it, on arrival and at consumption."""
+    def mixed(i: int, first: int, last: int) -> Sample:
+        return Sample("p0", i, (7, 2, 2), (-0.1, -0.2, -0.3), first, "stop", "a",
+                      version_runs=(VersionRun(first, 1), VersionRun(last, 2)))
+
+    async def go():
+        c = _coordinator(group_size=2)
+        a = c.connect(Hello("a", "p", 8, "torch", 0))
+        c.announce(WeightsNotice(2, 100, 1, "ff"))
+        c.add_prompts(3, [PromptWork("p0", 0, "7", (1,))], group_size=2, min_policy_version=2)
+        _drain(a)
+        assert c.on_sample("a", mixed(0, 1, 2)) is False  # its last tokens are v2, its first v1 < v2
+        assert c.counters.num_samples_refused == {"stale": 1}
+        [work] = _drain(a)
+        assert work.sample_indices == (0,)
+        assert c.on_sample("a", mixed(0, 2, 3)) is False  # v3 is not published yet
+        assert c.counters.num_samples_refused == {"stale": 1, "future_version": 1}
+        c.announce(WeightsNotice(3, 100, 1, "ff"))
+        _drain(a)
+        assert c.on_sample("a", mixed(0, 2, 3)) is True
+        assert c.on_sample("a", mixed(1, 2, 3)) is True
+        # The learner moves on to v3: both are one version behind by their first tokens, though their
+        # last ones are v3's: dropped at consumption.
+        waiter = asyncio.ensure_future(c.take_groups(3, 2, 2, min_policy_version=3))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        assert c.counters.num_samples_stale_dropped == 3
+        waiter.cancel()
 
     run(go())
 
