@@ -16,16 +16,18 @@ are taken before it. At topP 1 (the default) the two engines agree (tests/integr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from streamrl import compute
 from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, WaitingRequests
 from streamrl.latency import ServedLatency
 from streamrl.spec import VllmEngineSpec
@@ -81,6 +83,24 @@ def _cpu_threads_env(threads: int, tensor_parallel_size: int) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, rank)) for rank in ranks)
 
 
+@contextlib.contextmanager
+def _threads_kept() -> Iterator[None]:
+    """The calling thread's torch (OpenMP) thread count and torch.set_num_threads as they were
+    before vLLM's code ran. vLLM's CPU worker replaces torch.set_num_threads with a no-op for the
+    whole process (its OpenMP threads are bound in its worker processes); and its packing of small
+    bfloat16 GEMM weights (sgl-kernel's convert_weight_packed, e.g. a small vocabulary's output
+    head), at start-up and at every reload, leaves the calling thread at one OpenMP thread. In
+    process nothing is bound and the engine thread runs the model with its own count
+    (streamrl.compute): without this a bfloat16 replica given two cores decoded on one."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        if torch.get_num_threads() != threads:
+            compute.restore_threads(threads)
+
+
 def _kv_cache_reporter(engine: VllmEngine):
     """A vLLM stat logger (its public hook for per-step scheduler stats) that keeps the engine's
     `kv_cache_usage` current: vLLM's own fraction of KV blocks in use."""
@@ -113,15 +133,9 @@ class VllmEngine(Engine):
         from vllm import LLMEngine
         from vllm.engine.arg_utils import EngineArgs
 
-        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process (its
-        # OpenMP threads are bound in its worker processes); in process nothing is bound, and the
-        # engine thread sets its own count (streamrl.compute), so the real function goes back.
-        set_num_threads = torch.set_num_threads
         self.kv_cache_usage = 0.0
-        try:
+        with _threads_kept():
             self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=[_kv_cache_reporter(self)])
-        finally:
-            torch.set_num_threads = set_num_threads
         self.capacity = spec.max_num_seqs
         self.batch_cap = spec.max_num_seqs
         self.eos_token_id = eos_token_id
@@ -290,7 +304,8 @@ class VllmEngine(Engine):
             partial.mkdir()
             save_file(tensors, str(partial / "model.safetensors"))
             os.rename(partial, path)
-            loaded = self._llm.collective_rpc("load_version", args=(str(path),))
+            with _threads_kept():  # the reload repacks weights as the start did
+                loaded = self._llm.collective_rpc("load_version", args=(str(path),))
         finally:
             shutil.rmtree(root, ignore_errors=True)
         for names in loaded:

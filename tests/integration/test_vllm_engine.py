@@ -9,6 +9,8 @@ version or EOS puts them back.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.generator.vllm_engine import versions_base
 from streamrl.models import eos_token_id, load_model, load_tokenizer
 from streamrl.spec import VllmEngineSpec
+from tests.conftest import child_env
 from tests.unit.generator.test_engine import run_requests as _run
 
 SPEC = VllmEngineSpec(device="cpu", enforce_eager=True, max_num_seqs=8, cpu_kv_cache_gib=0.25)
@@ -195,3 +198,35 @@ def test_measure_latency_times_steps_and_leaves_the_engine_idle(engine):
     assert all(0 < seconds < 1 for _, seconds in points)
     assert not engine.has_unfinished() and engine.stats().num_generated_tokens == tokens
     assert [bs for bs, _ in engine.latency_profile()][:1] == [1]
+
+
+KEEPS_THREADS = """
+import sys, torch
+from streamrl import compute
+from streamrl.generator.engine import setup_engine
+from streamrl.models import load_model
+from streamrl.spec import VllmEngineSpec
+
+compute.set_threads(2)
+
+
+def serve():
+    spec = VllmEngineSpec(device="cpu", enforce_eager=True, max_num_seqs=2, cpu_kv_cache_gib=0.1)
+    engine = setup_engine(spec, sys.argv[1], "bfloat16", 2, threads=2)
+    started = torch.get_num_threads()
+    engine.load_weights(load_model(sys.argv[1], "bfloat16").named_parameters(), 1)
+    return started, torch.get_num_threads()
+
+
+print(*compute.run(serve), torch.get_num_threads())
+"""
+
+
+def test_a_bfloat16_engine_keeps_the_engine_threads_openmp_threads(tiny_model_dir):
+    """vLLM's CPU build packs a small bfloat16 GEMM (the tiny model's output head) with a kernel that
+    leaves the calling thread at one OpenMP thread, at start-up and at every reload: a replica given
+    two cores decoded on one. Its engine thread keeps its two; every other thread keeps one."""
+    proc = subprocess.run([sys.executable, "-c", KEEPS_THREADS, str(tiny_model_dir)], capture_output=True, text=True,
+                          env=child_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["2", "2", "1"]  # after start-up, after a reload; the main thread
