@@ -123,7 +123,7 @@ def _kv_cache_reporter(engine: VllmEngine):
 class VllmEngine(Engine):
     ptl_context = 16
 
-    def __init__(self, spec: VllmEngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0,
+    def __init__(self, spec: VllmEngineSpec, model_dir: str, dtype: str, eos_token_id: int | None, seed: int = 0,
                  weights: bool = True, threads: int = 1):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core steps on our engine thread
         kwargs = engine_kwargs(spec, model_dir, dtype, seed, weights)
@@ -145,7 +145,6 @@ class VllmEngine(Engine):
         self._running: dict[str, _Running] = {}  # in vLLM: waiting there or decoding
         self._paused = False
         self._pending: dict[str, torch.Tensor] = {}
-        self._ignore_eos = False  # measure_latency: every synthetic request runs to its max_new_tokens
         self.num_generated_tokens = 0
         self.policy_version = 0
         self.holds_weights = weights
@@ -201,7 +200,7 @@ class VllmEngine(Engine):
             req, queued_at = self._waiting.pop()
             params = SamplingParams(
                 temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
-                logprobs=0, stop_token_ids=[] if self._ignore_eos else [self.eos_token_id],
+                logprobs=0, stop_token_ids=[] if self.eos_token_id is None else [self.eos_token_id],
                 ignore_eos=True,  # vLLM knows no EOS without a tokenizer: stop_token_ids says it
                 output_kind=RequestOutputKind.DELTA,
             )
@@ -225,7 +224,8 @@ class VllmEngine(Engine):
             self.num_generated_tokens += len(done.token_ids)
             if out.finished:
                 del self._running[out.request_id]
-                reason = "stop" if r.tokens and r.tokens[-1] == self.eos_token_id and not self._ignore_eos else "length"
+                stop = self.eos_token_id is not None and bool(r.tokens) and r.tokens[-1] == self.eos_token_id
+                reason = "stop" if stop else "length"
                 finished.append(Completion(r.request.request_id, tuple(r.tokens), tuple(r.logprobs), reason,
                                            r.policy_version, r.queued_s, now - r.admitted_at))
         return finished
@@ -245,8 +245,8 @@ class VllmEngine(Engine):
         context = self.ptl_context if context is None else context
         if not 1 <= context <= self.max_len - steps - 16:
             raise ValueError(f"measure_latency context {context}: must be 1..{self.max_len - steps - 16}")
-        saved = self.batch_cap, self.num_generated_tokens
-        self._ignore_eos, self.batch_cap = True, self.capacity
+        saved = self.eos_token_id, self.batch_cap, self.num_generated_tokens
+        self.eos_token_id, self.batch_cap = None, self.capacity  # no EOS: each runs to its max_new_tokens
         prompt = tuple(4 + k % 16 for k in range(context))
         with self.served_latency.measuring(record=context == self.ptl_context) as out:
             try:
@@ -264,8 +264,7 @@ class VllmEngine(Engine):
                     self.abort(ids)
             finally:
                 self.abort(list(self._running) + self._waiting.request_ids())
-                self._ignore_eos = False
-                self.batch_cap, self.num_generated_tokens = saved
+                self.eos_token_id, self.batch_cap, self.num_generated_tokens = saved
         return out
 
     # ---- weights: a version written once, then loaded in place --------------------------

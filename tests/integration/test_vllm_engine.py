@@ -89,6 +89,21 @@ def test_greedy_samples_and_logprobs_equal_the_torch_engines(engine, model, tok)
     assert {c.finish_reason for c in got.values()} == {"stop", "length"}
 
 
+def test_without_an_eos_every_request_runs_to_its_max_new_tokens(engine, tok):
+    saved = engine.eos_token_id
+    said = _run(engine, _requests(tok))["1"].token_ids
+    engine.eos_token_id = said[2]  # a token it says
+    try:
+        stopped = _run(engine, _requests(tok))
+        engine.eos_token_id = None
+        free = _run(engine, _requests(tok))
+    finally:
+        engine.eos_token_id = saved
+    assert stopped["1"].finish_reason == "stop" and stopped["1"].token_ids == said[:said.index(said[2]) + 1]
+    assert {rid: (c.finish_reason, len(c.token_ids)) for rid, c in free.items()} == {
+        r.request_id: ("length", r.max_new_tokens) for r in _requests(tok)}
+
+
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(engine, model, tok):
     """The trainer's ratio divides by the probability the token was drawn with: at temperature T,
     softmax(logits / T) (vLLM's processed logprobs), not the raw softmax(logits)."""
