@@ -136,6 +136,9 @@ class VllmEngine(Engine):
         self.kv_cache_usage = 0.0
         with _threads_kept():
             self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=[_kv_cache_reporter(self)])
+        self._workers_in_process = all(pid == os.getpid() for pid in self._llm.collective_rpc("process_id"))
+        """vLLM's workers run in this process (one worker, the engine core in process): a version's
+        tensors are handed to them as they are, with no files between."""
         self.capacity = spec.max_num_seqs
         self.batch_cap = spec.max_num_seqs
         self.eos_token_id = eos_token_id
@@ -267,7 +270,7 @@ class VllmEngine(Engine):
                 self.eos_token_id, self.batch_cap, self.num_generated_tokens = saved
         return out
 
-    # ---- weights: a version written once, then loaded in place --------------------------
+    # ---- weights: each version loaded in place ----------------------------------------------
     def pause_generation(self) -> None:
         self._paused = True
 
@@ -286,33 +289,41 @@ class VllmEngine(Engine):
             self._pending[name] = tensor.detach().to("cpu").contiguous()
 
     def finish_weight_update(self, policy_version: int) -> None:
-        """Refuse a version that lacks a parameter (the engine keeps the one it holds), else write it
-        once as a safetensors directory, visible by rename once complete, and load it in place; the
-        prefix cache forgets the older KV. vLLM keeps no reference to the files once they are
-        loaded, so they are removed then (a process killed mid-load leaves one version behind)."""
-        from safetensors.torch import save_file
-
+        """Refuse a version that lacks a parameter (the engine keeps the one it holds), else load it
+        in place: handed to vLLM's worker as it is where the worker runs in this process (one
+        worker, our default), else written once as a safetensors directory, visible by rename once
+        complete, that each worker process reads (removed once loaded: vLLM keeps no reference to
+        the files; a process killed mid-load leaves one version behind). The prefix cache forgets
+        the older KV."""
         tensors, self._pending = self._pending, {}
         missing = sorted(set(self._shapes) - set(tensors))
         if missing:
             raise ValueError(f"weight update for version {policy_version} lacks {len(missing)} parameter(s): "
                              f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}; it is not loaded")
+        with _threads_kept():  # the reload repacks weights as the start did
+            if self._workers_in_process:
+                loaded = self._llm.collective_rpc("load_tensors", args=(tensors,))
+            else:
+                loaded = self._load_through_files(tensors, policy_version)
+        for names in loaded:
+            if set(names) != set(tensors):
+                raise RuntimeError(f"version {policy_version}: vLLM's worker loaded {len(set(names))} of "
+                                   f"{len(tensors)} tensors")
+        self._llm.reset_prefix_cache()  # what no running request holds; the salt keeps the rest apart
+        self.policy_version = policy_version
+
+    def _load_through_files(self, tensors: dict[str, torch.Tensor], policy_version: int) -> list[list[str]]:
+        from safetensors.torch import save_file
+
         root = Path(tempfile.mkdtemp(prefix=f"streamrl-vllm-v{policy_version}-", dir=versions_base()))
         try:
             partial, path = root / "partial", root / f"v{policy_version}"
             partial.mkdir()
             save_file(tensors, str(partial / "model.safetensors"))
             os.rename(partial, path)
-            with _threads_kept():  # the reload repacks weights as the start did
-                loaded = self._llm.collective_rpc("load_version", args=(str(path),))
+            return self._llm.collective_rpc("load_version", args=(str(path),))
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        for names in loaded:
-            if set(names) != set(tensors):
-                raise RuntimeError(f"version {policy_version}: vLLM's worker loaded {len(set(names))} of "
-                                   f"{len(tensors)} tensors from {path}")
-        self._llm.reset_prefix_cache()  # what no running request holds; the salt keeps the rest apart
-        self.policy_version = policy_version
 
     def resume_generation(self) -> None:
         self._paused = False

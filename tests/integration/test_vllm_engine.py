@@ -157,6 +157,25 @@ def test_each_version_samples_as_a_fresh_engine_started_on_it(engine, model, tok
         assert (again[rid].token_ids, again[rid].logprobs) == (before[rid].token_ids, before[rid].logprobs)
 
 
+def test_a_version_read_from_files_samples_as_the_same_version_handed_over(engine, model, tok):
+    """Workers in vLLM's own processes (tensor parallel) read each version from files; the one worker
+    in process takes the tensors as they are. Both load the same weights."""
+    v3 = _perturbed(model, seed=3)
+    engine.load_weights(v3.items(), 3)
+    handed = _run(engine, _requests(tok))
+    written = set(versions_base().glob("streamrl-vllm-v*"))
+    engine._workers_in_process = False  # as with workers in other processes
+    try:
+        engine.load_weights(v3.items(), 4)
+    finally:
+        engine._workers_in_process = True
+    from_files = _run(engine, _requests(tok))
+    assert set(versions_base().glob("streamrl-vllm-v*")) == written  # the files go once loaded
+    for rid, c in handed.items():
+        assert (from_files[rid].token_ids, from_files[rid].logprobs) == (c.token_ids, c.logprobs), rid
+    engine.load_weights(((n, p.detach()) for n, p in model.named_parameters()), 5)  # the module's weights back
+
+
 def test_a_version_missing_a_parameter_is_refused_and_the_held_one_kept(engine, model, tok):
     held, before = engine.policy_version, _run(engine, _requests(tok))
     partial = _perturbed(model, seed=2)
