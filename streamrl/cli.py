@@ -241,9 +241,10 @@ def cmd_profile(args) -> int:
     if args.pool and args.pool not in pools:
         raise ValueError(f"--pool {args.pool!r}: the job has no such pool ({', '.join(pools)})")
     pool = pools[args.pool] if args.pool else spec.generators.pools[0]
-    if pool.engine.type != "torch":
-        raise ValueError(f"pool {pool.name!r}: engine.type {pool.engine.type}: streamrl profile measures the torch "
-                         "engine only so far (a vLLM replica measures its own PTL(BS) when it starts)")
+    if pool.engine.type == "vllm":
+        from streamrl.vllm_args import check_job
+
+        check_job(job, args.job)  # vLLM installed here, its engineArgs known to it
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
     completion_tokens = args.completion_tokens or spec.algorithm.max_new_tokens
     out = Path(args.out)
@@ -255,13 +256,16 @@ def cmd_profile(args) -> int:
             name = model_dir.name
         else:  # the built-in architecture; its weights do not change its speed
             model_dir, name = build_tiny_model(Path(tmp) / "model", spec.model.seed, args.size), f"builtin-{args.size}"
-        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir))
+        device = spec.trainer.device
+        # The policy as the trainer holds it: its named parameters are the version a replica loads.
+        model = load_model(model_dir, spec.model.dtype, device)
+        num_params = sum(p.numel() for p in model.parameters())
+        engine = setup_engine(pool.engine, str(model_dir), spec.model.dtype, eos_token_id(model_dir),
+                              threads=args.threads)
         generation = measure_generation(engine, batch_sizes, args.steps, args.prompt_tokens,
                                         long_context=args.prompt_tokens + spec.algorithm.max_new_tokens,
+                                        weights={n: p.detach().clone() for n, p in model.named_parameters()},
                                         thread=compute_thread)
-        num_params = sum(p.numel() for p in engine.model.parameters()) if hasattr(engine, "model") else 0
-        device = spec.trainer.device
-        model = load_model(model_dir, spec.model.dtype, device)
         vocab_size = model.config.vocab_size
         training = measure_training(model, spec.algorithm, device, spec.model.dtype, args.prompt_tokens,
                                     completion_tokens, args.train_steps, spec.trainer.weight_chunk_bytes,

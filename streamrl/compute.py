@@ -58,6 +58,17 @@ def _release() -> None:
         torch.set_num_threads(1)
 
 
+def restore_threads(n: int) -> None:
+    """On a thread whose OpenMP count foreign code changed (vLLM's CPU kernels do, on the engine
+    thread): its count back to n. torch.set_num_threads also sets the process's count, which
+    set_threads keeps at one for every other thread, so a helper thread puts that back."""
+    torch.set_num_threads(n)
+    if _threads is not None:
+        helper = threading.Thread(target=_release, name="restore-threads")
+        helper.start()
+        helper.join()
+
+
 def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
     """Run `target` on a new daemon thread, the process's compute thread."""
     claimed = threading.Event()

@@ -192,10 +192,11 @@ class Engine(ABC):
         self.resume_generation()
 
 
-def setup_engine(spec: EngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0,
+def setup_engine(spec: EngineSpec, model_dir: str, dtype: str, eos_token_id: int | None, seed: int = 0,
                  weights: bool = True, threads: int = 1, colocated: bool = False) -> Engine:
     """Build the engine a pool's spec names; without `weights`, from the directory's config
     alone (a replica booting from the trainer: holds_weights stays False until a version loads).
+    `eos_token_id` None: no token ends a sequence, each runs to its max_new_tokens (benchmarks).
     `threads`: the cores the pool gives each replica (vLLM's CPU backend binds to them).
     `colocated`: it shares its device with a trainer (sleep() then releases what it can)."""
     if spec.type == "torch":

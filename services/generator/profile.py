@@ -11,11 +11,15 @@ import statistics
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from streamrl import compute
 from streamrl.generator.engine import Engine, GenerationRequest
 from streamrl.latency import fit_fixed_plus_per_unit, ptl_batch_sizes
 from streamrl.weights import WeightStore, deserialize
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,13 @@ class GenerationMeasurement:
     """Colocated: seconds to allocate it again (Engine.wake_up)."""
 
 
-def measure_weight_load(engine: Engine, rounds: int = 3) -> float:
-    """A version of the engine's own weights published as the trainer publishes them, then
-    decoded and loaded as a replica does once its bytes are here (median of `rounds`)."""
-    params = dict(engine.model.named_parameters())
-    weights = {name: p.detach().clone() for name, p in params.items()}
+def measure_weight_load(engine: Engine, weights: dict[str, torch.Tensor] | None = None, rounds: int = 3) -> float:
+    """A version of the policy's weights (`weights`, named as the policy's named_parameters, as
+    the trainer publishes them; default: the torch engine's own) published as the trainer
+    publishes them, then decoded and loaded as a replica does once its bytes are here (median of
+    `rounds`). The engine is left holding `weights` at its version."""
+    if weights is None:
+        weights = {name: p.detach().clone() for name, p in engine.model.named_parameters()}
     store = WeightStore(keep=1, chunk_bytes=1 << 20)
     version = engine.policy_version
     seconds = []
@@ -76,7 +82,7 @@ def _median_ptl(engine: Engine, sizes: list[int], steps: int, rounds: int, conte
 
 def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, steps: int = 4, prompt_tokens: int = 32,
                        prefill_batches: tuple[int, ...] = (1, 4, 16, 64), prefill_rounds: int = 5, rounds: int = 3,
-                       long_context: int | None = None,
+                       long_context: int | None = None, weights: dict[str, torch.Tensor] | None = None,
                        thread: Executor | None = None) -> GenerationMeasurement:
     """PTL(BS) at `batch_sizes` (default: those a replica measures at start-up), the median of
     `rounds` measurements, and again at `long_context` tokens for the step's growth with
@@ -84,13 +90,14 @@ def measure_generation(engine: Engine, batch_sizes: list[int] | None = None, ste
     of `prompt_tokens` tokens beside a running batch that fills it (what each costs beyond its
     decode step, median of `prefill_rounds` after a warm-up), fitted as a cost
     per step plus one per prompt token (a step admitting 64 prompts costs far less than 16
-    admitting 4: its fixed part is paid once); and loading a weight version.
+    admitting 4: its fixed part is paid once); and loading a weight version of `weights` (the
+    policy's named parameters; an engine that holds no torch model, vLLM's, needs them given).
 
     On the process's compute thread (streamrl.compute), where a replica and a colocated trainer
     step their engine: `thread`, when the caller holds it (`streamrl profile` measures the
     learner there too), else one of its own."""
     return compute.run(_measure, engine, batch_sizes, steps, prompt_tokens, prefill_batches, prefill_rounds, rounds,
-                       long_context, thread=thread, name="engine")
+                       long_context, weights, thread=thread, name="engine")
 
 
 def measure_cache_switch(engine: Engine, rounds: int = 5) -> tuple[float, float]:
@@ -110,7 +117,7 @@ def measure_cache_switch(engine: Engine, rounds: int = 5) -> tuple[float, float]
 
 def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_tokens: int,
              prefill_batches: tuple[int, ...], prefill_rounds: int, rounds: int,
-             long_context: int | None) -> GenerationMeasurement:
+             long_context: int | None, weights: dict[str, torch.Tensor] | None) -> GenerationMeasurement:
     capacity = engine.stats().capacity
     sizes = sorted({min(b, capacity) for b in batch_sizes}) if batch_sizes else ptl_batch_sizes(capacity)
     ptl = _median_ptl(engine, sizes, steps, rounds)
@@ -122,7 +129,7 @@ def _measure(engine: Engine, batch_sizes: list[int] | None, steps: int, prompt_t
               for n in sorted({min(b, capacity) for b in prefill_batches})]
     per_step, per_token = fit_fixed_plus_per_unit(points) if len(points) > 1 else (0.0, points[0][1] / points[0][0])
     return GenerationMeasurement(ptl, engine.ptl_context, long_context, slope, per_token, per_step, capacity,
-                                 measure_weight_load(engine), *measure_cache_switch(engine))
+                                 measure_weight_load(engine, weights), *measure_cache_switch(engine))
 
 
 def _admission_s(engine: Engine, prompts: int, prompt_tokens: int, rounds: int) -> float:
@@ -144,15 +151,19 @@ def _admission_s(engine: Engine, prompts: int, prompt_tokens: int, rounds: int) 
     seconds = []
     try:
         for round_ in range(rounds + 1):
-            for i in range(prompts):  # three tokens: the prefill's, the admitting step's, the next step's
+            admitted = [f"admission-{prompts}-{round_}-{i}" for i in range(prompts)]
+            for i, rid in enumerate(admitted):  # more tokens than the two steps make: none finishes in them
                 prompt = tuple(4 + (i + k) % 16 for k in range(prompt_tokens))  # ordinary ids of any vocabulary
-                engine.add_request(GenerationRequest(f"admission-{prompts}-{round_}-{i}", prompt, 3, seed=i))
+                engine.add_request(GenerationRequest(rid, prompt, 8, seed=i))
             t0 = time.perf_counter()
             engine.step()
             t1 = time.perf_counter()
             engine.step()
             if round_:  # the first round warms up
                 seconds.append((t1 - t0) - (time.perf_counter() - t1))
+            # Gone before the next round admits (untimed): an engine whose admitting step makes one
+            # token (vLLM's) would still hold them there, its batch full, and admit nothing.
+            engine.abort(admitted)
     finally:
         engine.abort(running)
         while engine.has_unfinished():

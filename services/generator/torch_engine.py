@@ -39,7 +39,8 @@ class _Running:
 class TorchEngine(Engine):
     ptl_context = 16
 
-    def __init__(self, model: torch.nn.Module, max_batch_size: int, eos_token_id: int, max_len: int | None = None):
+    def __init__(self, model: torch.nn.Module, max_batch_size: int, eos_token_id: int | None,
+                 max_len: int | None = None):
         self.model = model
         self.capacity = max_batch_size
         self.batch_cap = max_batch_size
@@ -123,7 +124,7 @@ class TorchEngine(Engine):
         if not 1 <= context <= self.decoder.max_len - steps - 3:
             raise ValueError(f"measure_latency context {context}: must be 1..{self.decoder.max_len - steps - 3}")
         saved = self.eos_token_id, self.batch_cap, self.num_generated_tokens
-        self.eos_token_id = -1  # no EOS: every synthetic request runs to its max_new_tokens
+        self.eos_token_id = None  # no EOS: every synthetic request runs to its max_new_tokens
         self.batch_cap = self.capacity
         prompt = tuple(4 + k % 16 for k in range(context))  # ordinary ids of any vocabulary
         with self.served_latency.measuring(record=context == self.ptl_context) as out:

@@ -16,17 +16,19 @@ are taken before it. At topP 1 (the default) the two engines agree (tests/integr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from streamrl import compute
 from streamrl.generator.engine import Completion, Engine, EngineStats, GenerationRequest, WaitingRequests
 from streamrl.latency import ServedLatency
 from streamrl.samples import version_runs
@@ -122,6 +124,24 @@ def _cpu_threads_env(threads: int, tensor_parallel_size: int) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, rank)) for rank in ranks)
 
 
+@contextlib.contextmanager
+def _threads_kept() -> Iterator[None]:
+    """The calling thread's torch (OpenMP) thread count and torch.set_num_threads as they were
+    before vLLM's code ran. vLLM's CPU worker replaces torch.set_num_threads with a no-op for the
+    whole process (its OpenMP threads are bound in its worker processes); and its packing of small
+    bfloat16 GEMM weights (sgl-kernel's convert_weight_packed, e.g. a small vocabulary's output
+    head), at start-up and at every reload, leaves the calling thread at one OpenMP thread. In
+    process nothing is bound and the engine thread runs the model with its own count
+    (streamrl.compute): without this a bfloat16 replica given two cores decoded on one."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        if torch.get_num_threads() != threads:
+            compute.restore_threads(threads)
+
+
 def _kv_cache_reporter(engine: VllmEngine):
     """A vLLM stat logger (its public hook for per-step scheduler stats) that keeps the engine's
     `kv_cache_usage` current: vLLM's own fraction of KV blocks in use."""
@@ -144,7 +164,7 @@ def _kv_cache_reporter(engine: VllmEngine):
 class VllmEngine(Engine):
     ptl_context = 16
 
-    def __init__(self, spec: VllmEngineSpec, model_dir: str, dtype: str, eos_token_id: int, seed: int = 0,
+    def __init__(self, spec: VllmEngineSpec, model_dir: str, dtype: str, eos_token_id: int | None, seed: int = 0,
                  weights: bool = True, threads: int = 1, colocated: bool = False):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core steps on our engine thread
         self.sleep_mode = colocated and sleep_mode_available()
@@ -162,15 +182,12 @@ class VllmEngine(Engine):
         from vllm import LLMEngine
         from vllm.engine.arg_utils import EngineArgs
 
-        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process (its
-        # OpenMP threads are bound in its worker processes); in process nothing is bound, and the
-        # engine thread sets its own count (streamrl.compute), so the real function goes back.
-        set_num_threads = torch.set_num_threads
         self.kv_cache_usage = 0.0
-        try:
+        with _threads_kept():
             self._llm = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=[_kv_cache_reporter(self)])
-        finally:
-            torch.set_num_threads = set_num_threads
+        self._workers_in_process = all(pid == os.getpid() for pid in self._llm.collective_rpc("process_id"))
+        """vLLM's workers run in this process (one worker, the engine core in process): a version's
+        tensors are handed to them as they are, with no files between."""
         self.capacity = spec.max_num_seqs
         self.batch_cap = spec.max_num_seqs
         self.eos_token_id = eos_token_id
@@ -182,7 +199,6 @@ class VllmEngine(Engine):
         self._asleep = False
         self._admission_held = False
         self._pending: dict[str, torch.Tensor] = {}
-        self._ignore_eos = False  # measure_latency: every synthetic request runs to its max_new_tokens
         self.num_generated_tokens = 0
         self.policy_version = 0
         self.holds_weights = weights
@@ -244,7 +260,7 @@ class VllmEngine(Engine):
             req, queued_at = self._waiting.pop()
             params = SamplingParams(
                 temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_new_tokens, seed=req.seed,
-                logprobs=0, stop_token_ids=[] if self._ignore_eos else [self.eos_token_id],
+                logprobs=0, stop_token_ids=[] if self.eos_token_id is None else [self.eos_token_id],
                 ignore_eos=True,  # vLLM knows no EOS without a tokenizer: stop_token_ids says it
                 output_kind=RequestOutputKind.DELTA,
             )
@@ -269,7 +285,8 @@ class VllmEngine(Engine):
             self.num_generated_tokens += len(done.token_ids)
             if out.finished:
                 del self._running[out.request_id]
-                reason = "stop" if r.tokens and r.tokens[-1] == self.eos_token_id and not self._ignore_eos else "length"
+                stop = self.eos_token_id is not None and bool(r.tokens) and r.tokens[-1] == self.eos_token_id
+                reason = "stop" if stop else "length"
                 finished.append(Completion(r.request.request_id, tuple(r.tokens), tuple(r.logprobs), reason,
                                            r.versions[0] if r.versions else self.policy_version, r.queued_s,
                                            now - r.admitted_at, version_runs(r.versions)))
@@ -291,8 +308,8 @@ class VllmEngine(Engine):
         context = self.ptl_context if context is None else context
         if not 1 <= context <= self.max_len - steps - 16:
             raise ValueError(f"measure_latency context {context}: must be 1..{self.max_len - steps - 16}")
-        saved = self.batch_cap, self.num_generated_tokens
-        self._ignore_eos, self.batch_cap = True, self.capacity
+        saved = self.eos_token_id, self.batch_cap, self.num_generated_tokens
+        self.eos_token_id, self.batch_cap = None, self.capacity  # no EOS: each runs to its max_new_tokens
         prompt = tuple(4 + k % 16 for k in range(context))
         with self.served_latency.measuring(record=context == self.ptl_context) as out:
             try:
@@ -310,8 +327,7 @@ class VllmEngine(Engine):
                     self.abort(ids)
             finally:
                 self.abort(list(self._running) + self._waiting.request_ids())
-                self._ignore_eos = False
-                self.batch_cap, self.num_generated_tokens = saved
+                self.eos_token_id, self.batch_cap, self.num_generated_tokens = saved
         return out
 
     # ---- colocated: the device lent to the trainer --------------------------------------
@@ -330,7 +346,7 @@ class VllmEngine(Engine):
             self._llm.wake_up()
             self._asleep = False
 
-    # ---- weights: a version written once, then loaded in place --------------------------
+    # ---- weights: each version loaded in place ----------------------------------------------
     def pause_generation(self) -> None:
         self._paused = True
 
@@ -350,37 +366,45 @@ class VllmEngine(Engine):
             self._pending[name] = tensor.detach().to("cpu").contiguous()
 
     def finish_weight_update(self, policy_version: int) -> None:
-        """Refuse a version that lacks a parameter (the engine keeps the one it holds), else write it
-        once as a safetensors directory, visible by rename once complete, and load it in place; the
-        prefix cache forgets the older KV (requests running through the load, an in-flight update,
-        keep theirs: their next tokens come from the new weights). vLLM keeps no reference to the
-        files once they are loaded, so they are removed then (what a process killed mid-load leaves
-        behind, the next engine on this storage removes: remove_orphaned_versions). Under vLLM's
-        async scheduling (off on CPU) a step may return a token the batch before the load sampled:
-        version_runs could then place the switch a token late."""
-        from safetensors.torch import save_file
-
+        """Refuse a version that lacks a parameter (the engine keeps the one it holds), else load it
+        in place: handed to vLLM's worker as it is where the worker runs in this process (one
+        worker, our default), else written once as a safetensors directory, visible by rename once
+        complete, that each worker process reads (removed once loaded: vLLM keeps no reference to
+        the files; what a process killed mid-load leaves behind, the next engine on this storage
+        removes: remove_orphaned_versions). The prefix cache forgets the older KV (requests running
+        through the load, an in-flight update, keep theirs: their next tokens come from the new
+        weights). Under vLLM's async scheduling (off on CPU) a step may return a token the batch
+        before the load sampled: version_runs could then place the switch a token late."""
         tensors, self._pending = self._pending, {}
         missing = sorted(set(self._shapes) - set(tensors))
         if missing:
             raise ValueError(f"weight update for version {policy_version} lacks {len(missing)} parameter(s): "
                              f"{', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}; it is not loaded")
+        with _threads_kept():  # the reload repacks weights as the start did
+            if self._workers_in_process:
+                loaded = self._llm.collective_rpc("load_tensors", args=(tensors,))
+            else:
+                loaded = self._load_through_files(tensors, policy_version)
+        for names in loaded:
+            if set(names) != set(tensors):
+                raise RuntimeError(f"version {policy_version}: vLLM's worker loaded {len(set(names))} of "
+                                   f"{len(tensors)} tensors")
+        if not self._running:  # vLLM resets only a cache no request holds; the salt keeps versions apart anyway
+            self._llm.reset_prefix_cache()
+        self.policy_version = policy_version
+
+    def _load_through_files(self, tensors: dict[str, torch.Tensor], policy_version: int) -> list[list[str]]:
+        from safetensors.torch import save_file
+
         root = Path(tempfile.mkdtemp(prefix=f"{VERSIONS_PREFIX}{os.getpid()}-v{policy_version}-", dir=versions_base()))
         try:
             partial, path = root / "partial", root / f"v{policy_version}"
             partial.mkdir()
             save_file(tensors, str(partial / "model.safetensors"))
             os.rename(partial, path)
-            loaded = self._llm.collective_rpc("load_version", args=(str(path),))
+            return self._llm.collective_rpc("load_version", args=(str(path),))
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        for names in loaded:
-            if set(names) != set(tensors):
-                raise RuntimeError(f"version {policy_version}: vLLM's worker loaded {len(set(names))} of "
-                                   f"{len(tensors)} tensors from {path}")
-        if not self._running:  # vLLM resets only a cache no request holds; the salt keeps versions apart anyway
-            self._llm.reset_prefix_cache()
-        self.policy_version = policy_version
 
     def resume_generation(self) -> None:
         self._paused = False

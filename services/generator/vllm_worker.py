@@ -1,11 +1,14 @@
-"""What the generator adds to vLLM's worker (its `worker_extension_cls`): load a policy version
-from a safetensors directory in place and say which tensors it loaded. Runs inside vLLM's worker,
-in the generator's process or in a worker process of vLLM's; knows files and tensor names only."""
+"""What the generator adds to vLLM's worker (its `worker_extension_cls`): load a policy version in
+place, from tensors handed over in the generator's process or from a safetensors directory in a
+worker process of vLLM's, and say which tensors it loaded. Knows tensors, files and names only."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 
 
@@ -13,20 +16,38 @@ class VersionLoader:
     """Mixed into vLLM's worker class by vLLM (`worker_extension_cls`); its methods are called
     through `collective_rpc` on every worker of a replica."""
 
-    def load_version(self, path: str) -> list[str]:
-        """Load every tensor of the safetensors files in `path` through vLLM's reload path (which
-        redoes the backend's weight processing, e.g. the CPU backend's oneDNN repacking); returns
-        the names handed to the model, in file order."""
-        names: list[str] = []
+    def process_id(self) -> int:
+        """The worker's process: the generator's own when vLLM runs it in process."""
+        return os.getpid()
 
-        def tensors():
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> list[str]:
+        """Load these tensors, handed over within the worker's process (collective_rpc's arguments
+        cross no process boundary there), through vLLM's reload path; the names loaded."""
+        return self._reload(tensors.items())
+
+    def load_version(self, path: str) -> list[str]:
+        """Load every tensor of the safetensors files in `path` through vLLM's reload path; the
+        names loaded, in file order."""
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
             for file in sorted(Path(path).glob("*.safetensors")):
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                        names.append(name)
                         yield name, f.get_tensor(name)
 
-        self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        return self._reload(tensors())
+
+    def _reload(self, named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+        """vLLM's reload path redoes the backend's weight processing (e.g. the CPU backend's oneDNN
+        repacking), which loading into the model's parameters directly would skip."""
+        names: list[str] = []
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in named:
+                names.append(name)
+                yield name, tensor
+
+        self.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
         self._retie_output_embeddings()
         return names
 

@@ -65,7 +65,7 @@ class ProfileModel(Record):
 
 class ProfileEngine(Record):
     type: str
-    """Engine backend (`torch`)."""
+    """Engine backend (`torch`, `vllm`): the pool's engine.type."""
     max_batch_size: int
     """The engine's cap on running sequences: a replica's max_batch."""
     device: str

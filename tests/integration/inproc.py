@@ -18,6 +18,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.rollout.workqueue import SamplingConfig
 from streamrl.spec import SecuritySpec
 from streamrl.trainer.coordinator import Coordinator
+from streamrl.trainer.groups import Scorer
 from streamrl.trainer.servicer import RolloutServicer
 from streamrl.weights import WeightStore
 from streamrl.wire.channels import add_port, new_server, open_channel
@@ -43,7 +44,8 @@ class LoopThread:
 
 class TrainerServer(LoopThread):
     def __init__(self, store: WeightStore, relay_pools: frozenset[str] = frozenset(),
-                 security: SecuritySpec | None = None, vocab_size: int | None = None, port: int = 0):
+                 security: SecuritySpec | None = None, vocab_size: int | None = None, port: int = 0,
+                 sampling: SamplingConfig | None = None, scorer: Scorer | None = None):
         super().__init__()
         self.store = store
         self.port = port
@@ -51,11 +53,15 @@ class TrainerServer(LoopThread):
         self.relay_pools = relay_pools
         self.security = security or SecuritySpec()
         self.vocab_size = vocab_size
+        self.sampling = sampling or SamplingConfig(1.0, 1.0, 8, 0)
+        """How its work is sampled (default: temperature 1, at most 8 new tokens, seed 0)."""
+        self.scorer = scorer or (lambda sample, answer: 0.0)
+        """Each accepted sample's reward (default 0), called on the server's loop."""
         self.call(self._start())
 
     async def _start(self):
-        """A coordinator sampling at most 8 new tokens per sample (of vocab_size ids when given)."""
-        self.coordinator = Coordinator(SamplingConfig(1.0, 1.0, 8, 0), lambda s, a: 0.0, ServiceMetrics("trainer"),
+        """A coordinator of `sampling` and `scorer` (refusing ids beyond vocab_size when given)."""
+        self.coordinator = Coordinator(self.sampling, self.scorer, ServiceMetrics("trainer"),
                                        relay_pools=self.relay_pools, vocab_size=self.vocab_size)
         self.server = new_server(self.security)
         self.server.add_generic_rpc_handlers((RolloutServicer(self.coordinator, self.store, "run").handler(),))

@@ -1,6 +1,7 @@
 """A bench run twice measures twice: the second invocation trains in run directories of its own
 instead of resuming the first's finished runs and reprinting their figures (bench/modes.py,
-its cheapest size: colocated only, 2 iterations of 4 prompts)."""
+its cheapest size: colocated only, 2 iterations of 4 prompts; bench/engines.py, the torch
+engine alone at its smallest)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,29 @@ def test_a_bench_run_twice_with_the_same_out_trains_anew_in_new_run_directories(
     for report, summary in zip((first, second), summaries):
         assert report["samples_per_s"] == {"colocated": round(summary.samples_per_s, 2)}
     assert first_provenance.started_at < second_provenance.started_at
+
+
+ENGINES_SMALL = ["--sections", "curve", "modes", "--engines", "torch", "--models", "builtin", "--batches", "1", "2",
+                 "--new-tokens", "4", "--modes", "colocated", "--mode-iterations", "2", "--prompts-per-step", "4"]
+
+
+@pytest.mark.slow
+def test_the_engines_bench_builds_its_model_and_runs_anew_in_each_invocation(tmp_path):
+    """bench/engines.py, torch alone at its smallest: each invocation builds its model and trains in
+    a directory of its own, and reports the figures of its own run."""
+    reports = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "bench/engines.py", *ENGINES_SMALL, "--out", str(tmp_path)], cwd=ROOT,
+                              env=child_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = proc.stdout.strip().splitlines()[-1]
+        reports.append((json.loads(line), Provenance.of_report(line)))
+    dirs = [Path(p.run_dirs[0]) for _, p in reports]
+    assert dirs[0].parent != dirs[1].parent and all(d.name == "torch-colocated" for d in dirs)
+    for (report, _), d in zip(reports, dirs):
+        assert (d.parent / "models" / "builtin" / "config.json").is_file()  # built in this invocation
+        assert report["models"]["builtin"]["parameters"] == 503424
+        assert set(report["tokens_per_s"]["builtin"]["torch"]) == {"1", "2"}
+        summary = RunSummary.read(d / SUMMARY_FILE)
+        assert report["samples_per_s"]["torch"]["colocated"] == round(summary.samples_per_s, 1)
+        assert report["service"] == {} and report["vllm_over_torch_tokens_per_s"] == {}

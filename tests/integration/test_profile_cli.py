@@ -1,6 +1,7 @@
 """`streamrl profile` on the built-in tiny model through the command line (a real engine and
-learner, a few batch sizes and one timed step), then `streamrl plan` fed that profile: its
-table says where the numbers came from and the planned job passes `streamrl validate`."""
+learner, a few batch sizes and one timed step; the torch engine, and vLLM's CPU build), then
+`streamrl plan` fed that profile: its table says where the numbers came from and the planned
+job passes `streamrl validate`."""
 
 import subprocess
 import sys
@@ -53,6 +54,29 @@ def test_profile_writes_the_record_and_plot_and_plan_uses_it(tmp_path, write_job
     assert sum(int(r[3]) for r in rows) <= 4
     checked = _cli("validate", planned)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_profile_measures_a_vllm_pool_and_plan_takes_it(tmp_path, write_job):
+    engine = {"type": "vllm", "device": "cpu", "enforceEager": True, "maxNumSeqs": 8, "cpuKvCacheGib": 0.25}
+    job = write_job({"spec": {"algorithm": {"maxNewTokens": 32, "microBatchSize": 4, "groupSize": 4,
+                                            "promptsPerStep": 4},
+                              "generators": {"pools": [{"name": "default", "replicas": 1, "engine": engine}]}}})
+    out = tmp_path / "vllm.json"
+    done = _cli("profile", job, "--out", out, "--gpu-type", "l4", "--batch-sizes", "1,4", "--steps", "2",
+                "--train-steps", "1", "--prompt-tokens", "16", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    profile = load_profile(out)
+    assert (profile.engine.type, profile.engine.device, profile.engine.max_batch_size) == ("vllm", "cpu", 8)
+    assert [b for b, _ in profile.ptl] == [1, 4] and all(0 < s < 1 for _, s in profile.ptl)
+    assert profile.model.num_params == 503424 and profile.ptl_long_context == 16 + 32
+    assert 0 < profile.weight_load_s < 5  # the policy's weights, loaded in place into vLLM
+    assert 0 < profile.prefill_s_per_token < 0.01 and profile.sample_colocated_s > 0
+    assert not profile.generation_cost().padded_attention  # vLLM attends each sequence over its own context
+
+    done = _cli("plan", job, "--gpus", "L4=4", "--profile", out, "--lognormal", "3,0.5", "--prompt-tokens", "16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    generation = next(line.split() for line in done.stdout.splitlines() if line.startswith("generation"))
+    assert generation[2] == "L4" and generation[-2:] == ["profile", str(out)]
 
 
 def test_plan_errors_name_the_flag_and_the_problem(write_job):

@@ -11,6 +11,8 @@ version or EOS puts them back.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.generator.vllm_engine import VERSIONS_PREFIX, versions_base
 from streamrl.models import eos_token_id, load_model, load_tokenizer
 from streamrl.spec import VllmEngineSpec
+from tests.conftest import child_env
 from tests.unit.generator.test_engine import run_requests as _run
 
 SPEC = VllmEngineSpec(device="cpu", enforce_eager=True, max_num_seqs=8, cpu_kv_cache_gib=0.25)
@@ -101,6 +104,21 @@ def test_greedy_samples_and_logprobs_equal_the_torch_engines(engine, model, tok)
         assert c.finish_reason == expected[rid].finish_reason
         assert c.policy_version == engine.policy_version
     assert {c.finish_reason for c in got.values()} == {"stop", "length"}
+
+
+def test_without_an_eos_every_request_runs_to_its_max_new_tokens(engine, tok):
+    saved = engine.eos_token_id
+    said = _run(engine, _requests(tok))["1"].token_ids
+    engine.eos_token_id = said[2]  # a token it says
+    try:
+        stopped = _run(engine, _requests(tok))
+        engine.eos_token_id = None
+        free = _run(engine, _requests(tok))
+    finally:
+        engine.eos_token_id = saved
+    assert stopped["1"].finish_reason == "stop" and stopped["1"].token_ids == said[:said.index(said[2]) + 1]
+    assert {rid: (c.finish_reason, len(c.token_ids)) for rid, c in free.items()} == {
+        r.request_id: ("length", r.max_new_tokens) for r in _requests(tok)}
 
 
 def test_sampled_logprobs_are_those_of_the_tempered_distribution(engine, model, tok):
@@ -198,6 +216,25 @@ def test_requests_running_through_a_load_go_on_with_the_new_weights_and_say_so(e
     assert switched == len(requests) and differs  # the tokens after the load are the new weights'
 
 
+def test_a_version_read_from_files_samples_as_the_same_version_handed_over(engine, model, tok):
+    """Workers in vLLM's own processes (tensor parallel) read each version from files; the one worker
+    in process takes the tensors as they are. Both load the same weights."""
+    v3 = _perturbed(model, seed=3)
+    engine.load_weights(v3.items(), 3)
+    handed = _run(engine, _requests(tok))
+    written = set(versions_base().glob(f"{VERSIONS_PREFIX}*"))
+    engine._workers_in_process = False  # as with workers in other processes
+    try:
+        engine.load_weights(v3.items(), 4)
+    finally:
+        engine._workers_in_process = True
+    from_files = _run(engine, _requests(tok))
+    assert set(versions_base().glob(f"{VERSIONS_PREFIX}*")) == written  # the files go once loaded
+    for rid, c in handed.items():
+        assert (from_files[rid].token_ids, from_files[rid].logprobs) == (c.token_ids, c.logprobs), rid
+    engine.load_weights(((n, p.detach()) for n, p in model.named_parameters()), 5)  # the module's weights back
+
+
 def test_a_version_missing_a_parameter_is_refused_and_the_held_one_kept(engine, model, tok):
     held, before = engine.policy_version, _run(engine, _requests(tok))
     partial = _perturbed(model, seed=2)
@@ -254,3 +291,35 @@ def test_measure_latency_times_steps_and_leaves_the_engine_idle(engine):
     assert all(0 < seconds < 1 for _, seconds in points)
     assert not engine.has_unfinished() and engine.stats().num_generated_tokens == tokens
     assert [bs for bs, _ in engine.latency_profile()][:1] == [1]
+
+
+KEEPS_THREADS = """
+import sys, torch
+from streamrl import compute
+from streamrl.generator.engine import setup_engine
+from streamrl.models import load_model
+from streamrl.spec import VllmEngineSpec
+
+compute.set_threads(2)
+
+
+def serve():
+    spec = VllmEngineSpec(device="cpu", enforce_eager=True, max_num_seqs=2, cpu_kv_cache_gib=0.1)
+    engine = setup_engine(spec, sys.argv[1], "bfloat16", 2, threads=2)
+    started = torch.get_num_threads()
+    engine.load_weights(load_model(sys.argv[1], "bfloat16").named_parameters(), 1)
+    return started, torch.get_num_threads()
+
+
+print(*compute.run(serve), torch.get_num_threads())
+"""
+
+
+def test_a_bfloat16_engine_keeps_the_engine_threads_openmp_threads(tiny_model_dir):
+    """vLLM's CPU build packs a small bfloat16 GEMM (the tiny model's output head) with a kernel that
+    leaves the calling thread at one OpenMP thread, at start-up and at every reload: a replica given
+    two cores decoded on one. Its engine thread keeps its two; every other thread keeps one."""
+    proc = subprocess.run([sys.executable, "-c", KEEPS_THREADS, str(tiny_model_dir)], capture_output=True, text=True,
+                          env=child_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-3:] == ["2", "2", "1"]  # after start-up, after a reload; the main thread

@@ -127,6 +127,16 @@ def test_weight_update_follows_the_vllm_sequence(model_and_tok, tiny_model_dir):
             assert c.policy_version == 7
 
 
+def test_without_an_eos_every_request_runs_to_its_max_new_tokens(model_and_tok):
+    model, tok = model_and_tok
+    said = run_requests(TorchEngine(model, 8, tok.eos_token_id), _requests(tok))["1"].token_ids
+    stopped = run_requests(TorchEngine(model, 8, said[2]), _requests(tok))  # a token it says ends its sequences
+    assert stopped["1"].finish_reason == "stop" and stopped["1"].token_ids == said[:said.index(said[2]) + 1]
+    free = run_requests(TorchEngine(model, 8, None), _requests(tok))
+    assert {rid: (c.finish_reason, len(c.token_ids)) for rid, c in free.items()} == {
+        r.request_id: ("length", r.max_new_tokens) for r in _requests(tok)}
+
+
 def test_request_longer_than_the_context_is_refused(model_and_tok):
     model, tok = model_and_tok
     engine = TorchEngine(model, 2, tok.eos_token_id, max_len=32)

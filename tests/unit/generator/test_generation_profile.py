@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from streamrl.generator.profile import context_slope, measure_generation
+from streamrl.generator.engine import Completion, Engine, EngineStats
+from streamrl.generator.profile import _admission_s, context_slope, measure_generation
 from streamrl.generator.torch_engine import TorchEngine
 from streamrl.models import load_model, load_tokenizer
 
@@ -71,6 +72,64 @@ def test_admissions_are_timed_beside_a_running_batch_that_fills_the_engine(tiny_
     assert len(engine.admitting) == 3 + 4 + 1 + 4
     assert m.prefill_s_per_step + 8 * m.prefill_s_per_token > 0
     assert not engine.has_unfinished() and engine.stats().num_running == 0  # the running batch was let go
+
+
+class _OneTokenAdmissionEngine(Engine):
+    """A fake engine whose admitting step makes only the prompt's first token, as vLLM's does (the
+    torch engine's also decodes a second); it notes how many join at each step that admits."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.waiting: list = []
+        self.running: dict[str, list] = {}  # id -> [request, tokens made]
+        self.admitted: list[int] = []
+
+    def add_request(self, request):
+        self.waiting.append(request)
+
+    def abort(self, request_ids):
+        ids = set(request_ids)
+        self.waiting = [r for r in self.waiting if r.request_id not in ids]
+        self.running = {k: v for k, v in self.running.items() if k not in ids}
+
+    def step(self):
+        for r in self.running.values():
+            r[1] += 1
+        joining = self.waiting[:self.capacity - len(self.running)]
+        if self.waiting:
+            self.admitted.append((len(self.waiting), len(joining)))
+        self.waiting = self.waiting[len(joining):]
+        self.running.update((r.request_id, [r, 1]) for r in joining)
+        done = [k for k, (r, n) in self.running.items() if n >= r.max_new_tokens]
+        for k in done:
+            del self.running[k]
+        return [Completion(k, (5,), (-1.0,), "length", 0, 0.0, 0.0) for k in done]
+
+    def has_unfinished(self):
+        return bool(self.waiting or self.running)
+
+    def stats(self):
+        return EngineStats(len(self.running), len(self.waiting), 0, self.capacity)
+
+    def set_batch_cap(self, max_batch_size): ...
+    def hold_admission(self, held): ...
+    def measure_latency(self, batch_sizes, steps=4, context=None): ...
+    def latency_profile(self): ...
+    def pause_generation(self): ...
+    def start_weight_update(self): ...
+    def update_weights(self, named_tensors): ...
+    def finish_weight_update(self, policy_version): ...
+    def resume_generation(self): ...
+
+
+def test_each_timed_step_admits_all_its_prompts_on_an_engine_that_admits_with_one_token():
+    """vLLM's admitting step makes one token: prompts left running into the next round held the
+    batch full there, the next round's prompts waited a step, and the profile priced prefill at 0."""
+    engine = _OneTokenAdmissionEngine(capacity=4)
+    _admission_s(engine, prompts=2, prompt_tokens=4, rounds=3)
+    # The running batch joins, then a warm-up and 3 rounds of 2, each whole at its timed step
+    assert engine.admitted == [(2, 2)] * 5
+    assert not engine.has_unfinished()
 
 
 def test_generation_is_measured_on_the_thread_it_is_given(tiny_model_dir):
