@@ -320,6 +320,12 @@ class VllmEngine(Engine):
                                                            seed=i))
                     while self._waiting or any(not self._running[rid].tokens for rid in ids):
                         self.step()
+                        if any(rid not in self._running for rid in ids):  # one ended before all began
+                            started = sum(1 for rid in ids if rid not in self._running or self._running[rid].tokens)
+                            raise RuntimeError(
+                                f"measure_latency at batch {bs}: vLLM decoded only {started} of its sequences at "
+                                "once; its KV cache holds fewer than the pool's maxNumSeqs (raise cpuKvCacheGib, or "
+                                "gpuMemoryUtilization)")
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         self.step()

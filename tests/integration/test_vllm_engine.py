@@ -293,6 +293,18 @@ def test_measure_latency_times_steps_and_leaves_the_engine_idle(engine):
     assert [bs for bs, _ in engine.latency_profile()][:1] == [1]
 
 
+def test_measure_latency_says_when_the_kv_cache_holds_fewer_sequences_than_the_batch(tiny_model_dir, kept):
+    """vLLM's CPU KV cache is in blocks of 128 tokens, one held back: 0.5 MiB holds 4, so 3 sequences
+    decode at once and the 4th waits for one to end."""
+    small = setup_engine(VllmEngineSpec(device="cpu", enforce_eager=True, max_num_seqs=4, cpu_kv_cache_gib=0.5 / 1024),
+                         str(tiny_model_dir), "float32", eos_token_id(tiny_model_dir))
+    kept.append(small)
+    with pytest.raises(RuntimeError, match="at batch 4: vLLM decoded only 3 of its sequences at once; its KV cache "
+                                           "holds fewer than the pool's maxNumSeqs"):
+        small.measure_latency([4], steps=2)
+    assert not small.has_unfinished()
+
+
 KEEPS_THREADS = """
 import sys, torch
 from streamrl import compute
