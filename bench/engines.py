@@ -10,7 +10,9 @@ Sections (all by default; run them one at a time where the whole would take too 
 first), PTL(BS), and a version's load against a plain in-memory copy of its bytes;
 `service`: per model at its largest batch, a `streamrl generator` process on vLLM streaming over gRPC
 to a trainer stand-in that only accepts (the real coordinator and intake, reward 0) against vLLM's
-own offline `LLM.generate` on the same prompts and seeds;
+own offline `LLM.generate` on the same prompts, seeds and stop token, in vLLM's default layout (the
+engine core in a process of its own, bound to the cores) and, for attribution, in process as the
+generator runs it;
 `modes`: the tiny job (deploy/examples/rljob-tiny-cpu.yaml) in each pipeline mode on each engine,
 one `streamrl run` each.
 
@@ -25,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -47,13 +50,14 @@ MODELS = {
     "llama-243m": {
         "config": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
                        intermediate_size=3584, max_position_embeddings=256, tie_word_embeddings=True),
-        "dtype": "bfloat16", "batches": [1, 16, 64, 256], "kv_cache_gib": 2.0,
+        "dtype": "bfloat16", "batches": [1, 16, 64, 256], "kv_cache_gib": 4.0,
     },
 }
 """The models the bench builds: `builtin` is the built-in tiny Llama (0.5 M parameters, float32,
 as the tiny job trains it); `llama-243m` the same architecture at 243 M parameters (hidden 1024,
 16 layers, the built-in's character vocabulary), bfloat16. Random weights: speed does not depend
-on them."""
+on them. vLLM's KV cache on CPU is in blocks of 128 tokens, one held back: at 64 KiB per token
+(llama-243m), 256 sequences need just over 2 GiB."""
 VLLM_POOL = {"type": "vllm", "device": "cpu", "enforceEager": True, "maxNumSeqs": 64, "cpuKvCacheGib": 0.5}
 """The tiny job's pool on vLLM (the torch pool's maxBatchSize is 64 too)."""
 GROUP_SIZE = 8
@@ -113,30 +117,70 @@ def probe(what: str, result: Path, *args: str) -> dict:
 
 # ---- curve ----------------------------------------------------------------------------------
 def curve(model: str, info: dict, batches: list[int], engines: list[str], args, inv: Invocation) -> dict:
-    out = {}
-    for engine in engines:
-        say(f"curve: {model} on {engine}, batches {batches}")
-        out[engine] = probe("curve", inv.dir / f"curve-{model}-{engine}.json", "--engine", engine,
-                            "--model-dir", info["dir"], "--dtype", info["dtype"],
-                            "--batches", *map(str, batches), "--new-tokens", str(args.new_tokens),
-                            "--prompt-tokens", str(args.prompt_tokens), "--threads", str(args.threads),
-                            "--kv-cache-gib", str(MODELS[model]["kv_cache_gib"]))
-        c = out[engine]
-        say("  " + ", ".join(f"{b}: {c['tokens_per_s'][str(b)]:.0f}" for b in batches) + " tokens/s; a version loads "
-            f"in {c['weight_load_s']:.3f} s, a copy {c['copy_s']:.3f} s")
-    return out
+    """Each engine's curve in `args.repeats` fresh processes, the engines' order alternating
+    (torch vllm vllm torch ...) so drift on a shared machine hits both alike; per batch size the
+    best tokens/s and PTL, and the median version load and copy over all repeats."""
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
+    for k in range(args.repeats):
+        for engine in engines if k % 2 == 0 else engines[::-1]:
+            say(f"curve: {model} on {engine}, batches {batches} (repeat {k + 1} of {args.repeats})")
+            c = probe("curve", inv.dir / f"curve-{model}-{engine}-{k}.json", "--engine", engine,
+                      "--model-dir", info["dir"], "--dtype", info["dtype"],
+                      "--batches", *map(str, batches), "--new-tokens", str(args.new_tokens),
+                      "--prompt-tokens", str(args.prompt_tokens), "--threads", str(args.threads),
+                      "--kv-cache-gib", str(MODELS[model]["kv_cache_gib"]))
+            say("  " + ", ".join(f"{b}: {c['tokens_per_s'][str(b)]:.0f}" for b in batches) + " tokens/s; a version "
+                f"loads in {c['weight_load_s']:.3f} s, a copy {c['copy_s']:.3f} s")
+            runs[engine].append(c)
+    return {e: {
+        "tokens_per_s": {str(b): max(c["tokens_per_s"][str(b)] for c in cs) for b in batches},
+        "ptl_s": {str(b): min(c["ptl_s"][str(b)] for c in cs) for b in batches},
+        "weight_load_s": statistics.median(s for c in cs for s in c["weight_load_s_each"]),
+        "copy_s": statistics.median(s for c in cs for s in c["copy_s_each"]),
+        "weight_bytes": cs[0]["weight_bytes"], "start_s": min(c["start_s"] for c in cs),
+        "tokens_per_s_each": [c["tokens_per_s"] for c in cs],
+    } for e, cs in runs.items()}
 
 
 # ---- service --------------------------------------------------------------------------------
 def service(model: str, info: dict, batch: int, args, inv: Invocation) -> dict:
-    """The generator service at `batch` against vLLM offline on the same requests."""
+    """The generator service at `batch` against vLLM offline on the same requests, in both layouts,
+    `args.repeats` rounds with the order reversed every other round (service first, then last);
+    each figure the best of its rounds."""
+    work = inv.dir / f"service-{model}"
+    work.mkdir()
+    served, offline = [], {"multiprocess": [], "in-process": []}
+    for k in range(args.repeats):
+        order = ["service", "multiprocess", "in-process"]
+        for what in order if k % 2 == 0 else order[::-1]:
+            if what == "service":
+                served.append(serve(model, info, batch, args, work, k))
+            else:
+                offline[what].append(offline_run(model, info, batch, args, work, what, k))
+    best = max(served, key=lambda s: s["tokens_per_s"])
+    mp, ip = (max(runs, key=lambda o: o["tokens_per_s"]) for runs in offline.values())
+    out = {"batch": batch, "samples": best["samples"], "service_tokens": best["tokens"], "service_s": best["seconds"],
+           "service_tokens_per_s": best["tokens_per_s"], "offline_tokens": mp["generated_tokens"],
+           "offline_s": mp["seconds"], "offline_tokens_per_s": mp["tokens_per_s"],
+           "offline_in_process_tokens_per_s": ip["tokens_per_s"], "offline_in_process_tokens": ip["generated_tokens"],
+           "served_ptl_ms": best["served_ptl_ms"],
+           "service_tokens_per_s_each": [round(s["tokens_per_s"], 1) for s in served],
+           "offline_tokens_per_s_each": {layout: [round(o["tokens_per_s"], 1) for o in runs]
+                                         for layout, runs in offline.items()}}
+    say(f"  best: service {out['service_tokens_per_s']:.1f} tokens/s; vLLM offline {out['offline_tokens_per_s']:.1f} "
+        f"(in process {out['offline_in_process_tokens_per_s']:.1f})")
+    return out
+
+
+def serve(model: str, info: dict, batch: int, args, work: Path, k: int) -> dict:
+    """A `streamrl generator` process on vLLM (maxNumSeqs `batch`) fed by a trainer stand-in that
+    only accepts: a warm-up batch, then --service-rounds batches timed from handing out the work to
+    the last sample accepted. Writes the requests (prompts, the coordinator's seeds) for offline."""
     from streamrl.rollout.work import PromptWork
     from streamrl.rollout.workqueue import SamplingConfig
     from streamrl.weights import WeightStore
     from tests.integration.inproc import TrainerServer
 
-    work = inv.dir / f"service-{model}"
-    work.mkdir()
     job = job_for("stream-sync", 1, 1)
     job["metadata"]["name"] = f"bench-service-{model}"
     job["spec"]["model"] = {"source": "path", "path": info["dir"], "dtype": info["dtype"]}
@@ -152,9 +196,10 @@ def service(model: str, info: dict, batch: int, args, inv: Invocation) -> dict:
         accepted.append((time.monotonic(), len(sample.completion_token_ids)))
         return 0.0
 
+    say(f"service: {model} at batch {batch}: the generator (round {k + 1})")
     trainer = TrainerServer(WeightStore(1, 1 << 20), sampling=SamplingConfig(1.0, 1.0, args.new_tokens, 0),
                             scorer=scorer)
-    log = (work / "generator.log").open("w")
+    log = (work / f"generator-{k}.log").open("w")
     generator = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "generator", str(job_file), "--trainer", f"127.0.0.1:{trainer.port}",
          "--model-dir", info["dir"], "--id", "bench-0"], stdout=log, stderr=subprocess.STDOUT, env=child_env(),
@@ -166,8 +211,8 @@ def service(model: str, info: dict, batch: int, args, inv: Invocation) -> dict:
             time.sleep(0.1)
 
         def iteration(it: int, num_samples: int) -> tuple[list[PromptWork], list[int], float]:
-            prompts = [PromptWork(f"{it}-{k}", k, "", prompt_ids(k, args.prompt_tokens))
-                       for k in range(num_samples // GROUP_SIZE)]
+            prompts = [PromptWork(f"{it}-{j}", j, "", prompt_ids(j, args.prompt_tokens))
+                       for j in range(num_samples // GROUP_SIZE)]
             done = len(accepted) + len(prompts) * GROUP_SIZE
 
             def add() -> list[int]:
@@ -188,13 +233,13 @@ def service(model: str, info: dict, batch: int, args, inv: Invocation) -> dict:
                 time.sleep(0.01)
             return prompts, seeds, t0
 
-        say(f"service: {model} at batch {batch}: warm-up")
         iteration(0, batch)
         first = len(accepted)
-        say(f"service: {model} at batch {batch}: {args.service_rounds * batch} samples")
         prompts, seeds, t0 = iteration(1, args.service_rounds * batch)
         tokens = sum(n for _, n in accepted[first:])
         seconds = accepted[-1][0] - t0
+        # The replica's PTL(BS) as it served (its latest load report): its decode steps' own seconds.
+        served = trainer.on_loop(lambda: list(trainer.coordinator.replicas["bench-0"].latency_profile))
     finally:
         trainer.stop()  # the trainer's goodbye: the generator exits 0
         try:
@@ -202,20 +247,30 @@ def service(model: str, info: dict, batch: int, args, inv: Invocation) -> dict:
         except subprocess.TimeoutExpired:
             generator.kill()
         log.close()
+    if generator.returncode:
+        raise RuntimeError(f"the generator exited with {generator.returncode}: see {log.name}")
     requests = [{"prompt": list(p.token_ids), "seed": seed + i}
                 for p, seed in zip(prompts, seeds) for i in range(GROUP_SIZE)]
-    (work / "requests.json").write_text(json.dumps(requests))
+    file = work / "requests.json"
+    if file.exists() and json.loads(file.read_text()) != requests:
+        raise RuntimeError("the coordinator handed out other requests than in an earlier round")
+    file.write_text(json.dumps(requests))
+    say(f"  {tokens / seconds:.1f} tokens/s")
+    return {"samples": len(requests), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "served_ptl_ms": {int(b): round(t * 1e3, 2) for b, t in served}}
+
+
+def offline_run(model: str, info: dict, batch: int, args, work: Path, layout: str, k: int) -> dict:
+    """vLLM's own LLM.generate on the service's requests (engine_probe.py offline)."""
     from streamrl.models import eos_token_id
 
-    say(f"service: {model} at batch {batch}: vLLM offline on the same requests")
-    offline = probe("offline", inv.dir / f"offline-{model}.json", "--model-dir", info["dir"], "--dtype", info["dtype"],
-                    "--batch", str(batch), "--requests", str(work / "requests.json"),
-                    "--stop-token-id", str(eos_token_id(info["dir"])), "--new-tokens", str(args.new_tokens),
-                    "--threads", str(args.threads), "--kv-cache-gib", str(MODELS[model]["kv_cache_gib"]))
-    return {"batch": batch, "samples": len(requests), "service_tokens": tokens, "service_s": seconds,
-            "service_tokens_per_s": tokens / seconds, "offline_tokens": offline["generated_tokens"],
-            "offline_s": offline["seconds"], "offline_tokens_per_s": offline["tokens_per_s"],
-            "generator_exit_code": generator.returncode}
+    say(f"service: {model} at batch {batch}: vLLM offline, {layout} (round {k + 1})")
+    out = probe("offline", work / f"offline-{layout}-{k}.json", "--layout", layout, "--model-dir", info["dir"],
+                "--dtype", info["dtype"], "--batch", str(batch), "--requests", str(work / "requests.json"),
+                "--stop-token-id", str(eos_token_id(info["dir"])), "--new-tokens", str(args.new_tokens),
+                "--threads", str(args.threads), "--kv-cache-gib", str(MODELS[model]["kv_cache_gib"]))
+    say(f"  {out['tokens_per_s']:.1f} tokens/s")
+    return out
 
 
 # ---- modes ----------------------------------------------------------------------------------
@@ -267,6 +322,8 @@ def report(args, models: dict, curves: dict, services: dict, modes: dict) -> dic
         "service": {m: {k: r(v, 2) if isinstance(v, float) else v for k, v in s.items()} for m, s in services.items()},
         "service_over_offline_vllm": {m: r(s["service_tokens_per_s"] / s["offline_tokens_per_s"])
                                       for m, s in services.items()},
+        "service_over_offline_vllm_in_process": {m: r(s["service_tokens_per_s"] / s["offline_in_process_tokens_per_s"])
+                                                 for m, s in services.items()},
         "samples_per_s": samples,
         "vllm_over_torch_samples_per_s": {mode: r(modes["vllm"][mode] / modes["torch"][mode])
                                           for mode in modes.get("torch", {}) if mode in modes.get("vllm", {})},
@@ -293,7 +350,8 @@ def print_tables(result: dict) -> None:
     for m, s in result["service"].items():
         print(f"\nservice vs vLLM offline, {m} at batch {s['batch']}, {s['samples']} samples: "
               f"{s['service_tokens_per_s']:.1f} vs {s['offline_tokens_per_s']:.1f} tokens/s "
-              f"({result['service_over_offline_vllm'][m]:.3f}); tokens {s['service_tokens']} vs {s['offline_tokens']}")
+              f"({result['service_over_offline_vllm'][m]:.3f}; in process {s['offline_in_process_tokens_per_s']:.1f}); "
+              f"tokens {s['service_tokens']} vs {s['offline_tokens']}")
     if result["samples_per_s"]:
         print(f"\n{'mode':<13}" + "".join(f"{e + ' samples/s':>18}" for e in result["samples_per_s"]))
         modes = sorted({mode for ms in result["samples_per_s"].values() for mode in ms}, key=MODES.index)
@@ -312,6 +370,8 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", choices=MODES, default=MODES, metavar="MODE")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens each request generates (default 64)")
     p.add_argument("--prompt-tokens", type=int, default=5, help="prompt tokens, BOS included (default 5)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="curve runs per engine, the engines' order alternating; each figure is the best (default 2)")
     p.add_argument("--service-rounds", type=int, default=4,
                    help="the service's samples, in batches: rounds x its batch (default 4)")
     p.add_argument("--mode-iterations", type=int, default=10, help="the tiny job's iterations per mode (default 10)")
@@ -325,7 +385,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.models, args.batches, args.new_tokens, args.modes = ["builtin"], [1, 16], 16, ["stream-sync"]
-        args.mode_iterations, args.prompts_per_step, args.service_rounds = 2, 4, 2
+        args.mode_iterations, args.prompts_per_step, args.service_rounds, args.repeats = 2, 4, 2, 1
     args.load_average = round(os.getloadavg()[0], 2)
     if args.load_average > 0.5:
         say(f"warning: load average {args.load_average} at start: other work shares these cores")
