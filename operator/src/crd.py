@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from streamrl.checkpoints import IDENTITY_FIELDS
 from streamrl.operator.clusters import ClusterPhase, RLClusterSpec
 from streamrl.operator.phases import JobPhase
 from streamrl.spec import GROUP, KIND, VERSION, RLJobSpec
@@ -32,9 +33,8 @@ METADATA = {"type": "object", "properties": {"name": {"type": "string"}}}
 `generateName` may be declared (the API server refuses anything else). `name` is declared so
 that a rule's `fieldPath: .metadata.name` resolves: the API server resolves every fieldPath
 through the declared properties when the CRD is created, and refuses the CRD otherwise."""
-IMMUTABLE = ("algorithm.type", "algorithm.groupSize", "algorithm.promptsPerStep", "algorithm.seed", "task.name",
-             "task.seed", "task.numPrompts", "task.curriculum")
-"""What a checkpoint must match to be resumed (the trainer's JobIdentity, model shape aside):
+IMMUTABLE = tuple(f"{section}.{key}" for section, keys in IDENTITY_FIELDS.items() for key in keys)
+"""What a checkpoint must match to be resumed (the JobIdentity's spec fields, streamrl/checkpoints.py):
 changing it on a running job would make the rolled trainer refuse its own checkpoint and
 spend the restart budget, so the API server refuses the change (CEL transition rules)."""
 

@@ -3,8 +3,8 @@ model and optimizer and its own LR schedule, RNG state and policy version (the l
 those), and rank 0's trainer state (the iteration, the ledger of prompts trained per
 iteration, the run's counters, what job it belongs to). A checkpoint is written into
 iter-NNNNN.tmp and renamed into place once a manifest with every file's size and SHA-256 is
-written last: a directory without a good manifest is never used. Knows files and records,
-not tensors."""
+written last: a directory without a good manifest is never used (the layout and the
+JobIdentity are the core's, streamrl/checkpoints.py). Knows files and records, not tensors."""
 
 from __future__ import annotations
 
@@ -18,40 +18,22 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from streamrl.checkpoints import (
+    CHECKPOINTS_DIR,
+    MANIFEST,
+    RUN_FILE,
+    STAGING_SUFFIX,
+    STATE,
+    JobIdentity,
+    checkpoint_name,
+)
 from streamrl.records import CheckpointInfo
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
-MANIFEST = "manifest.json"
-STATE = "trainer.json"
-RUN_FILE = "trainer-run.json"
-"""<out>/trainer-run.json: the run's id and how many times its trainer has started."""
-
 
 class CheckpointRefused(RuntimeError):
     """A checkpoint of another job lies where this job's would (never used, never overwritten)."""
-
-
-class JobIdentity(BaseModel):
-    """What a checkpoint must match to be resumed: the model's shape, the algorithm's batch
-    shape and the task. Other fields (learning rate, iterations, generators) may change."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model: dict[str, int | str]
-    algorithm: dict[str, int | float | str]
-    task: dict[str, int | str | bool]
-
-    def differences(self, other: JobIdentity) -> list[str]:
-        """'section.key: theirs -> ours' for every field that differs."""
-        out = []
-        for section in ("model", "algorithm", "task"):
-            mine, theirs = getattr(self, section), getattr(other, section)
-            for key in sorted(set(mine) | set(theirs)):
-                if mine.get(key) != theirs.get(key):
-                    out.append(f"{section}.{key}: {theirs.get(key)!r} in the checkpoint, {mine.get(key)!r} in this job")
-        return out
 
 
 class TrainerState(BaseModel):
@@ -101,10 +83,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _name(iteration: int) -> str:
-    return f"iter-{iteration:05d}"
-
-
 class Checkpoints:
     """The run's checkpoint directory: what to resume from, a save being written, the newest
     `keep` kept."""
@@ -119,7 +97,7 @@ class Checkpoints:
         """Checkpoint directories (renamed into place), newest first."""
         if not self.root.is_dir():
             return []
-        return sorted((p for p in self.root.glob("iter-*") if p.is_dir() and not p.name.endswith(".tmp")),
+        return sorted((p for p in self.root.glob("iter-*") if p.is_dir() and not p.name.endswith(STAGING_SUFFIX)),
                       key=lambda p: p.name, reverse=True)
 
     def problem(self, path: Path) -> str | None:
@@ -160,7 +138,7 @@ class Checkpoints:
     # ---- writing one --------------------------------------------------------------------
     def staging(self, iteration: int) -> Path:
         """Where a checkpoint of `iteration` is written before it is complete (emptied)."""
-        path = self.root / (_name(iteration) + ".tmp")
+        path = self.root / (checkpoint_name(iteration) + STAGING_SUFFIX)
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
         return path
@@ -176,7 +154,7 @@ class Checkpoints:
                                         "files": files}, indent=1))
         with open(manifest, "rb") as f:
             os.fsync(f.fileno())
-        final = self.root / _name(state.iteration)
+        final = self.root / checkpoint_name(state.iteration)
         if final.exists():  # the same iteration saved again (a resume that saved before training on)
             shutil.rmtree(final)
         staging.rename(final)
@@ -188,5 +166,5 @@ class Checkpoints:
 
     def clear_staging(self) -> None:
         """Drop what a killed trainer left half-written."""
-        for path in self.root.glob("iter-*.tmp"):
+        for path in self.root.glob("iter-*" + STAGING_SUFFIX):
             shutil.rmtree(path, ignore_errors=True)

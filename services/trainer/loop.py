@@ -20,14 +20,15 @@ from pathlib import Path
 from streamrl import compute as compute_thread
 from streamrl.messages import WeightsNotice
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
-from streamrl.records import CheckpointInfo, IterationRecord, RunEvent, StepStats, TrainerPhase, append_event
+from streamrl.records import IterationRecord, StepStats, TrainerPhase
 from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
 from streamrl.rollout.longtail import LatencyProfile
 from streamrl.rollout.work import PromptWork
 from streamrl.samples import Group
 from streamrl.spec import RLJobSpec
 from streamrl.tasks import Prompt, PromptCursor
-from streamrl.trainer.checkpoint import Checkpoints, JobIdentity, TrainerState
+from streamrl.trainer.checkpoint import TrainerState
+from streamrl.trainer.checkpointer import Checkpointer
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.lengths import LengthSource
@@ -38,10 +39,11 @@ log = logging.getLogger(__name__)
 
 
 class TrainLoop:
-    def __init__(self, spec: RLJobSpec, coordinator: Coordinator, learner: Learner, store: WeightStore,
-                 encode, prompts: list[Prompt], recorder: Recorder, metrics: ServiceMetrics,
-                 save_model: Callable[[Path], None] | None = None, lengths: LengthSource | None = None,
-                 compute: Executor | None = None, before_training: Callable[[], object] | None = None):
+    def __init__(self, spec: RLJobSpec, *, coordinator: Coordinator, learner: Learner, store: WeightStore,
+                 encode: Callable[[str], tuple[int, ...]], prompts: list[Prompt], recorder: Recorder,
+                 metrics: ServiceMetrics, save_model: Callable[[Path], None] | None = None,
+                 lengths: LengthSource | None = None, compute: Executor | None = None,
+                 before_training: Callable[[], object] | None = None, checkpointer: Checkpointer | None = None):
         self.spec = spec
         self.coordinator = coordinator
         self.learner = learner
@@ -67,11 +69,9 @@ class TrainLoop:
         self.last: IterationRecord | None = None
         self.ledger: list[list[str]] = []
         """The prompt ids trained in each iteration, iteration by iteration."""
-        self.checkpoints: Checkpoints | None = None
-        self.identity: JobIdentity | None = None
-        self.run_id, self.incarnation = "", 0
-        self._saving: tuple[object, Path, TrainerState] | None = None
-        """(rank 0's save future, its staging directory, the state it records) being written."""
+        self.checkpointer = checkpointer
+        """Writes a checkpoint every checkpoint.everyIterations and at the end (None: never)."""
+        self.incarnation = checkpointer.incarnation if checkpointer else 0
         self.stopping: TrainerPhase | None = None
         """Set by stop_soon: the phase to end in at the next safe point."""
         self.compute = compute or compute_thread.executor("learner")
@@ -84,12 +84,6 @@ class TrainLoop:
         in-process engine lends its KV cache back: LocalGenerator.to_training)."""
         self._busy = 0
         self._task: asyncio.Task | None = None
-        self.checkpoint_wait_s = 0.0
-        """Seconds training waited on checkpoints in this start."""
-
-    def enable_checkpoints(self, checkpoints: Checkpoints, identity: JobIdentity, run_id: str,
-                           incarnation: int) -> None:
-        self.checkpoints, self.identity, self.run_id, self.incarnation = checkpoints, identity, run_id, incarnation
 
     def restore(self, state: TrainerState) -> None:
         """Continue a run from a checkpoint's state (the learner loaded its part): the prompts
@@ -207,47 +201,23 @@ class TrainLoop:
 
     # ---- checkpoints ------------------------------------------------------------------
     async def checkpoint(self) -> None:
-        """Start a checkpoint of the iterations trained so far (a save still being written is
-        completed first: that wait is the only time training waits on the disk)."""
-        if self.checkpoints is None:
-            return
-        trained = len(self.ledger)
-        newest = self._saving[2].iteration if self._saving else (self.checkpoints.last.iteration
-                                                                  if self.checkpoints.last else None)
-        if newest == trained:
-            return  # nothing new since the last one (written, or being written)
-        t0 = time.monotonic()
-        await self.finish_checkpoint(wait=True)
-        staging = self.checkpoints.staging(trained)
-        future = await self._learner(self.learner.save, staging)
-        self._waited(time.monotonic() - t0)
-        state = TrainerState(identity=self.identity, run_id=self.run_id, incarnation=self.incarnation,
-                             iteration=trained, policy_version=self.learner.policy_version,
-                             world_size=self.learner.ranks.world_size, time_unix=time.time(), ledger=self.ledger,
-                             counters=self.coordinator.counters.totals())
-        self._saving = (future, staging, state)
+        """Start a checkpoint of the iterations trained so far (written while training goes on)."""
+        if self.checkpointer is not None:
+            await self.checkpointer.save(self.ledger, self.coordinator.counters.totals(), self._learner)
 
-    def _waited(self, seconds: float) -> None:
-        self.checkpoint_wait_s += seconds
-        self.metrics.checkpoint_wait_seconds.inc(seconds)
+    async def finish_checkpoint(self, wait: bool) -> None:
+        """Complete the checkpoint being written once it is on disk (now, with `wait`)."""
+        if self.checkpointer is not None:
+            await self.checkpointer.finish(wait)
 
-    async def finish_checkpoint(self, wait: bool) -> CheckpointInfo | None:
-        """Complete the checkpoint being written once every rank's part is on disk (now, with
-        `wait`): its manifest, the rename into place, the old ones pruned."""
-        if self._saving is None:
-            return None
-        future, staging, state = self._saving
-        if not wait and not future.done():
-            return None
-        t0 = time.monotonic()
-        await asyncio.to_thread(future.result)
-        self._waited(time.monotonic() - t0)
-        self._saving = None
-        info = await asyncio.to_thread(self.checkpoints.complete_save, staging, state)
-        self.metrics.checkpoint_iteration.set(info.iteration)
-        append_event(self.recorder.out_dir, RunEvent(time_unix=time.time(), kind="checkpoint", process="trainer",
-                                                     detail=f"iteration {info.iteration}"))
-        return info
+    async def checkpoint_on_the_way_out(self) -> None:
+        """A stopped run checkpoints what it trained; a save being written completes (the
+        Checkpointer's on_the_way_out). The stop is taken: the sections it runs must end."""
+        stopped = self.stopping is not None or self.phase in (TrainerPhase.INTERRUPTED, TrainerPhase.PREEMPTED)
+        self.stopping = None
+        if self.checkpointer is not None:
+            await self.checkpointer.on_the_way_out(self.phase, stopped, self.ledger,
+                                                   self.coordinator.counters.totals(), self._learner)
 
     async def run_iteration(self, it: int) -> None:
         algo = self.spec.algorithm

@@ -23,15 +23,17 @@ from prometheus_client import CollectorRegistry
 
 from streamrl import compute
 from streamrl.admin import merged_registry
+from streamrl.checkpoints import JobIdentity
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer, weight_bytes
-from streamrl.records import CheckpointInfo, RunEvent, TrainerPhase, TrainerStatus, append_event
+from streamrl.records import TrainerPhase, TrainerStatus
 from streamrl.rewards import RewardError, sample_scorer
 from streamrl.rollout.workqueue import SamplingConfig
 from streamrl.service import ExitCode, Service
 from streamrl.spec import RLJob
 from streamrl.tasks import load_prompts
-from streamrl.trainer.checkpoint import CheckpointRefused, Checkpoints, JobIdentity, begin_start
+from streamrl.trainer.checkpoint import CheckpointRefused, Checkpoints, begin_start
+from streamrl.trainer.checkpointer import Checkpointer
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
 from streamrl.trainer.lengths import setup_lengths
@@ -68,20 +70,6 @@ InProcessFactory = Callable[[Coordinator, WeightStore], InProcessGenerator]
 """Builds the in-process generator once the coordinator exists (on the running loop)."""
 
 
-def job_identity(job: RLJob, model_dir: Path) -> JobIdentity:
-    """What a checkpoint must match to be resumed by this job."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    shape = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-             "intermediate_size", "vocab_size")
-    algo, task = job.spec.algorithm, job.spec.task
-    return JobIdentity(model={k: config[k] for k in shape if k in config},
-                       algorithm={"groupSize": algo.group_size, "promptsPerStep": algo.prompts_per_step,
-                                  "seed": algo.seed,
-                                  **({"type": algo.type} if algo.type != "grpo" else {})},  # a ppo one holds a critic
-                       task={"name": task.name.value,
-                             "seed": task.seed, "numPrompts": task.num_prompts, "curriculum": task.curriculum})
-
-
 async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0.1",
                 endpoint_file: Path | None = None, ranker_address: str | None = None,
                 admin_port: int | None = None, in_process: InProcessFactory | None = None,
@@ -106,7 +94,6 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     run_id, incarnation = start.run_id, start.starts - 1
     running: TrainLoop | None = None  # once started
     resuming_at = 0  # the iteration of the checkpoint being resumed
-    resumed_from = None
 
     def status() -> TrainerStatus:
         if startup.starting or running is None:
@@ -122,7 +109,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             num_samples_accepted=coordinator.counters.num_samples_accepted,
             samples_per_s=sum(r.num_samples for r in records) / wall if wall else 0.0,
             uptime_s=time.monotonic() - started, last=running.last, **coordinator.status(),
-            incarnation=incarnation, resumed_from=resumed_from, last_checkpoint=checkpoints.last,
+            incarnation=incarnation, resumed_from=checkpointer.resumed_from,
+            last_checkpoint=checkpointer.last,
         )
 
     # The admin server first: probes and the operator see the start's phase while the model and a
@@ -160,41 +148,33 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         in_process_registry.register(local.registry)
 
     coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
-    identity = job_identity(job, model_dir)
-    checkpoints = Checkpoints(out_dir, spec.checkpoint.keep)
-    checkpoints.clear_staging()
+    identity = JobIdentity.of(job, json.loads((model_dir / "config.json").read_text()))
+    checkpointer = Checkpointer(checkpoints=Checkpoints(out_dir, spec.checkpoint.keep), learner=learner,
+                                identity=identity, run=start, metrics=metrics, out_dir=out_dir)
     try:
-        found = checkpoints.newest(identity)
+        found = checkpointer.find()
     except CheckpointRefused as err:
         log.error("not starting: %s", err)
         learner.stop()
         shell.admin.stop()
         return ExitCode.JOB_ERROR
-    recorder = Recorder(out_dir, resume_at=found[1].iteration if found else None)
+    recorder = Recorder(out_dir, resume_at=found.state.iteration if found else None)
 
     def save_model(path: Path) -> None:
         learner.model.save_pretrained(path, state_dict=learner.weights())  # gathered whole from every rank
         tok.save_pretrained(path)
 
     lengths = setup_lengths(spec, ranker_address)
-    loop = TrainLoop(spec, coordinator, learner, store, encode, load_prompts(spec.task), recorder, metrics,
-                     save_model, lengths, compute=local.compute if local else None,
-                     before_training=local.to_training if local else None)
-    loop.enable_checkpoints(checkpoints, identity, run_id, incarnation)
+    loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=store, encode=encode,
+                     prompts=load_prompts(spec.task), recorder=recorder, metrics=metrics, save_model=save_model,
+                     lengths=lengths, compute=local.compute if local else None,
+                     before_training=local.to_training if local else None, checkpointer=checkpointer)
     if found:
-        path, state = found
-        resuming_at = state.iteration
+        resuming_at = found.state.iteration
         with startup.step(TrainerPhase.RESUMING, "resumeSeconds",
-                          f"the checkpoint of iteration {state.iteration} to load from {path}"):
-            learner.load(path)
-            loop.restore(state)
-        checkpoints.last = CheckpointInfo(iteration=state.iteration, time_unix=state.time_unix, path=str(path))
-        metrics.checkpoint_iteration.set(state.iteration)
-        resumed_from = state.iteration
-        append_event(out_dir, RunEvent(time_unix=time.time(), kind="resumed", process="trainer",
-                                       detail=f"iteration {state.iteration} from {path.name} (start {start.starts})"))
-        log.info("resuming run %s at iteration %d from %s (policy version %d; start %d of this run)", run_id,
-                 state.iteration, path, learner.policy_version, start.starts)
+                          f"the checkpoint of iteration {found.state.iteration} to load from {found.path}"):
+            checkpointer.restore(found)
+            loop.restore(found.state)
     running = loop
     startup.done()
     metrics.set_phase(loop.phase)
@@ -229,13 +209,14 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
             log.exception("trainer failed")
             return ExitCode.FAILED
         finally:
-            await _save_on_the_way_out(loop, out_dir)
+            await loop.checkpoint_on_the_way_out()
             summary = recorder.summary(phase=loop.phase, mode=spec.pipeline.mode.value,
                                        weight_bytes_from_trainer=coordinator.relay.bytes_by_source.get("trainer", 0),
                                        weight_bytes_from_peers=coordinator.relay.bytes_by_source.get("peer", 0),
                                        generator_joins=coordinator.joins, incarnation=incarnation,
-                                       resumed_from=resumed_from, last_checkpoint=checkpoints.last,
-                                       checkpoint_wait_s=round(loop.checkpoint_wait_s, 3),
+                                       resumed_from=checkpointer.resumed_from,
+                                       last_checkpoint=checkpointer.last,
+                                       checkpoint_wait_s=round(checkpointer.wait_s, 3),
                                        **coordinator.counters.totals())
             recorder.close()
             metrics.clock.close()
@@ -261,22 +242,6 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         loop.stop_soon(phase)
 
     return await shell.run(train(), signalled)
-
-
-async def _save_on_the_way_out(loop: TrainLoop, out_dir: Path) -> None:
-    """A stopped run checkpoints what it trained (resumable); any save still being written
-    completes. A failed run keeps its last complete checkpoint (its state may be half-changed)."""
-    stopped = loop.stopping is not None or loop.phase in (TrainerPhase.INTERRUPTED, TrainerPhase.PREEMPTED)
-    loop.stopping = None  # the sections below must run to their end
-    try:
-        if stopped and loop.phase != TrainerPhase.FAILED and loop.ledger:
-            await loop.checkpoint()
-        await loop.finish_checkpoint(wait=True)
-        if loop.phase == TrainerPhase.PREEMPTED:
-            append_event(out_dir, RunEvent(time_unix=time.time(), kind="preempted", process="trainer",
-                                           detail=f"after iteration {len(loop.ledger)}"))
-    except Exception:
-        log.exception("the checkpoint on the way out failed; the last complete one stays")
 
 
 async def follow(job: RLJob, model_dir: Path, out_dir: Path, ranks: Ranks, host: str, admin_port: int,

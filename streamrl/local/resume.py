@@ -1,7 +1,9 @@
 """What `streamrl run` does with a run directory an earlier start left, decided from that run's
-records before anything starts: nothing (the run is complete), continue it (the job now asks for
+records before anything starts: nothing (the run is complete), refuse (the directory holds
+another job's checkpoints: a GRPO run's for a PPO job, say), continue it (the job now asks for
 more iterations), resume it (it stopped early) or start. Reads files and records only: no torch,
-no process. The trainer still decides what it resumes from, and refuses another job's checkpoint."""
+no process. The job identity compared is the trainer's (streamrl/checkpoints.py), less the model's
+shape, which only the model's files tell: the trainer still decides what it resumes from."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from streamrl.checkpoints import JobIdentity, list_complete
 from streamrl.records import LOCAL_RUN_FILE, SUMMARY_FILE, LocalRun, RunSummary, TrainerPhase
 from streamrl.spec import RLJob, load_job
 
@@ -31,6 +34,8 @@ class Start(StrEnum):
     """The run completed, and the job now asks for more iterations: train those."""
     COMPLETE = "complete"
     """The run trained every iteration the job asks for: start nothing."""
+    REFUSED = "refused"
+    """The directory holds another job's run (its checkpoints would be refused): start nothing."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,13 @@ def decide(out_dir: Path, job: RLJob) -> Resume:
     iterations than the job asks for and a checkpoint to go on from."""
     out_dir = Path(out_dir)
     wanted = job.spec.algorithm.num_iterations
-    checkpoints = _checkpoints(out_dir)
-    summary = _finished(out_dir, job)
+    checkpoints = [p.name for p in reversed(list_complete(out_dir))]
+    earlier = _earlier_job(out_dir)
+    if earlier is not None and checkpoints:
+        differences = JobIdentity.of(job, None).differences(JobIdentity.of(earlier, None))
+        if differences:
+            return Resume(Start.REFUSED, _refused(out_dir, checkpoints[-1], differences))
+    summary = _finished(out_dir, job, earlier)
     if summary is not None and summary.num_iterations >= wanted and (out_dir / MODEL_DIR / "config.json").is_file():
         return Resume(Start.COMPLETE, _complete(out_dir, summary, wanted))
     if summary is not None and summary.num_iterations < wanted and checkpoints:
@@ -63,37 +73,38 @@ def decide(out_dir: Path, job: RLJob) -> Resume:
     return Resume(Start.NEW)
 
 
-def _checkpoints(out_dir: Path) -> list[str]:
-    """Names of the checkpoints renamed into place with a manifest, oldest first (the trainer
-    checks each one's files before it uses it)."""
-    return sorted(p.name for p in (out_dir / "checkpoints").glob("iter-*")
-                  if p.is_dir() and not p.name.endswith(".tmp") and (p / "manifest.json").exists())
+def _earlier_job(out_dir: Path) -> RLJob | None:
+    """The job the run in out_dir was started with (its job.yaml); None when there is none, or
+    it does not parse (another version wrote it: then the trainer decides from its checkpoint)."""
+    try:
+        return load_job(out_dir / JOB_FILE)
+    except (OSError, ValueError):  # missing or unreadable; load_job's SpecError is a ValueError
+        return None
 
 
-def _finished(out_dir: Path, job: RLJob) -> RunSummary | None:
-    """The summary of the run in out_dir when it ended well as this job's run; None otherwise
-    (then the trainer decides). A record another version wrote, that does not parse, decides nothing."""
+def _finished(out_dir: Path, job: RLJob, earlier: RLJob | None) -> RunSummary | None:
+    """The summary of the run in out_dir when it ended well as this job's run (the same
+    JobIdentity and the same model spec: a model's shape only its files tell, so a changed model
+    leaves the decision to the trainer); None otherwise. A record another version wrote, that
+    does not parse, decides nothing."""
     try:
         summary = RunSummary.read(out_dir / SUMMARY_FILE)
         runner = LocalRun.read(out_dir / LOCAL_RUN_FILE)  # a start deletes it; its end writes it
-        earlier = load_job(out_dir / JOB_FILE)
-    except (OSError, ValueError):  # missing or unreadable; load_job's SpecError is a ValueError
+    except (OSError, ValueError):
         return None
-    if summary.phase != TrainerPhase.SUCCEEDED or runner.trainer_exit_code != 0 or runner.failure:
+    if earlier is None or summary.phase != TrainerPhase.SUCCEEDED or runner.trainer_exit_code != 0 or runner.failure:
         return None
-    return summary if checkpoint_identity(earlier) == checkpoint_identity(job) else None
+    same = JobIdentity.of(earlier, None) == JobIdentity.of(job, None) and earlier.spec.model == job.spec.model
+    return summary if same else None
 
 
-def checkpoint_identity(job: RLJob) -> dict[str, object]:
-    """What of a job a checkpoint must match: the trainer's JobIdentity (job_identity) with the
-    model spec standing in for the model's shape, which only the model's files tell. Stricter, so
-    where they differ the trainer decides (and refuses another shape). A test holds the algorithm
-    and task parts equal to the trainer's."""
-    algo, task = job.spec.algorithm, job.spec.task
-    return {"model": job.spec.model,
-            "algorithm": {"groupSize": algo.group_size, "promptsPerStep": algo.prompts_per_step, "seed": algo.seed},
-            "task": {"name": task.name.value, "seed": task.seed, "numPrompts": task.num_prompts,
-                     "curriculum": task.curriculum}}
+def _refused(out_dir: Path, newest: str, differences: list[str]) -> str:
+    lines = [f"refused: {out_dir} holds the checkpoints (up to {newest}) of another job; its trainer would refuse "
+             "them, and they are not overwritten. What differs:"]
+    lines += [f"  {d.replace('in the checkpoint', 'in the earlier job')}" for d in differences]
+    lines.append("run this job with --fresh (a new directory beside it) or another --out, or run the earlier job's "
+                 f"file ({out_dir / JOB_FILE}) to go on with that run")
+    return "\n".join(lines)
 
 
 def _complete(out_dir: Path, summary: RunSummary, wanted: int) -> str:

@@ -29,6 +29,7 @@ from streamrl.records import (
     TrainerStatus,
     write_json,
 )
+from streamrl.service import ExitCode
 from streamrl.spec import load_job
 from streamrl.vllm_args import check_job
 
@@ -93,6 +94,9 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
     if resume.start == Start.COMPLETE:  # before anything starts or the directory changes
         warn(resume.message)
         return 0
+    if resume.start == Start.REFUSED:  # the trainer would refuse the checkpoints; the directory stays as it is
+        warn(resume.message)
+        return ExitCode.JOB_ERROR
     if resume.start == Start.CONTINUE:
         warn(resume.message)  # said first, even with --quiet: the run goes on from a finished one
     plan = plan_run(job, out_dir, prometheus, cores, say)

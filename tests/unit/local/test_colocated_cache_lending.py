@@ -50,10 +50,10 @@ def test_the_learner_trains_while_the_engine_has_lent_its_cache(tiny_model_dir, 
 
     async def iterations() -> list[int]:
         local = LocalGenerator(engine, coordinator, store, ServiceMetrics("generator"))
-        loop = TrainLoop(spec, coordinator, learner, store,
-                         lambda text: (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"]),
-                         load_prompts(spec.task), Recorder(tmp_path / "run"), ServiceMetrics("trainer"),
-                         compute=local.compute, before_training=local.to_training)
+        loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=store,
+                         encode=lambda text: (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"]),
+                         prompts=load_prompts(spec.task), recorder=Recorder(tmp_path / "run"),
+                         metrics=ServiceMetrics("trainer"), compute=local.compute, before_training=local.to_training)
         local.start()
         try:
             await loop.publish()

@@ -5,13 +5,16 @@ resume when it stopped early or the records do not vouch for it, start when it h
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from streamrl.local.resume import Start, checkpoint_identity, decide
+from streamrl.local.resume import Start, decide
 from streamrl.records import LOCAL_RUN_FILE, SUMMARY_FILE, LocalRun, RunSummary, TrainerPhase, write_json
 from streamrl.spec import RLJob, dump_job, parse_job
+from tests.conftest import child_env
 
 TRAINED = 4
 
@@ -74,15 +77,26 @@ def test_more_iterations_continue_from_the_last_checkpoint_and_say_so(tmp_path):
 
 
 @pytest.mark.parametrize("change", [
-    {"algorithm": {"promptsPerStep": 8}}, {"algorithm": {"groupSize": 2}}, {"algorithm": {"seed": 1}},
-    {"task": {"numPrompts": 100}}, {"task": {"name": "addition"}}, {"task": {"curriculum": True}},
-    {"model": {"source": "builtin-tiny", "warmStartSteps": 0}},
+    {"algorithm": {"type": "ppo"}}, {"algorithm": {"promptsPerStep": 8}}, {"algorithm": {"groupSize": 2}},
+    {"algorithm": {"seed": 1}}, {"task": {"numPrompts": 100}}, {"task": {"name": "addition"}},
+    {"task": {"curriculum": True}},
 ])
-def test_another_jobs_run_is_neither_complete_nor_continued_the_trainer_decides(tmp_path, change):
+def test_another_jobs_run_is_refused_complete_or_not(tmp_path, change):
     out = _finished_run(tmp_path, _job())
     for iterations in (TRAINED, TRAINED + 3):
         resume = decide(out, _job(iterations, **change))
-        assert resume.start == Start.RESUME, change  # the trainer refuses another job's checkpoint
+        assert resume.start == Start.REFUSED, change  # the trainer would refuse its checkpoints
+        (section, fields), = change.items()
+        (key, value), = fields.items()
+        assert f"  {section}.{key}: " in resume.message and f"{value!r} in this job" in resume.message
+
+
+def test_a_run_of_another_model_spec_is_not_complete_the_trainer_decides(tmp_path):
+    """The model's shape only its files tell: the trainer compares it, and refuses another shape."""
+    out = _finished_run(tmp_path, _job())
+    for iterations in (TRAINED, TRAINED + 3):
+        resume = decide(out, _job(iterations, model={"source": "builtin-tiny", "warmStartSteps": 0}))
+        assert resume.start == Start.RESUME
         assert resume.message.startswith(f"resuming: {out} holds checkpoints up to iter-{TRAINED:05d}")
 
 
@@ -113,12 +127,38 @@ def test_an_empty_or_missing_directory_starts_new(tmp_path):
     assert decide(tmp_path / "absent", _job()).start == Start.NEW
 
 
-def test_the_identity_compared_is_the_trainers_for_the_algorithm_and_the_task(tmp_path):
-    """A drift guard: a field the trainer's JobIdentity adds must be compared here too."""
-    from streamrl.trainer.main import job_identity
+def test_a_finished_grpo_run_is_refused_to_a_ppo_job_and_kept_as_it_is(tmp_path):
+    """The same file switched to algorithm.type ppo: a PPO checkpoint holds a critic, a GRPO one
+    none, so the trainer would refuse this directory's checkpoints; the runner says so first."""
+    out = _finished_run(tmp_path, _job())
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    resume = decide(out, _job(algorithm={"type": "ppo"}))
+    assert resume.start == Start.REFUSED
+    lines = resume.message.splitlines()
+    assert lines[0].startswith(f"refused: {out} holds the checkpoints (up to iter-{TRAINED:05d}) of another job")
+    assert lines[1] == "  algorithm.type: 'grpo' in the earlier job, 'ppo' in this job"
+    assert "--fresh" in lines[-1]
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
-    job = _job(task={"name": "addition", "seed": 3, "numPrompts": 50, "curriculum": True},
-               algorithm={"groupSize": 2, "promptsPerStep": 4, "seed": 5})
-    theirs, ours = job_identity(job, tmp_path), checkpoint_identity(job)
-    assert (ours["algorithm"], ours["task"]) == (theirs.algorithm, theirs.task)
+
+def test_a_run_stopped_early_of_another_task_is_refused_too(tmp_path):
+    out = _finished_run(tmp_path, _job(), phase=TrainerPhase.INTERRUPTED)
+    resume = decide(out, _job(task={"name": "addition"}))
+    assert resume.start == Start.REFUSED
+    assert "  task.name: 'counting' in the earlier job, 'addition' in this job" in resume.message.splitlines()
+
+
+def test_streamrl_run_refuses_a_ppo_job_in_a_grpo_runs_directory_before_starting_anything(tmp_path):
+    """The user's path: `streamrl run ppo.yaml --out <a finished GRPO run>` exits 78 (a job error,
+    as the trainer's refusal would) with the reason, and leaves the directory as it was."""
+    out = _finished_run(tmp_path / "run", _job())
+    job_file = tmp_path / "ppo.yaml"
+    job_file.write_text(dump_job(_job(algorithm={"type": "ppo"})))
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    done = subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(job_file), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    assert done.returncode == 78, done.stderr
+    assert f"refused: {out} holds the checkpoints" in done.stderr
+    assert "algorithm.type: 'grpo' in the earlier job, 'ppo' in this job" in done.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+

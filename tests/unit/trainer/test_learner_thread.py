@@ -46,8 +46,9 @@ def test_accumulate_step_and_weights_share_one_thread_off_the_event_loop(tiny_mo
     learner = _ThreadNotingLearner(load_model(tiny_model_dir), algo)
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed),
                               lambda sample, answer: 0.0, ServiceMetrics("trainer"))
-    loop = TrainLoop(spec, coordinator, learner, WeightStore(1, 1 << 20), lambda text: [4], [],
-                     Recorder(tmp_path / "run"), ServiceMetrics("trainer"))
+    loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=WeightStore(1, 1 << 20),
+                     encode=lambda text: (4,), prompts=[], recorder=Recorder(tmp_path / "run"),
+                     metrics=ServiceMetrics("trainer"))
     groups = synthetic_groups(8, algo.group_size, 4, 6)
 
     async def iterations() -> int:
@@ -81,8 +82,9 @@ def test_colocated_the_learner_runs_on_the_engine_thread_between_its_steps(tiny_
                     ServiceMetrics("generator"), on_sample=lambda s: None)
     engine_thread = threading.Thread(target=worker.run, name="engine", daemon=True)
     engine_thread.start()
-    loop = TrainLoop(spec, coordinator, learner, WeightStore(1, 1 << 20), lambda text: [4], [],
-                     Recorder(tmp_path / "run"), ServiceMetrics("trainer"), compute=worker)
+    loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=WeightStore(1, 1 << 20),
+                     encode=lambda text: (4,), prompts=[], recorder=Recorder(tmp_path / "run"),
+                     metrics=ServiceMetrics("trainer"), compute=worker)
     groups = synthetic_groups(8, algo.group_size, 4, 6)
 
     async def iterations() -> None:
