@@ -1,11 +1,12 @@
 """The run's own Prometheus (`--prometheus`, or Internal autoscaling reading its inputs):
 started before the services with every planned process as a target, its targets kept
 current as processes come and go, and checked once the services start: every process that
-answers on its admin port must be reported up within SCRAPE_TIMEOUT_S, else the run fails
+answers on its admin port must be reported up within scrape_timeout_s(), else the run fails
 naming the targets and Prometheus's own last error. Knows nothing of what it scrapes."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -17,10 +18,22 @@ from streamrl.local.plan import RunPlan
 from streamrl.prometheus.api import PrometheusError
 from streamrl.prometheus.server import LocalPrometheus, Target
 
-SCRAPE_TIMEOUT_S = 60.0
-"""How long Prometheus may take to report a process up once it answers on its admin port.
-It re-reads the targets file when it changes (at the latest every 5 s) and scrapes every
-second, so a few seconds is normal; a minute is generous on two busy cores."""
+SCRAPE_TIMEOUT_ENV = "STREAMRL_SCRAPE_TIMEOUT_S"
+
+
+def scrape_timeout_s() -> float:
+    """How long Prometheus may take to report a process up once it answers on its admin port:
+    60 s, or STREAMRL_SCRAPE_TIMEOUT_S. It re-reads the targets file when it changes (at the
+    latest every 5 s) and scrapes every second, so a few seconds is normal; a minute is
+    generous on two busy cores."""
+    raw = os.environ.get(SCRAPE_TIMEOUT_ENV, "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"{SCRAPE_TIMEOUT_ENV}={raw!r}: must be a number of seconds above 0")
+    return value
 POLL_S = 0.5
 
 
@@ -28,7 +41,9 @@ class RunMonitor:
     """The run's LocalPrometheus, its targets (planned, then the processes running) and the scrape check."""
 
     def __init__(self, plan: RunPlan):
-        """Fails (ValueError naming what asked for it) without a Prometheus binary, before anything starts."""
+        """Fails (ValueError naming what asked for it) without a Prometheus binary, or with a
+        STREAMRL_SCRAPE_TIMEOUT_S that is no number of seconds, before anything starts."""
+        self.scrape_timeout_s = scrape_timeout_s()
         try:
             self.server = LocalPrometheus(plan.out_dir / "prometheus")
         except FileNotFoundError as err:
@@ -62,13 +77,14 @@ class RunMonitor:
                   + list(self.extra.values()))
 
     def wait_until_scraped(self, children: Callable[[], list[Child]], say: Callable[[str], None],
-                           warn: Callable[[str], None], timeout_s: float = SCRAPE_TIMEOUT_S,
+                           warn: Callable[[str], None], timeout_s: float | None = None,
                            startup_timeout_s: float = STARTUP_TIMEOUT_S) -> float | None:
         """Wait until Prometheus has reported every running child (and this process's servers)
         up; returns the seconds it took. RunFailed when one answers on its admin port and is
         not up `timeout_s` later, or has not answered within `startup_timeout_s`. A child that
         exits unscraped is the supervisor's business, unless it is the trainer: then the run is
         over (shorter than the bound) and it `warn`s what was never scraped; None."""
+        timeout_s = self.scrape_timeout_s if timeout_s is None else timeout_s
         t0 = time.monotonic()
         waiting_for = [c.name for c in children() if c.running()] + list(self.extra)
         say(f"prometheus: waiting until it scrapes {', '.join(waiting_for)} (up to {timeout_s:.0f} s after each "

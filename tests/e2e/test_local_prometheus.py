@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.local.monitor import SCRAPE_TIMEOUT_S
+from streamrl.local.monitor import SCRAPE_TIMEOUT_ENV
 from streamrl.prometheus.server import MISSING, LocalPrometheus
 from streamrl.records import IterationRecord, LocalRun, RunSummary, ScalingRecord, TrainerPhase
 from tests.blind_prometheus import blind_prometheus_dir
@@ -91,19 +91,20 @@ def test_a_prometheus_that_cannot_see_its_targets_fails_the_run_naming_them(writ
     job = write_job({"spec": {"algorithm": {"numIterations": 10_000}}})  # it would run long past the bound
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    env = {**child_env(), "PATH": f"{bin_dir}:{child_env()['PATH']}"}
+    bound_s = 15  # the default minute, shortened the way a user would
+    env = {**child_env(), "PATH": f"{bin_dir}:{child_env()['PATH']}", SCRAPE_TIMEOUT_ENV: str(bound_s)}
     started = time.monotonic()
-    proc = _run(cwd, job, "--quiet", "--prometheus", env=env, timeout_s=SCRAPE_TIMEOUT_S + 400)
+    proc = _run(cwd, job, "--quiet", "--prometheus", env=env, timeout_s=bound_s + 400)
     took = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr[-3000:]
     out = cwd / OUT
     failure = LocalRun.read(out / "run.json").failure
     assert failure is not None and f"run failed: {failure}" in proc.stderr
-    assert f"has not scraped every process within {SCRAPE_TIMEOUT_S:.0f} s" in failure
+    assert f"has not scraped every process within {bound_s} s" in failure
     assert "trainer (127.0.0.1:" in failure and "generator-default-0 (127.0.0.1:" in failure
     assert failure.count("not among its targets; answering on its admin port for") == 2
     assert 'msg="Error adding file watch"' in failure  # Prometheus's own words
-    assert took < SCRAPE_TIMEOUT_S + 300
+    assert took < bound_s + 300
     assert _left_behind(out) == ""
     assert RunSummary.read(out / "summary.json").phase == TrainerPhase.INTERRUPTED  # stopped, and said so
 

@@ -16,7 +16,7 @@ import pytest
 
 from streamrl.local import RunFailed
 from streamrl.local.children import Child
-from streamrl.local.monitor import RunMonitor
+from streamrl.local.monitor import SCRAPE_TIMEOUT_ENV, RunMonitor, scrape_timeout_s
 from streamrl.local.plan import plan_run
 from streamrl.prometheus.server import MISSING
 from streamrl.spec import parse_job
@@ -97,3 +97,14 @@ def test_a_run_that_ends_before_it_is_scraped_is_warned_about(run_parts, tmp_pat
     [warning] = warned
     assert warning.startswith(f"warning: the run ended before Prometheus at {monitor.url} scraped every process")
     assert "trainer (" in warning and "generator-default-0 (" in warning
+
+
+def test_the_scrape_bound_is_a_minute_or_what_the_environment_says(monkeypatch):
+    monkeypatch.delenv(SCRAPE_TIMEOUT_ENV, raising=False)
+    assert scrape_timeout_s() == 60.0
+    monkeypatch.setenv(SCRAPE_TIMEOUT_ENV, "7.5")
+    assert scrape_timeout_s() == 7.5
+    for bad in ("soon", "0", "-3", "nan"):
+        monkeypatch.setenv(SCRAPE_TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"STREAMRL_SCRAPE_TIMEOUT_S='{bad}': must be a number of seconds"):
+            scrape_timeout_s()
