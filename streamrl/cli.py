@@ -324,8 +324,8 @@ def cmd_profile(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from streamrl.planning.scenario import load_scenario, with_overrides
-    from streamrl.planning.simulate import simulate, write_run
+    from streamrl.simulation.scenario import load_scenario, with_overrides
+    from streamrl.simulation.simulator import simulate, write_run
 
     path = Path(args.scenario)
     scenario = with_overrides(load_scenario(path), args.mode, args.policy, args.iterations)

@@ -18,7 +18,9 @@ from streamrl.planning.roofline import (
     analytic_training_cost,
     tensor_parallel_problem,
 )
-from streamrl.planning.scenario import (
+from streamrl.planning.shape import ModelShape
+from streamrl.rollout.longtail import LatencyProfile
+from streamrl.simulation.scenario import (
     AnalyticGeneration,
     AnalyticTraining,
     ProfileCost,
@@ -27,8 +29,6 @@ from streamrl.planning.scenario import (
     TableTraining,
     scenario_path,
 )
-from streamrl.planning.shape import ModelShape
-from streamrl.rollout.longtail import LatencyProfile
 from streamrl.spec import PipelineMode
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrl.planning.scenario import FileLengths, LognormalLengths, WorkloadSection, scenario_path
+from streamrl.simulation.scenario import FileLengths, LognormalLengths, WorkloadSection, scenario_path
 
 
 @dataclass(frozen=True)

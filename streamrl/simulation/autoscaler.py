@@ -30,7 +30,7 @@ def _vector(value: float | None, now: float, **labels) -> list[dict]:
 
 class Autoscaler:
     def __init__(self, simulator):
-        from streamrl.planning.simulate import generators_spec
+        from streamrl.simulation.simulator import generators_spec
 
         self.run = simulator
         self.sim, self.fleet = simulator.sim, simulator.fleet

@@ -11,16 +11,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES
-from streamrl.planning.events import Simulation, Track
-from streamrl.planning.fleet import SimGroup, SimulatedFleet
-from streamrl.planning.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
-from streamrl.planning.rollouts import Workload
-from streamrl.planning.scenario import Scenario
-from streamrl.planning.stages import Stages, resolve_stages
 from streamrl.records import ScalingRecord, write_json
 from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
 from streamrl.rollout.work import PromptWork
 from streamrl.samples import micro_batches_by_length
+from streamrl.simulation.events import Simulation, Track
+from streamrl.simulation.fleet import SimGroup, SimulatedFleet
+from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
+from streamrl.simulation.scenario import Scenario
+from streamrl.simulation.stages import Stages, resolve_stages
+from streamrl.simulation.workload import Workload
 from streamrl.spec import GeneratorPoolSpec, GeneratorsSpec, PipelineMode
 
 
@@ -142,7 +142,7 @@ class Simulator:
         self.sim.spawn(self._trainer_loop())
         a = self.scenario.autoscaling
         if a.mode == "Internal" and self.scenario.pipeline.mode != PipelineMode.colocated:
-            from streamrl.planning.elastic import Autoscaler
+            from streamrl.simulation.autoscaler import Autoscaler
 
             self.sim.spawn(Autoscaler(self).process())
         self.sim.run()
@@ -219,7 +219,7 @@ def simulate(scenario: Scenario, base: Path | None = None, stages: Stages | None
 
 def write_run(run: SimRun, out_dir: Path, gantt_rows: int = 24) -> list[Path]:
     """simulation.json, iterations.jsonl and gantt.png in out_dir."""
-    from streamrl.planning.gantt import write_gantt
+    from streamrl.simulation.gantt import write_gantt
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from streamrl.cli import main
-from streamrl.planning.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary
-from streamrl.planning.scenario import load_scenario, parse_scenario, with_overrides
-from streamrl.planning.simulate import simulate
+from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary
+from streamrl.simulation.scenario import load_scenario, parse_scenario, with_overrides
+from streamrl.simulation.simulator import simulate
 from streamrl.spec import SpecError
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "deploy" / "scenarios"
@@ -112,9 +112,9 @@ def test_linear_growth_adds_the_same_share_of_the_first_length_each_iteration():
 
 
 def test_prompt_lengths_spread_over_prompts_and_each_prompt_is_prefilled_and_trained_as_long_as_it_is():
-    from streamrl.planning.fleet import SimGroup
-    from streamrl.planning.rollouts import Workload
-    from streamrl.planning.simulate import padded_tokens
+    from streamrl.simulation.fleet import SimGroup
+    from streamrl.simulation.simulator import padded_tokens
+    from streamrl.simulation.workload import Workload
 
     def workload(**extra):
         data = _table(workload={"promptTokens": 100, "maxNewTokens": 256, "lengths": {"type": "lognormal",
