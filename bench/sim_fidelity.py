@@ -288,10 +288,10 @@ def memory_bound(args) -> dict:
 
 
 def _lengths(data: dict) -> list[int]:
-    from streamrl.simulation.workload import Workload
+    from streamrl.simulation.workload import SimWorkload
 
     sc = parse_scenario(data)
-    w = Workload(sc.workload, sc.algorithm.prompts_per_step, sc.algorithm.group_size, sc.seed)
+    w = SimWorkload(sc.workload, sc.algorithm.prompts_per_step, sc.algorithm.group_size, sc.seed)
     return [n for j in range(sc.algorithm.num_iterations) for p in w.iteration(j) for n in p.lengths]
 
 

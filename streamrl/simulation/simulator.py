@@ -15,13 +15,14 @@ from streamrl.records import ScalingRecord, write_json
 from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
 from streamrl.rollout.work import PromptWork
 from streamrl.samples import micro_batches_by_length
+from streamrl.simulation.autoscaler import SimAutoscaler
 from streamrl.simulation.events import Simulation, Track
 from streamrl.simulation.fleet import SimGroup, SimulatedFleet
 from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
 from streamrl.simulation.scenario import Scenario
 from streamrl.simulation.stages import Stages, resolve_stages
-from streamrl.simulation.workload import Workload
-from streamrl.spec import GeneratorPoolSpec, GeneratorsSpec, PipelineMode
+from streamrl.simulation.workload import SimWorkload
+from streamrl.spec import PipelineMode
 
 
 def padded_tokens(groups: list[SimGroup], micro_batch_size: int) -> int:
@@ -49,7 +50,7 @@ class Simulator:
         self.scenario, self.stages = scenario, stages
         self.sim = Simulation()
         algo = scenario.algorithm
-        self.workload = Workload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
+        self.workload = SimWorkload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
         self.planner = IterationPlanner(scenario.pipeline, algo.num_iterations, algo.group_size, scenario.dispatch)
         self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(), self.planner)
         self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
@@ -142,9 +143,7 @@ class Simulator:
         self.sim.spawn(self._trainer_loop())
         a = self.scenario.autoscaling
         if a.mode == "Internal" and self.scenario.pipeline.mode != PipelineMode.colocated:
-            from streamrl.simulation.autoscaler import Autoscaler
-
-            self.sim.spawn(Autoscaler(self).process())
+            self.sim.spawn(SimAutoscaler(self).process())
         self.sim.run()
         if not self.done:
             raise RuntimeError(f"the simulation stalled at {self.sim.now:.3f}s: the trainer waits for samples no "
@@ -202,14 +201,6 @@ class Simulator:
             scale_downs=sum(r.step < 0 for r in self.scaling),
             replicas_final={p.name: len(self.fleet.live(p.name)) for p in sc.generators},
             simulated_in_s=round(took_s, 3))
-
-
-def generators_spec(scenario: Scenario, stages: Stages) -> GeneratorsSpec:
-    """The pools as an RLJob's `generators` (what the autoscaling round reads: bounds and a
-    replica's cost, its GPUs' hourly price)."""
-    return GeneratorsSpec(pools=[GeneratorPoolSpec(
-        name=p.name, replicas=p.replicas, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
-        cost=stages.pools[p.name].gpus_per_replica * stages.pools[p.name].gpu_hour_cost) for p in scenario.generators])
 
 
 def simulate(scenario: Scenario, base: Path | None = None, stages: Stages | None = None) -> SimRun:

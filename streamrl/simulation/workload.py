@@ -75,7 +75,7 @@ def read_predictions_file(path: Path, where: str = "workload.rankerPredictions")
     return out
 
 
-class Workload:
+class SimWorkload:
     def __init__(self, section: WorkloadSection, prompts_per_step: int, group_size: int, seed: int,
                  base: Path | None = None):
         self.section = section
