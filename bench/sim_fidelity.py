@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.provenance import OUT_HELP, Invocation, Provenance  # noqa: E402
-from streamrl.planning.profile import load_profile  # noqa: E402
+from streamrl.planning.profile_record import load_profile  # noqa: E402
 from streamrl.simulation.scenario import parse_scenario  # noqa: E402
 from streamrl.simulation.simulator import simulate  # noqa: E402
 from streamrl.tasks import counting_prompts  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from streamrl.planning.catalog import Catalog, load_catalog
 from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
-from streamrl.planning.profile import load_profile
+from streamrl.planning.profile_record import load_profile
 from streamrl.planning.roofline import (
     AnalyticGenerationCost,
     AnalyticSwitchCost,

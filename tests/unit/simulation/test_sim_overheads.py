@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel
+from streamrl.planning.profile_record import Profile, ProfileEngine, ProfileHardware, ProfileModel
 from streamrl.simulation.scenario import parse_scenario
 from streamrl.simulation.simulator import Simulator, simulate
 from streamrl.simulation.stages import resolve_stages
