@@ -10,10 +10,9 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.local.children import Child, spawn, stop
+from streamrl.local.children import Child, Zygote, spawn, stop
 from streamrl.local.plan import RunPlan, available_cores, generator_process, trainer_rank_process
 from streamrl.local.ports import free_port
-from streamrl.local.zygote import Zygote
 from streamrl.spec import PipelineMode
 
 
