@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.provenance import OUT_HELP, Invocation, Provenance  # noqa: E402
-from streamrl.planning.profile import load_profile  # noqa: E402
-from streamrl.planning.scenario import parse_scenario  # noqa: E402
-from streamrl.planning.simulate import simulate  # noqa: E402
+from streamrl.planning.profile_record import load_profile  # noqa: E402
+from streamrl.simulation.scenario import parse_scenario  # noqa: E402
+from streamrl.simulation.simulator import simulate  # noqa: E402
 from streamrl.tasks import counting_prompts  # noqa: E402
 
 JOB = ROOT / "deploy/examples/rljob-tiny-cpu.yaml"
@@ -288,10 +288,10 @@ def memory_bound(args) -> dict:
 
 
 def _lengths(data: dict) -> list[int]:
-    from streamrl.planning.rollouts import Workload
+    from streamrl.simulation.workload import SimWorkload
 
     sc = parse_scenario(data)
-    w = Workload(sc.workload, sc.algorithm.prompts_per_step, sc.algorithm.group_size, sc.seed)
+    w = SimWorkload(sc.workload, sc.algorithm.prompts_per_step, sc.algorithm.group_size, sc.seed)
     return [n for j in range(sc.algorithm.num_iterations) for p in w.iteration(j) for n in p.lengths]
 
 

@@ -147,12 +147,12 @@ def cmd_plan(args) -> int:
     from streamrl.planning.calibration import calibrate, load_assumptions
     from streamrl.planning.catalog import load_catalog
     from streamrl.planning.costs import TrainerMemory
-    from streamrl.planning.demand import Workload
+    from streamrl.planning.demand import LengthDistribution
     from streamrl.planning.estimates import Estimates
-    from streamrl.planning.inputs import model_shape, parse_budget, parse_mapping, profiles_by_type
+    from streamrl.planning.plan_inputs import model_shape, parse_budget, parse_mapping, profiles_by_type
     from streamrl.planning.planned import format_table, planned_yaml
     from streamrl.planning.planner import Links, PlanJob, Planner
-    from streamrl.planning.profile import load_profile
+    from streamrl.planning.profile_record import load_profile
     from streamrl.planning.roofline import Assumptions
     from streamrl.spec import load_job
 
@@ -163,16 +163,16 @@ def cmd_plan(args) -> int:
     shape = model_shape(spec, catalog, args.model)
     max_length = args.max_length or spec.algorithm.max_new_tokens
     if args.lengths:
-        workload = Workload.from_lengths_file(args.lengths, args.prompt_tokens, max_length)
+        workload = LengthDistribution.from_lengths_file(args.lengths, args.prompt_tokens, max_length)
     elif args.lognormal:
         try:
             mu, sigma = (float(x) for x in args.lognormal.split(","))
         except ValueError:
             raise ValueError(f"--lognormal {args.lognormal!r}: expected MU,SIGMA (of ln length)") from None
-        workload = Workload.lognormal(mu, sigma, max_length, args.prompt_tokens)
+        workload = LengthDistribution.lognormal(mu, sigma, max_length, args.prompt_tokens)
     else:
         median = max(1, max_length // 4)
-        workload = Workload.lognormal(math.log(median), 1.0, max_length, args.prompt_tokens)
+        workload = LengthDistribution.lognormal(math.log(median), 1.0, max_length, args.prompt_tokens)
         print(f"no --lengths or --lognormal: assuming lognormal output lengths, median {median} tokens, sigma 1",
               file=sys.stderr)
     plan_job = PlanJob(spec.algorithm.prompts_per_step * spec.algorithm.group_size, spec.algorithm.micro_batch_size,
@@ -226,7 +226,7 @@ def cmd_profile(args) -> int:
     from streamrl.local.colocated import measure_serving
     from streamrl.models import build_tiny_model, check_model_dir, eos_token_id, load_model, load_tokenizer
     from streamrl.planning.catalog import load_catalog
-    from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel, plot_ptl
+    from streamrl.planning.profile_record import Profile, ProfileEngine, ProfileHardware, ProfileModel, plot_ptl
     from streamrl.planning.shape import ModelShape
     from streamrl.rewards import sample_scorer
     from streamrl.spec import load_job
@@ -324,8 +324,8 @@ def cmd_profile(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from streamrl.planning.scenario import load_scenario, with_overrides
-    from streamrl.planning.simulate import simulate, write_run
+    from streamrl.simulation.scenario import load_scenario, with_overrides
+    from streamrl.simulation.simulator import simulate, write_run
 
     path = Path(args.scenario)
     scenario = with_overrides(load_scenario(path), args.mode, args.policy, args.iterations)

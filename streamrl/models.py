@@ -224,7 +224,9 @@ def resolve_model_dir(spec: RLJobSpec, log=print, progress_every_s: float | None
         if spec.model.warm_start_steps:
             log(f"warm-starting the built-in model on {spec.task.name.value} "
                 f"({spec.model.warm_start_steps} steps, cached in {final})")
-            warm_start(tmp, spec, log=log)
+            model = load_model(tmp)
+            warm_start(model, load_tokenizer(tmp), spec, log=log)
+            model.save_pretrained(tmp)
         try:
             tmp.rename(final)
         except OSError:  # another process finished first

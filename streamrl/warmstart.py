@@ -1,26 +1,30 @@
 """Supervised warm start of the built-in tiny model on its task, so RL begins with signal.
 
-Teacher-forced cross-entropy on answer tokens (+ EOS) for a fixed number of steps.
+Teacher-forced cross-entropy on answer tokens (+ EOS) for a fixed number of steps. Trains the
+model it is given; where the model is loaded from and saved to is streamrl.models'.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamrl.spec import RLJobSpec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-def warm_start(model_dir: Path, spec: RLJobSpec, batch_size: int = 32, lr: float = 1e-3, log=print) -> dict:
+
+def warm_start(model: PreTrainedModel, tok: PreTrainedTokenizerBase, spec: RLJobSpec, batch_size: int = 32,
+               lr: float = 1e-3, log=print) -> dict:
+    """Train `model` in place (left in eval mode); returns the last loss and the seconds taken."""
     import torch
 
     from streamrl.logprobs import pack, token_logprobs
-    from streamrl.models import load_model, load_tokenizer
     from streamrl.tasks import load_prompts
 
-    tok = load_tokenizer(model_dir)
-    model = load_model(model_dir).train()
+    model.train()
     prompts = load_prompts(spec.task)
     rng = random.Random(spec.model.seed)
     torch.manual_seed(spec.model.seed)
@@ -45,5 +49,5 @@ def warm_start(model_dir: Path, spec: RLJobSpec, batch_size: int = 32, lr: float
         loss_value = loss.item()
         if (step + 1) % 100 == 0 or step + 1 == steps:
             log(f"  warm start step {step + 1}/{steps}  loss {loss_value:.3f}  {time.monotonic() - start:.0f}s")
-    model.eval().save_pretrained(model_dir)
+    model.eval()
     return {"loss": loss_value, "seconds": time.monotonic() - start}

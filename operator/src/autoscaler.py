@@ -20,7 +20,7 @@ from streamrl.spec import API_VERSION, KIND, RLJob, SpecError
 
 
 async def _round(runtime: Runtime, job: RLJob, namespace: str, status: dict,
-                 memory: scaling.Memory) -> scaling.Outcome:
+                 memory: scaling.Memory) -> scaling.ScalingOutcome:
     """Read the inputs from Prometheus (the job's series: scraped through the chart's
     PodMonitor they carry its namespace) and plan; what cannot be read is said, not raised."""
     previous = status.get("autoscaling")

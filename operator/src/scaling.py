@@ -46,7 +46,7 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ScalingOutcome:
     """What one operator round writes: status, memory, replicas, Events."""
 
     status: dict
@@ -113,9 +113,10 @@ def _base(memory: Memory, url: str | None, message: str, previous: dict | None) 
             "trainerBound": memory.trainer_bound}
 
 
-def waiting(memory: Memory, url: str | None, message: str, previous: dict | None, problem: bool = False) -> Outcome:
+def waiting(memory: Memory, url: str | None, message: str, previous: dict | None,
+            problem: bool = False) -> ScalingOutcome:
     """A round that decides nothing: skipped, or (problem) no usable Prometheus or a failed query."""
-    return Outcome(_base(memory, url, message, previous), memory, problem=problem)
+    return ScalingOutcome(_base(memory, url, message, previous), memory, problem=problem)
 
 
 def _fmt(replicas: dict[str, int]) -> str:
@@ -145,7 +146,8 @@ def limit(decision: Decision, pools: list[Pool], generation_s: float, train_s: f
     return None
 
 
-def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previous: dict | None = None) -> Outcome:
+def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str,
+         previous: dict | None = None) -> ScalingOutcome:
     """One Internal round over Prometheus's answers (parse_inputs of input_queries over
     query_window_s(now, memory.settled_at, interval)). Decides only once every replica asked for has been
     connected for two rounds: the inputs then cover the replicas as they are."""
@@ -164,7 +166,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previ
                    f"every replica asked for connected ({_fmt(asked)}): older data predates the last change")
         else:
             why = f"waiting for two iterations to finish within the last {rnd.window_s:.0f}s (nothing to judge yet)"
-        return Outcome({**_base(memory, url, why, previous), **seen}, memory)
+        return ScalingOutcome({**_base(memory, url, why, previous), **seen}, memory)
     decision, obs, pools = rnd.decision, inputs.observation, list(rnd.pools)
     changed = decision.step != 0
     new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
@@ -183,7 +185,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str, previ
         events.append(("Normal", "ScaledUp" if decision.step > 0 else "ScaledDown", status["message"]))
     if decision.trainer_bound and not memory.trainer_bound:
         events.append(("Warning", "TrainerBound", why[1] if why else decision.reason))
-    return Outcome(status, new_memory, dict(decision.replicas) if changed else None, tuple(events), decision)
+    return ScalingOutcome(status, new_memory, dict(decision.replicas) if changed else None, tuple(events), decision)
 
 
 def external_status() -> dict:

@@ -19,7 +19,7 @@ from streamrl.samples import version_runs
 
 
 @dataclass
-class _Running:
+class _RunningInSlot:
     request: GenerationRequest
     rng: torch.Generator
     admitted_at: float
@@ -50,7 +50,7 @@ class TorchEngine(Engine):
         self.device = model.lm_head.weight.device
         self._params = dict(model.named_parameters())
         self._waiting = WaitingRequests()
-        self._running: list[_Running] = []  # index = slot
+        self._running: list[_RunningInSlot] = []  # index = slot
         self._paused = False
         self._admission_held = False
         self._updated: set[str] = set()
@@ -161,7 +161,7 @@ class TorchEngine(Engine):
             req, queued_at = self._waiting.pop()
             rng = torch.Generator(device="cpu")
             rng.manual_seed(req.seed)
-            new.append(_Running(req, rng, now, now - queued_at))
+            new.append(_RunningInSlot(req, rng, now, now - queued_at))
         first = len(self._running)
         self._running.extend(new)
         logits = self.decoder.prefill(first, [list(r.request.prompt_token_ids) for r in new])

@@ -46,7 +46,7 @@ PRIORITY_SCALE = 1000
 
 
 @dataclass
-class _Running:
+class _RunningInVllm:
     request: GenerationRequest
     admitted_at: float
     queued_s: float
@@ -194,7 +194,7 @@ class VllmEngine(Engine):
         self.max_len = self._llm.model_config.max_model_len
         self._shapes = parameter_shapes(model_dir)
         self._waiting = WaitingRequests()
-        self._running: dict[str, _Running] = {}  # in vLLM: waiting there or decoding
+        self._running: dict[str, _RunningInVllm] = {}  # in vLLM: waiting there or decoding
         self._paused = False
         self._asleep = False
         self._admission_held = False
@@ -268,7 +268,7 @@ class VllmEngine(Engine):
             prompt = TokensPrompt(prompt_token_ids=list(req.prompt_token_ids),
                                   cache_salt=f"streamrl-v{self.policy_version}")
             self._llm.add_request(req.request_id, prompt, params, priority=-round(req.priority * PRIORITY_SCALE))
-            self._running[req.request_id] = _Running(req, now, now - queued_at)
+            self._running[req.request_id] = _RunningInVllm(req, now, now - queued_at)
 
     def _collect(self, outputs) -> list[Completion]:
         now = time.monotonic()

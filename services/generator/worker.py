@@ -5,7 +5,7 @@ every sample comes from one version), or at once, the running requests going on 
 (in-flight updates, pipeline.inFlightUpdates: their samples carry each token's version).
 
 Transport-agnostic: the gRPC agent (remote replicas) and the colocated trainer (in-process)
-feed the same inbox (Work, BatchCap, LoadWeights, TrainerVersion, Abandon, Stop) and receive
+feed the same inbox (Work, BatchCap, LoadWeights, TrainerVersion, Abandon, StopWorker) and receive
 the same callbacks. The engine thread is its process's compute thread (streamrl.compute):
 other torch work of the process is submitted to the worker (`submit`, a Call in the inbox)
 and runs between steps: the replica's start-up PTL(BS), the colocated trainer's learner.
@@ -64,7 +64,7 @@ class Abandon:
     done: Callable[[int], None]
 
 
-class Stop:
+class StopWorker:
     """Finish: leave the loop (unfinished work is abandoned; the trainer re-dispatches it)."""
 
 
@@ -129,7 +129,7 @@ class Worker(Executor):
         return future
 
     def run(self) -> None:
-        """The loop; returns after Stop (calls still queued fail)."""
+        """The loop; returns after StopWorker (calls still queued fail)."""
         try:
             self._loop()
         finally:
@@ -186,7 +186,7 @@ class Worker(Executor):
         while True:
             self._handle(msg)
             if self._stopped.is_set():
-                return  # what is queued behind a Stop is not handled (calls fail: run)
+                return  # what is queued behind a StopWorker is not handled (calls fail: run)
             try:
                 msg = self.inbox.get_nowait()
             except queue.Empty:
@@ -223,7 +223,7 @@ class Worker(Executor):
                     msg.future.set_result(msg.fn())
                 except BaseException as err:  # noqa: BLE001 - handed to whoever submitted it
                     msg.future.set_exception(err)
-        elif isinstance(msg, Stop):
+        elif isinstance(msg, StopWorker):
             self._stopped.set()
         else:
             raise TypeError(f"unexpected worker message {msg!r}")
@@ -273,4 +273,4 @@ class Worker(Executor):
                                done.version_runs))
 
     def stop(self) -> None:
-        self.inbox.put(Stop())
+        self.inbox.put(StopWorker())

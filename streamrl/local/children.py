@@ -1,6 +1,6 @@
 """A process a local run started: how it is spawned (one torch thread per core it is
-given, pinned to those cores), how long it lived, its log, how it is stopped. Knows
-nothing of what the process does."""
+given, pinned to those cores; or forked by the zygote, whose runner-side handle is here),
+how long it lived, its log, how it is stopped. Knows nothing of what the process does."""
 
 from __future__ import annotations
 
@@ -15,12 +15,124 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl.local import RunFailed
-from streamrl.local.zygote import ForkedProcess, Zygote
 
 STARTUP_TIMEOUT_S = 180.0
 """How long a process may take to listen (torch import and model load on busy cores)."""
 STOP_TIMEOUT_S = 15.0
 """How long a process may take to exit after SIGTERM before it is killed."""
+READY_TIMEOUT_S = 180.0
+"""How long the zygote may take to import its PRELOAD on busy cores."""
+
+
+class ForkedProcess:
+    """A replica the zygote forked, seen through the part of subprocess.Popen the runner
+    uses. Its exit comes from the zygote (its parent); signals go to it directly."""
+
+    def __init__(self, pid: int, argv: list[str]):
+        self.pid = pid
+        self.args = argv
+        self.returncode: int | None = None
+        self._exited = threading.Event()
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # it exited a moment ago
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The runner's handle: start the zygote early (its imports overlap the run's start-up),
+    then spawn replicas through it."""
+
+    def __init__(self, log_path: Path, env: dict[str, str]):
+        self._log = log_path.open("w")
+        self._proc = subprocess.Popen([sys.executable, "-m", "streamrl.local.zygote"], env=env, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                      start_new_session=True)
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._answers: list[str] = []
+        self._answered = threading.Condition()
+        self._replicas: dict[int, ForkedProcess] = {}
+        self._exited: dict[int, int] = {}
+        """Exits reported before the replica was handed out (it failed at once)."""
+        threading.Thread(target=self._read, name="zygote", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            word, _, rest = line.strip().partition(" ")
+            if word == "ready":
+                self._ready.set()
+            elif word == "exited":
+                pid, code = map(int, rest.split())
+                with self._answered:
+                    replica = self._replicas.pop(pid, None)
+                    if replica is None:
+                        self._exited[pid] = code
+                if replica is not None:
+                    replica._ended(code)
+            else:
+                with self._answered:
+                    self._answers.append(line.strip())
+                    self._answered.notify_all()
+        with self._answered:  # the zygote is gone: so is every replica it still had
+            self._answers.append("failed the zygote exited")
+            self._answered.notify_all()
+            for replica in self._replicas.values():
+                replica._ended(-signal.SIGKILL)
+
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
+        """Fork a replica running `streamrl <argv>`; RuntimeError when the zygote cannot."""
+        if not self._ready.wait(READY_TIMEOUT_S):
+            raise RuntimeError(f"the replica zygote did not finish its imports within {READY_TIMEOUT_S:.0f} s; "
+                               f"see {self._log.name}")
+        with self._lock:  # one request at a time: its answer is the next line
+            with self._answered:
+                self._proc.stdin.write(json.dumps({"argv": argv, "env": env, "log": str(log_path)}) + "\n")
+                self._proc.stdin.flush()
+                while not self._answers:
+                    self._answered.wait()
+                answer = self._answers.pop(0)
+                word, _, rest = answer.partition(" ")
+                if word != "started":
+                    raise RuntimeError(f"the replica zygote could not fork: {rest}")
+                pid = int(rest)
+                replica = ForkedProcess(pid, argv)
+                if pid in self._exited:
+                    replica._ended(self._exited.pop(pid))
+                else:
+                    self._replicas[pid] = replica
+        return replica
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the zygote (its replicas were stopped by the runner before)."""
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._log.close()
 
 
 @dataclass

@@ -10,10 +10,9 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.local.children import Child, spawn, stop
+from streamrl.local.children import Child, Zygote, spawn, stop
 from streamrl.local.plan import RunPlan, available_cores, generator_process, trainer_rank_process
 from streamrl.local.ports import free_port
-from streamrl.local.zygote import Zygote
 from streamrl.spec import PipelineMode
 
 
@@ -64,7 +63,7 @@ class GeneratorLauncher:
         return child
 
 
-class TrainerGroup:
+class TrainerProcesses:
     """The trainer's ranks as one unit (rank 0 is `trainer`): started together and, when the
     supervisor restarts the trainer, stopped and started again together, with the same command
     line, admin ports, cores and run directory (a fresh rendezvous port: the old one may linger)."""
@@ -108,7 +107,7 @@ class TrainerGroup:
 class Services:
     """A local run's processes, as started."""
 
-    trainer_group: TrainerGroup
+    trainer_group: TrainerProcesses
     trainer_admin: str
     """The trainer's admin URL (its /status; the same port across restarts)."""
     launcher: GeneratorLauncher
@@ -177,7 +176,7 @@ def start_services(plan: RunPlan, model_dir: Path) -> Services:
         threads = (len(cores.cores) or 1) if colocated else spec.trainer.threads
         argv = ["trainer", str(plan.job_file), "--model-dir", str(model_dir), "--out", str(out), "--threads",
                 str(threads), *(["--ranker", f"127.0.0.1:{ranker.wait_listening()['grpc_port']}"] if ranker else [])]
-        group = TrainerGroup(plan, argv, threads, cores)
+        group = TrainerProcesses(plan, argv, threads, cores)
         endpoint = group.start(started).wait_listening()
         launcher = GeneratorLauncher(plan, f"127.0.0.1:{endpoint['grpc_port']}", cores, zygote)
         for name, labels in plan.processes.items():  # none in colocated mode

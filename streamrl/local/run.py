@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from streamrl.local import RunFailed
+from streamrl.local.autoscaler import LocalAutoscaler, autoscale
 from streamrl.local.launch import Services, start_services
 from streamrl.local.monitor import RunMonitor
 from streamrl.local.plan import RunPlan, plan_run
 from streamrl.local.progress import Tick, show_progress
 from streamrl.local.resume import Resume, Start, decide
-from streamrl.local.scale import LocalAutoscaler, autoscale
 from streamrl.local.supervise import Deaths, ReplicaRestarts, TrainerRestarts
 from streamrl.models import resolve_model_dir
 from streamrl.records import (

@@ -7,6 +7,8 @@ The zygote is a process of its own (`python -m streamrl.local.zygote`), single-t
 that forking is safe. It reads one JSON request per line on stdin ({argv, env, log}), forks,
 and writes `started <pid>` or `failed <reason>` per request and `exited <pid> <code>` when a
 replica it forked ends (a replica is the zygote's child, so only the zygote can reap it).
+The runner's side (Zygote, ForkedProcess) is streamrl.local.children: this module is only
+the zygote's program, so nothing the runner imports reaches back to streamrl.cli.
 """
 
 from __future__ import annotations
@@ -15,19 +17,12 @@ import json
 import os
 import select
 import signal
-import subprocess
 import sys
-import threading
-from pathlib import Path
 
 PRELOAD = ("torch", "transformers", "streamrl.cli", "streamrl.generator.main", "streamrl.generator.torch_engine",
            "transformers.models.llama.modeling_llama")
 """What a replica would import first thing; the zygote imports it once."""
-READY_TIMEOUT_S = 180.0
-"""How long the zygote may take to import PRELOAD on busy cores."""
 
-
-# ---- the zygote process -----------------------------------------------------------------
 
 def _replica(argv: list[str], env: dict[str, str], log_path: str) -> int:
     """In the forked child: its own session, environment and log, then `streamrl <argv>`."""
@@ -96,119 +91,6 @@ def serve() -> None:
             if done:
                 children.discard(pid)
                 print(f"exited {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
-
-
-# ---- the runner's side ----------------------------------------------------------------------
-
-class ForkedProcess:
-    """A replica the zygote forked, seen through the part of subprocess.Popen the runner
-    uses. Its exit comes from the zygote (its parent); signals go to it directly."""
-
-    def __init__(self, pid: int, argv: list[str]):
-        self.pid = pid
-        self.args = argv
-        self.returncode: int | None = None
-        self._exited = threading.Event()
-
-    def _ended(self, code: int) -> None:
-        self.returncode = code
-        self._exited.set()
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass  # it exited a moment ago
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-class Zygote:
-    """The runner's handle: start the zygote early (its imports overlap the run's start-up),
-    then spawn replicas through it."""
-
-    def __init__(self, log_path: Path, env: dict[str, str]):
-        self._log = log_path.open("w")
-        self._proc = subprocess.Popen([sys.executable, "-m", "streamrl.local.zygote"], env=env, text=True,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                      start_new_session=True)
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._answers: list[str] = []
-        self._answered = threading.Condition()
-        self._replicas: dict[int, ForkedProcess] = {}
-        self._exited: dict[int, int] = {}
-        """Exits reported before the replica was handed out (it failed at once)."""
-        threading.Thread(target=self._read, name="zygote", daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self._proc.stdout:
-            word, _, rest = line.strip().partition(" ")
-            if word == "ready":
-                self._ready.set()
-            elif word == "exited":
-                pid, code = map(int, rest.split())
-                with self._answered:
-                    replica = self._replicas.pop(pid, None)
-                    if replica is None:
-                        self._exited[pid] = code
-                if replica is not None:
-                    replica._ended(code)
-            else:
-                with self._answered:
-                    self._answers.append(line.strip())
-                    self._answered.notify_all()
-        with self._answered:  # the zygote is gone: so is every replica it still had
-            self._answers.append("failed the zygote exited")
-            self._answered.notify_all()
-            for replica in self._replicas.values():
-                replica._ended(-signal.SIGKILL)
-
-    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
-        """Fork a replica running `streamrl <argv>`; RuntimeError when the zygote cannot."""
-        if not self._ready.wait(READY_TIMEOUT_S):
-            raise RuntimeError(f"the replica zygote did not finish its imports within {READY_TIMEOUT_S:.0f} s; "
-                               f"see {self._log.name}")
-        with self._lock:  # one request at a time: its answer is the next line
-            with self._answered:
-                self._proc.stdin.write(json.dumps({"argv": argv, "env": env, "log": str(log_path)}) + "\n")
-                self._proc.stdin.flush()
-                while not self._answers:
-                    self._answered.wait()
-                answer = self._answers.pop(0)
-                word, _, rest = answer.partition(" ")
-                if word != "started":
-                    raise RuntimeError(f"the replica zygote could not fork: {rest}")
-                pid = int(rest)
-                replica = ForkedProcess(pid, argv)
-                if pid in self._exited:
-                    replica._ended(self._exited.pop(pid))
-                else:
-                    self._replicas[pid] = replica
-        return replica
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """End the zygote (its replicas were stopped by the runner before)."""
-        if self._proc.poll() is None:
-            self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-        self._log.close()
 
 
 if __name__ == "__main__":

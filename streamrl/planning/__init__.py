@@ -1,2 +1,2 @@
-"""Sizing a job before renting GPUs: the hardware catalog, profiles (measured or analytic),
-the stage-balancing planner and the pipeline simulator."""
+"""Sizing a job before renting GPUs: the hardware catalog, profiles (measured or analytic) and
+the stage-balancing planner. The pipeline simulator is streamrl/simulation/."""

@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from streamrl.planning.catalog import Catalog, GpuType, Measurement
-from streamrl.planning.profile import Profile
+from streamrl.planning.profile_record import Profile
 from streamrl.planning.roofline import AnalyticGenerationCost, Assumptions
 
 _FACTORS = ("decode_bandwidth_efficiency", "decode_compute_efficiency", "prefill_compute_efficiency", "train_mfu")

@@ -15,7 +15,7 @@ NUM_QUANTILES = 4096
 
 
 @dataclass(frozen=True)
-class Workload:
+class LengthDistribution:
     output_lengths: tuple[int, ...]
     """Output lengths, tokens, ascending: an empirical distribution (each equally likely)."""
     prompt_tokens: int
@@ -59,7 +59,8 @@ class Workload:
                 f"{self.quantile(0.9)}, max {self.max_output} tokens; prompts {self.prompt_tokens} tokens")
 
     @classmethod
-    def from_lengths_file(cls, path: str | Path, prompt_tokens: int, max_length: int | None = None) -> Workload:
+    def from_lengths_file(cls, path: str | Path, prompt_tokens: int,
+                          max_length: int | None = None) -> LengthDistribution:
         """Every sample's output length in a run's lengths.jsonl (`{"lengths": [...]}` per prompt)."""
         path = Path(path)
         try:
@@ -81,7 +82,7 @@ class Workload:
         return cls(tuple(min(cap, max(1, x)) for x in lengths), prompt_tokens, str(path))
 
     @classmethod
-    def lognormal(cls, mu: float, sigma: float, max_length: int, prompt_tokens: int) -> Workload:
+    def lognormal(cls, mu: float, sigma: float, max_length: int, prompt_tokens: int) -> LengthDistribution:
         """ln(length) ~ Normal(mu, sigma), capped at max_length (sigma 0: every output exp(mu) tokens)."""
         if sigma < 0:
             raise ValueError(f"--lognormal sigma {sigma}: must be >= 0")

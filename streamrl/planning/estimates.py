@@ -10,9 +10,9 @@ from pathlib import Path
 
 from streamrl.planning.catalog import GpuType
 from streamrl.planning.costs import GenerationCost, SwitchCost, TrainerMemory, TrainingCost
-from streamrl.planning.demand import Workload
+from streamrl.planning.demand import LengthDistribution
 from streamrl.planning.planner import PlanJob, trained_tokens
-from streamrl.planning.profile import Profile
+from streamrl.planning.profile_record import Profile
 from streamrl.planning.roofline import (
     MEMORY_CHOICES,
     Algorithm,
@@ -29,7 +29,7 @@ from streamrl.planning.shape import ModelShape
 class Estimates:
     """A CostSource over one model, job and workload."""
 
-    def __init__(self, shape: ModelShape, job: PlanJob, workload: Workload, algorithm: Algorithm = "grpo",
+    def __init__(self, shape: ModelShape, job: PlanJob, workload: LengthDistribution, algorithm: Algorithm = "grpo",
                  reference: bool = False, assumptions: Assumptions | None = None,
                  profiles: dict[str, tuple[Path, Profile]] | None = None, memory: TrainerMemory | None = None):
         self.shape, self.job, self.workload = shape, job, workload

@@ -8,12 +8,12 @@ import re
 
 import yaml
 
-from streamrl.planning.demand import Workload
+from streamrl.planning.demand import LengthDistribution
 from streamrl.planning.planner import Plan, StagePlan
 from streamrl.spec import RLJob, parse_job
 
 
-def format_table(plan: Plan, model: str, workload: Workload) -> str:
+def format_table(plan: Plan, model: str, workload: LengthDistribution) -> str:
     """The plan for a person: one row per stage, then the iteration's totals."""
     head = (f"{model}; {plan.samples_per_iteration} samples per iteration; {plan.mode}; "
             f"objective {'iteration time' if plan.objective == 'time' else 'samples/s per cost'}\n"

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 from streamrl.planning.catalog import Catalog, GpuType
 from streamrl.planning.costs import GenerationCost, SwitchCost, TrainerMemory, TrainingCost
-from streamrl.planning.demand import Workload
+from streamrl.planning.demand import LengthDistribution
 
 Objective = Literal["time", "cost"]
 Budget = dict[str, dict[str, int]]
@@ -135,7 +135,7 @@ class Plan:
         return min(1.0, stage.seconds / self.iteration_s)
 
 
-def generation_s(cost: GenerationCost, replicas: int, workload: Workload, num_samples: int) -> float:
+def generation_s(cost: GenerationCost, replicas: int, workload: LengthDistribution, num_samples: int) -> float:
     """Seconds until the slowest replica's last sample: samples spread evenly, each replica
     decoding in continuous batches of up to max_batch, longest first. In decode steps that is
     max(its tokens / batch, the iteration's longest output); the steps run at the mean
@@ -149,7 +149,7 @@ def generation_s(cost: GenerationCost, replicas: int, workload: Workload, num_sa
     return cost.prefill_s(per_replica * workload.prompt_tokens) + decode
 
 
-def trained_tokens(job: PlanJob, workload: Workload) -> tuple[int, int]:
+def trained_tokens(job: PlanJob, workload: LengthDistribution) -> tuple[int, int]:
     """An iteration's trained tokens (each sample's prompt and mean output) and its micro-batches
     over every rank."""
     tokens = round(job.samples_per_iteration * (workload.prompt_tokens + workload.mean_output))
@@ -215,7 +215,7 @@ class _Candidate:
 
 
 class Planner:
-    def __init__(self, catalog: Catalog, costs: CostSource, job: PlanJob, workload: Workload,
+    def __init__(self, catalog: Catalog, costs: CostSource, job: PlanJob, workload: LengthDistribution,
                  links: Links | None = None, tolerance: float = 0.01):
         self.catalog, self.costs, self.job, self.workload = catalog, costs, job, workload
         self.links = links or Links()

@@ -1,4 +1,4 @@
-"""One autoscaler round, shared by both drivers (streamrl.local.scale for `streamrl run`,
+"""One autoscaler round, shared by both drivers (streamrl.local.autoscaler for `streamrl run`,
 streamrl.operator.scaling for the operator): wait until every replica asked for has
 connected and two rounds were measured since, then let the policy decide over the spec's
 pools. Pure: Prometheus's parsed answers and the clock come in."""

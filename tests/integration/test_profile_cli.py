@@ -8,7 +8,7 @@ import sys
 
 import yaml
 
-from streamrl.planning.profile import load_profile
+from streamrl.planning.profile_record import load_profile
 from tests.conftest import child_env
 
 

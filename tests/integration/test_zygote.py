@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from streamrl.local.zygote import Zygote
+from streamrl.local.children import Zygote
 from tests.conftest import EXAMPLE
 
 

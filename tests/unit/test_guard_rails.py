@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -63,6 +64,44 @@ def test_every_module_has_a_docstring_a_noun_for_a_name_and_a_readable_size():
         if len(text.splitlines()) > 600:
             problems.append(f"{rel}: {len(text.splitlines())} lines (split it by noun)")
     assert not problems, "\n".join(problems)
+
+
+def _class_definitions(package: Path) -> dict[str, list[str]]:
+    """Class name -> where each class of that name is defined ("path:line", relative to the
+    package's parent), over every module under `package`, its links followed (the services'
+    folders are linked into streamrl/), generated stubs (v1/) left out."""
+    where: dict[str, list[str]] = {}
+    seen: set[Path] = set()
+    for folder, dirs, files in os.walk(package, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (folder == str(package) and d == "v1"))
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = Path(folder) / name
+            if path.resolve() in seen:
+                continue
+            seen.add(path.resolve())
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    return where
+
+
+def test_no_class_name_is_defined_twice():
+    """One name per noun: a reader who meets `Fleet` or `Outcome` knows which one it is, and
+    a search finds one definition (private classes too: a search does not know they are)."""
+    twice = {name: files for name, files in _class_definitions(ROOT / "streamrl").items() if len(files) > 1}
+    assert not twice, "class names defined more than once:\n" + "\n".join(
+        f"  {name}: {', '.join(files)}" for name, files in sorted(twice.items()))
+
+
+def test_a_class_name_defined_twice_is_named_with_both_files(tmp_path):
+    """The check above can fail, and looks through the links into the services' folders."""
+    (tmp_path / "services" / "svc").mkdir(parents=True)
+    (tmp_path / "services" / "svc" / "worker.py").write_text("class Stop:\n    pass\n")
+    (tmp_path / "pkg" / "v1").mkdir(parents=True)
+    (tmp_path / "pkg" / "commands.py").write_text("import x\n\n\nclass Stop:\n    pass\n")
+    (tmp_path / "pkg" / "v1" / "stub.py").write_text("class Stop:\n    pass\n")  # generated: not counted
+    (tmp_path / "pkg" / "svc").symlink_to("../services/svc")
+    assert _class_definitions(tmp_path / "pkg")["Stop"] == ["pkg/commands.py:4", "pkg/svc/worker.py:1"]
 
 
 def test_import_contracts_hold():

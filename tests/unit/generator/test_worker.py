@@ -137,7 +137,7 @@ def test_after_stop_calls_are_refused_and_queued_ones_fail(tiny_model_dir):
     engine = TorchEngine(load_model(tiny_model_dir), max_batch_size=4, eos_token_id=-1)
     w = Worker(engine, "g0", ServiceMetrics("generator"), on_sample=lambda s: None)
     w.stop()
-    queued = w.submit(lambda: "never")  # behind the Stop
+    queued = w.submit(lambda: "never")  # behind the StopWorker
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     thread.join(10)

@@ -5,7 +5,7 @@ import pytest
 
 from streamrl.planning.calibration import calibrate, load_assumptions
 from streamrl.planning.catalog import load_catalog
-from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel
+from streamrl.planning.profile_record import Profile, ProfileEngine, ProfileHardware, ProfileModel
 from streamrl.planning.roofline import AnalyticGenerationCost, Assumptions, analytic_training_cost
 
 CATALOG = load_catalog()

@@ -8,7 +8,7 @@ import pytest
 
 from streamrl.planning.catalog import load_catalog
 from streamrl.planning.costs import TrainerMemory
-from streamrl.planning.demand import Workload
+from streamrl.planning.demand import LengthDistribution
 from streamrl.planning.estimates import Estimates
 from streamrl.planning.planner import PlanJob, Planner
 from streamrl.planning.roofline import AnalyticSwitchCost, analytic_generation_cost, analytic_training_cost
@@ -49,7 +49,7 @@ def test_state_that_has_no_room_in_host_memory_is_named():
 def test_the_paper_72b_ppo_job_plans_colocated_and_streaming_beats_it():
     """The same 48 H800: colocated pays generation, training and both switches in turn; the
     disaggregated stream-sync plan overlaps them and is faster."""
-    workload = Workload.lognormal(7.6, 1.0, 20480, 512)
+    workload = LengthDistribution.lognormal(7.6, 1.0, 20480, 512)
 
     def plan(mode: str):
         job = PlanJob(1024, 1, 20480, mode)

@@ -8,7 +8,7 @@ import yaml
 
 from streamrl.operator.validate import validate_job
 from streamrl.planning.catalog import load_catalog
-from streamrl.planning.demand import Workload
+from streamrl.planning.demand import LengthDistribution
 from streamrl.planning.estimates import Estimates
 from streamrl.planning.planned import format_table, planned_yaml, pool_name
 from streamrl.planning.planner import Links, PlanJob, Planner
@@ -29,7 +29,7 @@ JOB = parse_job({
 
 def _plan(budget: dict, mode: str = "stream-async", shape=None):
     job = PlanJob(64 * 8, 4, 4096, mode)
-    workload = Workload.lognormal(math.log(800), 1.0, 4096, 256)
+    workload = LengthDistribution.lognormal(math.log(800), 1.0, 4096, 256)
     planner = Planner(CATALOG, Estimates(shape or CATALOG.model("qwen2.5-7b"), job, workload), job, workload, Links())
     plan = planner.plan(budget)
     return plan, format_table(plan, "qwen2.5-7b", workload)
@@ -91,7 +91,7 @@ def test_a_planned_tensor_parallel_trainer_is_written_and_fits_its_nodes():
     """72B PPO with a reference on 48 H800, outputs to 1,024 tokens: the trainer fits with
     checkpointing and layers split 2 ways, and the job says so."""
     job = PlanJob(1024, 1, 1024, "stream-sync")
-    workload = Workload.lognormal(6.0, 1.0, 1024, 512)
+    workload = LengthDistribution.lognormal(6.0, 1.0, 1024, 512)
     costs = Estimates(CATALOG.model("qwen2.5-72b"), job, workload, "ppo", True)
     plan = Planner(CATALOG, costs, job, workload, Links()).plan({"dc": {"H800": 48}})
     assert plan.training.memory.tensor_parallel == 2

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import pytest
 
 from streamrl.planning.catalog import Catalog, GpuType
-from streamrl.planning.demand import Workload
+from streamrl.planning.demand import LengthDistribution
 from streamrl.planning.planned import format_table
 from streamrl.planning.planner import Links, PlanJob, Planner, generation_s
 
 SAMPLES = 16
-WORKLOAD = Workload((10,) * 64, prompt_tokens=1, source="fixed")
+WORKLOAD = LengthDistribution((10,) * 64, prompt_tokens=1, source="fixed")
 """Every output 10 tokens; a trained sample is 1 + 10 = 11 tokens, an iteration 16 x 11 = 176."""
 
 

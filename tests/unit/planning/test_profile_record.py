@@ -6,7 +6,14 @@ import json
 import pytest
 
 from streamrl.planning.costs import GenerationCost, TrainingCost
-from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel, load_profile, plot_ptl
+from streamrl.planning.profile_record import (
+    Profile,
+    ProfileEngine,
+    ProfileHardware,
+    ProfileModel,
+    load_profile,
+    plot_ptl,
+)
 
 
 def _profile(**over) -> Profile:

@@ -8,7 +8,7 @@ import pytest
 
 from streamrl.planning.catalog import load_catalog
 from streamrl.planning.costs import TrainerMemory
-from streamrl.planning.demand import Workload
+from streamrl.planning.demand import LengthDistribution
 from streamrl.planning.estimates import Estimates
 from streamrl.planning.planner import PlanJob
 from streamrl.planning.roofline import (
@@ -72,7 +72,7 @@ def test_the_host_memory_check_names_the_offloaded_state():
 
 def _estimates(memory: TrainerMemory | None = None, max_new_tokens: int = 20480) -> Estimates:
     job = PlanJob(samples_per_iteration=1024, micro_batch_size=1, max_new_tokens=max_new_tokens)
-    workload = Workload.lognormal(7.6, 1.0, max_new_tokens, 512)
+    workload = LengthDistribution.lognormal(7.6, 1.0, max_new_tokens, 512)
     return Estimates(QWEN_72B, job, workload, "ppo", True, memory=memory)
 
 

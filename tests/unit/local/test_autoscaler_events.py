@@ -4,7 +4,7 @@ timeline and its table of events), and nothing for a round that changed nothing.
 from __future__ import annotations
 
 from streamrl.records import EVENTS_FILE, RunEvent
-from tests.unit.local.test_scale import _FakeReplica, _scaler
+from tests.unit.local.test_autoscaler import _FakeReplica, _scaler
 
 
 def test_a_replica_added_is_an_event_naming_it(tmp_path):
@@ -21,7 +21,7 @@ def test_a_replica_added_is_an_event_naming_it(tmp_path):
 
 def test_a_replica_drained_is_an_event_naming_it(tmp_path):
     scaler, prom, _, _, _ = _scaler(tmp_path)
-    scaler.fleet.replicas.append(_FakeReplica("default-7", "default"))
+    scaler.processes.replicas.append(_FakeReplica("default-7", "default"))
     prom.connected = {"default": 2}
     prom.generator_utilisation, prom.trainer_utilisation = 0.2, 0.9  # training-bound
     scaler.tick(now=100.0)
@@ -33,7 +33,7 @@ def test_a_replica_drained_is_an_event_naming_it(tmp_path):
 
 def test_a_round_at_the_maximum_writes_no_event(tmp_path):
     scaler, prom, started, _, _ = _scaler(tmp_path, cores=2)
-    scaler.fleet.replicas.append(_FakeReplica("default-x", "default"))
+    scaler.processes.replicas.append(_FakeReplica("default-x", "default"))
     prom.connected = {"default": 2}
     scaler.tick(now=100.0)
     assert scaler.tick(now=102.0).step == 0 and not started

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.planning.decoding import Sequence, SimReplica
-from streamrl.planning.events import Simulation, Track
+from streamrl.simulation.events import Simulation, Track
+from streamrl.simulation.replica import Sequence, SimReplica
 
 
 class _StepCost:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 
-from streamrl.planning.scenario import parse_scenario
-from streamrl.planning.simulate import simulate
 from streamrl.rollout.longtail import LongTailPlan
 from streamrl.scaling.policy import Decision
+from streamrl.simulation.scenario import parse_scenario
+from streamrl.simulation.simulator import simulate
 
 
 def _scenario(tmp_path, policy: str, iterations: int = 1, outputs=(2, 8, 3, 9), replicas: int = 2,

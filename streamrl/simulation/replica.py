@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from streamrl.latency import observe_ptl
 from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS
 from streamrl.planning.costs import GenerationCost
-from streamrl.planning.events import Event, Simulation, Track
 from streamrl.rollout import workqueue
+from streamrl.simulation.events import Event, Simulation, Track
 
 LOAD_REPORT_INTERVAL_S = 0.5
 """How often a replica sends its load report (GeneratorAgent.report_interval_s), its PTL(BS) in it."""

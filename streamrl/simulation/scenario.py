@@ -1,6 +1,6 @@
 """The simulator's input: a scenario file (YAML, camelCase like an RLJob): mode, dispatch,
 workload, stage costs, pools and datacenters, links, autoscaling. Knows the format and its
-checks, not how a run unfolds (simulate.py) or what seconds cost (stages.py)."""
+checks, not how a run unfolds (simulator.py) or what seconds cost (stages.py)."""
 
 from __future__ import annotations
 

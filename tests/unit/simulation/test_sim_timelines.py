@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.planning.scenario import parse_scenario
-from streamrl.planning.simulate import padded_tokens, simulate
-from tests.unit.planning.handworked import hand_scenario
+from streamrl.simulation.scenario import parse_scenario
+from streamrl.simulation.simulator import padded_tokens, simulate
+from tests.unit.simulation.handworked import hand_scenario
 
 
 def _timeline(run) -> list[tuple]:
@@ -28,7 +28,7 @@ def _expect(rows: list[tuple]) -> list:
 
 
 def test_padded_tokens_pad_each_micro_batch_to_its_longest_sample():
-    from streamrl.planning.fleet import SimGroup
+    from streamrl.simulation.fleet import SimGroup
 
     groups = [SimGroup("a", 0, 2, 2, [4, 10]), SimGroup("b", 0, 2, 2, [6, 6])]
     assert padded_tokens(groups, 4) == 4 * 12  # one micro-batch of 4, padded to 2 + 10

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrl.planning.scenario import FileLengths, LognormalLengths, WorkloadSection, scenario_path
+from streamrl.simulation.scenario import FileLengths, LognormalLengths, WorkloadSection, scenario_path
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def read_predictions_file(path: Path, where: str = "workload.rankerPredictions")
     return out
 
 
-class Workload:
+class SimWorkload:
     def __init__(self, section: WorkloadSection, prompts_per_step: int, group_size: int, seed: int,
                  base: Path | None = None):
         self.section = section

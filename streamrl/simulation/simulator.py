@@ -11,17 +11,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES
-from streamrl.planning.events import Simulation, Track
-from streamrl.planning.fleet import SimGroup, SimulatedFleet
-from streamrl.planning.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
-from streamrl.planning.rollouts import Workload
-from streamrl.planning.scenario import Scenario
-from streamrl.planning.stages import Stages, resolve_stages
 from streamrl.records import ScalingRecord, write_json
 from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
 from streamrl.rollout.work import PromptWork
 from streamrl.samples import micro_batches_by_length
-from streamrl.spec import GeneratorPoolSpec, GeneratorsSpec, PipelineMode
+from streamrl.simulation.autoscaler import SimAutoscaler
+from streamrl.simulation.events import Simulation, Track
+from streamrl.simulation.fleet import SimGroup, SimulatedFleet
+from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
+from streamrl.simulation.scenario import Scenario
+from streamrl.simulation.stages import Stages, resolve_stages
+from streamrl.simulation.workload import SimWorkload
+from streamrl.spec import PipelineMode
 
 
 def padded_tokens(groups: list[SimGroup], micro_batch_size: int) -> int:
@@ -49,7 +50,7 @@ class Simulator:
         self.scenario, self.stages = scenario, stages
         self.sim = Simulation()
         algo = scenario.algorithm
-        self.workload = Workload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
+        self.workload = SimWorkload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
         self.planner = IterationPlanner(scenario.pipeline, algo.num_iterations, algo.group_size, scenario.dispatch)
         self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(), self.planner)
         self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
@@ -142,9 +143,7 @@ class Simulator:
         self.sim.spawn(self._trainer_loop())
         a = self.scenario.autoscaling
         if a.mode == "Internal" and self.scenario.pipeline.mode != PipelineMode.colocated:
-            from streamrl.planning.elastic import Autoscaler
-
-            self.sim.spawn(Autoscaler(self).process())
+            self.sim.spawn(SimAutoscaler(self).process())
         self.sim.run()
         if not self.done:
             raise RuntimeError(f"the simulation stalled at {self.sim.now:.3f}s: the trainer waits for samples no "
@@ -204,14 +203,6 @@ class Simulator:
             simulated_in_s=round(took_s, 3))
 
 
-def generators_spec(scenario: Scenario, stages: Stages) -> GeneratorsSpec:
-    """The pools as an RLJob's `generators` (what the autoscaling round reads: bounds and a
-    replica's cost, its GPUs' hourly price)."""
-    return GeneratorsSpec(pools=[GeneratorPoolSpec(
-        name=p.name, replicas=p.replicas, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
-        cost=stages.pools[p.name].gpus_per_replica * stages.pools[p.name].gpu_hour_cost) for p in scenario.generators])
-
-
 def simulate(scenario: Scenario, base: Path | None = None, stages: Stages | None = None) -> SimRun:
     """Simulate one scenario; ValueError naming a scenario field that cannot be resolved."""
     return Simulator(scenario, stages or resolve_stages(scenario, base), base).run()
@@ -219,7 +210,7 @@ def simulate(scenario: Scenario, base: Path | None = None, stages: Stages | None
 
 def write_run(run: SimRun, out_dir: Path, gantt_rows: int = 24) -> list[Path]:
     """simulation.json, iterations.jsonl and gantt.png in out_dir."""
-    from streamrl.planning.gantt import write_gantt
+    from streamrl.simulation.gantt import write_gantt
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

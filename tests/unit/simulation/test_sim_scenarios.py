@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from streamrl.cli import main
-from streamrl.planning.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary
-from streamrl.planning.scenario import load_scenario, parse_scenario, with_overrides
-from streamrl.planning.simulate import simulate
+from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary
+from streamrl.simulation.scenario import load_scenario, parse_scenario, with_overrides
+from streamrl.simulation.simulator import simulate
 from streamrl.spec import SpecError
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "deploy" / "scenarios"
@@ -112,14 +112,14 @@ def test_linear_growth_adds_the_same_share_of_the_first_length_each_iteration():
 
 
 def test_prompt_lengths_spread_over_prompts_and_each_prompt_is_prefilled_and_trained_as_long_as_it_is():
-    from streamrl.planning.fleet import SimGroup
-    from streamrl.planning.rollouts import Workload
-    from streamrl.planning.simulate import padded_tokens
+    from streamrl.simulation.fleet import SimGroup
+    from streamrl.simulation.simulator import padded_tokens
+    from streamrl.simulation.workload import SimWorkload
 
     def workload(**extra):
         data = _table(workload={"promptTokens": 100, "maxNewTokens": 256, "lengths": {"type": "lognormal",
                                                                                           "median": 40}, **extra})
-        return data, Workload(parse_scenario(data).workload, 64, 4, seed=0)
+        return data, SimWorkload(parse_scenario(data).workload, 64, 4, seed=0)
 
     _, fixed = workload()
     data, spread = workload(promptTokensSigma=1.0, maxPromptTokens=400)
@@ -135,7 +135,7 @@ def test_prompt_lengths_spread_over_prompts_and_each_prompt_is_prefilled_and_tra
     data["generators"][0]["cost"]["prefillSecondsPerToken"] = 1e-3
     scenario = parse_scenario(data)
     groups = [SimGroup(p.prompt_id, 0, p.prompt_tokens, 4, list(p.lengths))
-              for p in Workload(scenario.workload, 16, 4, seed=scenario.seed).iteration(0)]
+              for p in SimWorkload(scenario.workload, 16, 4, seed=scenario.seed).iteration(0)]
     spread_run = simulate(scenario)
     assert spread_run.iterations[0].train_s == pytest.approx(padded_tokens(groups, 8) * 1e-4 + 0.05)
     data["workload"]["promptTokensSigma"] = 0.0

@@ -12,6 +12,7 @@ from streamrl.records import ScalingRecord
 from streamrl.scaling import inputs as scaling_inputs
 from streamrl.scaling import round as scaling_rounds
 from streamrl.scaling.policy import State
+from streamrl.simulation.stages import generators_spec
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,8 @@ def _vector(value: float | None, now: float, **labels) -> list[dict]:
     return [] if value is None else [{"metric": labels, "value": [now, repr(float(value))]}]
 
 
-class Autoscaler:
+class SimAutoscaler:
     def __init__(self, simulator):
-        from streamrl.planning.simulate import generators_spec
-
         self.run = simulator
         self.sim, self.fleet = simulator.sim, simulator.fleet
         self.spec = simulator.scenario.autoscaling

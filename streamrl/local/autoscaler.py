@@ -44,13 +44,13 @@ def autoscale(plan: RunPlan, services: Services, monitor, say: Callable[[str], N
     def drain(child: Child) -> None:
         child.proc.send_signal(signal.SIGTERM)
 
-    fleet = Fleet(services.launcher.start, drain, list(services.launcher.children))
-    scaler = LocalAutoscaler(plan.job, PrometheusAPI(monitor.url), fleet, plan.cores, plan.out_dir, say)
+    processes = ReplicaProcesses(services.launcher.start, drain, list(services.launcher.children))
+    scaler = LocalAutoscaler(plan.job, PrometheusAPI(monitor.url), processes, plan.cores, plan.out_dir, say)
     monitor.add("autoscaler", scaler.serve(), {"role": "autoscaler"})
     return scaler
 
 
-class Replica(Protocol):
+class ReplicaProcess(Protocol):
     name: str
     pool: str
 
@@ -62,28 +62,28 @@ class Replica(Protocol):
 
 
 @dataclass
-class Fleet:
+class ReplicaProcesses:
     """What the scaler may do to the run's generators (the runner implements it)."""
 
-    start: Callable[[str], Replica]
+    start: Callable[[str], ReplicaProcess]
     """Start one replica of the pool; returns it."""
-    drain: Callable[[Replica], None]
+    drain: Callable[[ReplicaProcess], None]
     """Ask a replica to leave (SIGTERM): it drains and exits."""
-    replicas: list[Replica] = field(default_factory=list)
+    replicas: list[ReplicaProcess] = field(default_factory=list)
     """Replicas running and not asked to leave."""
 
 
 class LocalAutoscaler:
-    """One round every `intervalSeconds` (tick), over the fleet's replicas; its own /metrics
+    """One round every `intervalSeconds` (tick), over its replica processes; its own /metrics
     and /status (serve) are scraped by the run's Prometheus like any process's."""
 
-    def __init__(self, job: RLJob, prometheus: PrometheusAPI, fleet: Fleet, cores: int, out_dir: Path,
+    def __init__(self, job: RLJob, prometheus: PrometheusAPI, processes: ReplicaProcesses, cores: int, out_dir: Path,
                  say: Callable[[str], None], metrics: AutoscalerMetrics | None = None,
                  no_inputs_timeout_s: float = NO_INPUTS_TIMEOUT_S):
         self.job = job
         self.spec = job.spec.autoscaling
         self.prometheus = prometheus
-        self.fleet = fleet
+        self.processes = processes
         self.cores = cores
         self.say = say
         self.metrics = metrics or AutoscalerMetrics()
@@ -117,7 +117,7 @@ class LocalAutoscaler:
 
     def replicas(self) -> dict[str, int]:
         out = {p.name: 0 for p in self.job.spec.generators.pools}
-        for r in self.fleet.replicas:
+        for r in self.processes.replicas:
             out[r.pool] += 1
         return out
 
@@ -137,8 +137,8 @@ class LocalAutoscaler:
             return None
         self._next_round = now + self.spec.interval_seconds
         self._inputs_at = now if self._inputs_at is None else self._inputs_at
-        finished = [r for r in self.fleet.replicas if not r.running() and r.returncode == 0]
-        self.fleet.replicas[:] = [r for r in self.fleet.replicas if r.running()]
+        finished = [r for r in self.processes.replicas if not r.running() and r.returncode == 0]
+        self.processes.replicas[:] = [r for r in self.processes.replicas if r.running()]
         if finished and not self.ending:
             self.ending = True
             self._note(now, f"the run is ending: {', '.join(r.name for r in finished)} finished")
@@ -171,18 +171,18 @@ class LocalAutoscaler:
             reason=decision.reason, trainer_bound=decision.trainer_bound, generation_s=round(obs.generation_s, 4),
             train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
         if decision.step > 0:
-            started = [self.fleet.start(decision.pool) for _ in range(decision.step)]
-            self.fleet.replicas.extend(started)
+            started = [self.processes.start(decision.pool) for _ in range(decision.step)]
+            self.processes.replicas.extend(started)
             self.scale_ups += 1
             names = ", ".join(r.name for r in started)
             for replica in started:
                 self._event(now, replica.name, f"+{decision.step} {decision.pool}: {decision.reason}")
             self.say(f"autoscaler: +{decision.step} {decision.pool} ({names}): {decision.reason}")
         elif decision.step < 0:
-            victims = [r for r in self.fleet.replicas if r.pool == decision.pool][decision.step:]  # the newest
+            victims = [r for r in self.processes.replicas if r.pool == decision.pool][decision.step:]  # the newest
             for victim in victims:
-                self.fleet.replicas.remove(victim)
-                self.fleet.drain(victim)
+                self.processes.replicas.remove(victim)
+                self.processes.drain(victim)
                 self._event(now, victim.name, f"{decision.step} {decision.pool} (drains): {decision.reason}")
             self.scale_downs += 1
             names = ", ".join(r.name for r in victims)

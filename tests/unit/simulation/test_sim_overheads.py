@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.planning.profile import Profile, ProfileEngine, ProfileHardware, ProfileModel
-from streamrl.planning.scenario import parse_scenario
-from streamrl.planning.simulate import Simulator, simulate
-from streamrl.planning.stages import resolve_stages
-from tests.unit.planning.handworked import hand_scenario
+from streamrl.planning.profile_record import Profile, ProfileEngine, ProfileHardware, ProfileModel
+from streamrl.simulation.scenario import parse_scenario
+from streamrl.simulation.simulator import Simulator, simulate
+from streamrl.simulation.stages import resolve_stages
+from tests.unit.simulation.handworked import hand_scenario
 
 
 def _scenario(tmp_path, mode: str, pool: dict | None = None, trainer: dict | None = None, **extra) -> dict:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamrl.planning.events import Track
-from streamrl.planning.outcome import SimIteration, SimSummary
+from streamrl.simulation.events import Track
+from streamrl.simulation.outcome import SimIteration, SimSummary
 
 
 def write_gantt(path: Path, tracks: list[Track], iterations: list[SimIteration], summary: SimSummary,

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from streamrl.latency import observe_ptl
-from streamrl.planning.decoding import Sequence, SimReplica
-from streamrl.planning.events import Simulation, Track
-from streamrl.planning.scenario import parse_scenario
-from streamrl.planning.simulate import Simulator
-from streamrl.planning.stages import resolve_stages
+from streamrl.simulation.events import Simulation, Track
+from streamrl.simulation.replica import Sequence, SimReplica
+from streamrl.simulation.scenario import parse_scenario
+from streamrl.simulation.simulator import Simulator
+from streamrl.simulation.stages import resolve_stages
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """A scenario's stages resolved: each pool's GenerationCost, GPUs and price, the trainer's
 TrainingCost, per-sample and weight-load seconds, a weight version's bytes, from a table, a
-measured profile or the roofline. Knows where seconds come from, not when they are spent."""
+measured profile or the roofline; the pools priced as the scaling round reads them. Knows where
+seconds come from, not when they are spent."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from streamrl.planning.catalog import Catalog, load_catalog
 from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
-from streamrl.planning.profile import load_profile
+from streamrl.planning.profile_record import load_profile
 from streamrl.planning.roofline import (
     AnalyticGenerationCost,
     AnalyticSwitchCost,
@@ -18,7 +19,9 @@ from streamrl.planning.roofline import (
     analytic_training_cost,
     tensor_parallel_problem,
 )
-from streamrl.planning.scenario import (
+from streamrl.planning.shape import ModelShape
+from streamrl.rollout.longtail import LatencyProfile
+from streamrl.simulation.scenario import (
     AnalyticGeneration,
     AnalyticTraining,
     ProfileCost,
@@ -27,9 +30,7 @@ from streamrl.planning.scenario import (
     TableTraining,
     scenario_path,
 )
-from streamrl.planning.shape import ModelShape
-from streamrl.rollout.longtail import LatencyProfile
-from streamrl.spec import PipelineMode
+from streamrl.spec import GeneratorPoolSpec, GeneratorsSpec, PipelineMode
 
 
 @dataclass(frozen=True)
@@ -200,3 +201,11 @@ def _profile(spec: ProfileCost, base: Path | None, where: str):
         return load_profile(scenario_path(spec.path, base))
     except ValueError as err:
         raise ValueError(f"{where}.path: {err}") from None
+
+
+def generators_spec(scenario: Scenario, stages: Stages) -> GeneratorsSpec:
+    """The pools as an RLJob's `generators` (what the autoscaling round reads: bounds and a
+    replica's cost, its GPUs' hourly price)."""
+    return GeneratorsSpec(pools=[GeneratorPoolSpec(
+        name=p.name, replicas=p.replicas, min_replicas=p.min_replicas, max_replicas=p.max_replicas,
+        cost=stages.pools[p.name].gpus_per_replica * stages.pools[p.name].gpu_hour_cost) for p in scenario.generators])

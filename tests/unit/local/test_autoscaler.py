@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from streamrl.local import RunFailed
-from streamrl.local.scale import NO_INPUTS_TIMEOUT_S, Fleet, LocalAutoscaler
+from streamrl.local.autoscaler import NO_INPUTS_TIMEOUT_S, LocalAutoscaler, ReplicaProcesses
 from streamrl.prometheus.api import PrometheusError
 from streamrl.records import ScalingRecord
 from streamrl.spec import parse_job
@@ -65,10 +65,10 @@ def _scaler(tmp_path, cores=8, max_replicas=4, step=1):
         started.append(replica)
         return replica
 
-    fleet = Fleet(start, drained.append, [_FakeReplica("default-0", "default")])
+    processes = ReplicaProcesses(start, drained.append, [_FakeReplica("default-0", "default")])
     prom = _FakePrometheus()
     said = []
-    return LocalAutoscaler(job, prom, fleet, cores, tmp_path, said.append), prom, started, drained, said
+    return LocalAutoscaler(job, prom, processes, cores, tmp_path, said.append), prom, started, drained, said
 
 
 def test_adds_one_replica_then_waits_until_it_joined(tmp_path):
@@ -107,7 +107,7 @@ def test_a_step_starts_and_drains_that_many_replicas(tmp_path):
 
 def test_cores_bound_the_replicas_as_well_as_max_replicas(tmp_path):
     scaler, prom, started, _, _ = _scaler(tmp_path, cores=2, max_replicas=4)
-    scaler.fleet.replicas.append(_FakeReplica("default-x", "default"))
+    scaler.processes.replicas.append(_FakeReplica("default-x", "default"))
     prom.connected = {"default": 2}
     scaler.tick(now=100.0)
     decision = scaler.tick(now=102.0)
@@ -117,7 +117,7 @@ def test_cores_bound_the_replicas_as_well_as_max_replicas(tmp_path):
 def test_scale_down_drains_the_newest_replica_and_counts_it_gone_only_when_it_left(tmp_path):
     scaler, prom, _, drained, said = _scaler(tmp_path)
     newest = _FakeReplica("default-1", "default")
-    scaler.fleet.replicas.append(newest)
+    scaler.processes.replicas.append(newest)
     prom.connected = {"default": 2}
     prom.generator_utilisation, prom.trainer_utilisation = 0.2, 0.9  # training-bound: 0.4 s vs 1.8 s
     scaler.tick(now=100.0)
@@ -171,12 +171,12 @@ def test_waiting_for_iterations_is_not_a_lack_of_inputs(tmp_path):
 
 def test_once_a_replica_finishes_unasked_the_run_is_ending_and_no_round_decides(tmp_path):
     """The trainer tells the replicas the run is done and they exit 0 one by one; a round
-    between that and the runner's stop must not read the emptied fleet as a decision."""
+    between that and the runner's stop must not read the emptied replica list as a decision."""
     scaler, prom, started, drained, _ = _scaler(tmp_path)
     prom.connected = {"default": 1}
     scaler.tick(now=100.0)
     assert scaler.tick(now=102.0).step == 1 and scaler.decided == {"default": 2}
-    finished = scaler.fleet.replicas[0]
+    finished = scaler.processes.replicas[0]
     finished.alive, finished.returncode = False, 0
     prom.connected = {"default": 1}
     assert scaler.tick(now=103.0) is None and scaler.last.reason == "the run is ending: default-0 finished"
@@ -188,7 +188,7 @@ def test_once_a_replica_finishes_unasked_the_run_is_ending_and_no_round_decides(
 
 def test_a_replica_that_crashed_is_no_end_of_the_run(tmp_path):
     scaler, prom, started, _, _ = _scaler(tmp_path)
-    scaler.fleet.replicas.append(crashed := _FakeReplica("default-1", "default", alive=False, returncode=-9))
+    scaler.processes.replicas.append(crashed := _FakeReplica("default-1", "default", alive=False, returncode=-9))
     prom.connected = {"default": 1}
     scaler.tick(now=100.0)
-    assert scaler.tick(now=102.0).step == 1 and not scaler.ending and crashed not in scaler.fleet.replicas
+    assert scaler.tick(now=102.0).step == 1 and not scaler.ending and crashed not in scaler.processes.replicas

@@ -11,10 +11,6 @@ from dataclasses import dataclass, field
 
 from streamrl.messages import BatchCap, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import WAITING_WEIGHTS, ServiceMetrics
-from streamrl.planning.decoding import Sequence, SimReplica
-from streamrl.planning.events import Signal, Simulation, Track
-from streamrl.planning.scenario import LinkSection, Scenario
-from streamrl.planning.stages import Stages
 from streamrl.rollout import workqueue
 from streamrl.rollout.counters import RolloutCounters
 from streamrl.rollout.fleet import Fleet
@@ -22,6 +18,10 @@ from streamrl.rollout.iteration import IterationPlanner
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
 from streamrl.rollout.work import InFlight, PromptWork, take_complete
+from streamrl.simulation.events import Signal, Simulation, Track
+from streamrl.simulation.replica import Sequence, SimReplica
+from streamrl.simulation.scenario import LinkSection, Scenario
+from streamrl.simulation.stages import Stages
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from streamrl.planning.catalog import Catalog
 from streamrl.planning.planner import Budget
-from streamrl.planning.profile import Profile, load_profile
+from streamrl.planning.profile_record import Profile, load_profile
 from streamrl.planning.shape import ModelShape
 from streamrl.spec import RLJobSpec
 
