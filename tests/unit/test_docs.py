@@ -1,7 +1,7 @@
 """The front door and the manual: the README stays a front door (at most 250 lines), every
 relative link in it and in the other Markdown pages resolves (file and heading), the docs
 build as a site with `mkdocs build --strict`, and the generated pages (the RLJob reference,
-the architecture diagram) match their sources."""
+the code map, the architecture diagram) match their sources."""
 
 from __future__ import annotations
 
@@ -86,6 +86,24 @@ def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
 def test_the_rljob_reference_is_generated_from_the_spec():
     assert (ROOT / "docs" / "spec.md").read_text() == _script("gen_reference").render(), \
         "stale docs/spec.md: run python scripts/gen_reference.py"
+
+
+def test_the_code_map_is_generated_from_the_docstrings():
+    assert (ROOT / "docs" / "code-map.md").read_text() == _script("gen_code_map").render(), \
+        "stale docs/code-map.md: run python scripts/gen_code_map.py"
+
+
+def test_the_code_map_lists_every_module_once_under_its_real_folder():
+    text = (ROOT / "docs" / "code-map.md").read_text()
+    folders = re.findall(r"^## `([^`]+)`", text, re.M)
+    assert len(folders) == len(set(folders))
+    assert {"streamrl/", "streamrl/rollout/", "services/trainer/", "services/generator/", "services/ranker/",
+            "operator/src/"} <= set(folders)
+    assert not {"streamrl/trainer/", "streamrl/generator/", "streamrl/ranker/", "streamrl/operator/"} & set(folders)
+    modules = {Path(d, f).resolve() for d, _, files in os.walk(ROOT / "streamrl", followlinks=True)
+               for f in files if f.endswith(".py")}
+    assert len(re.findall(r"^- `[^`]+\.py`", text, re.M)) == len(modules)
+    assert "- `loop.py`: " in text.split("## `services/trainer/`")[1].split("\n## ")[0]
 
 
 def test_every_spec_field_is_in_the_reference():
