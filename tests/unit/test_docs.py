@@ -59,6 +59,12 @@ def test_the_readme_is_a_front_door():
         assert must in text, must
 
 
+def test_the_docs_table_is_in_docs_index_alone():
+    rows = [line for page in PAGES if page.exists() for line in page.read_text().splitlines()
+            if line.startswith("| Getting started |")]
+    assert len(rows) == 1 and "[the code map](code-map.md)" in rows[0], rows
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
     broken = []
