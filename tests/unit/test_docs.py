@@ -65,6 +65,14 @@ def test_the_docs_table_is_in_docs_index_alone():
     assert len(rows) == 1 and "[the code map](code-map.md)" in rows[0], rows
 
 
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_no_page_repeats_its_title_as_a_section(page):
+    """A page cut from a README section keeps no second heading of its own name (a heading's name:
+    before any colon or parenthesis)."""
+    names = [re.split(r"[:(]", h)[0].strip().lower() for h in re.findall(r"^#{1,2} (.+)$", _prose(page), re.M)]
+    assert names[0] not in names[1:]
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
     broken = []
