@@ -73,6 +73,21 @@ def test_no_page_repeats_its_title_as_a_section(page):
     assert names[0] not in names[1:]
 
 
+def _table(text: str, heading: str) -> list[list[str]]:
+    """The rows of the first table under `heading`, each as its cells."""
+    part = text.split(f"\n{heading}\n", 1)[1]
+    rows = [line for line in part.split("\n\n#", 1)[0].splitlines() if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def test_the_readmes_results_are_the_benchmarks_current_figures():
+    current = {(row[0], row[-1]) for row in _table((ROOT / "docs" / "benchmarks.md").read_text(), "## Current figures")}
+    results = _table((ROOT / "README.md").read_text(), "## Results")
+    assert results and {(row[2].removeprefix("`bench/").removesuffix("`"), row[-1]) for row in results} <= \
+        {(bench.strip("`"), commit) for bench, commit in current}
+    assert not [row for row in results if re.search(r"\brun [A-Z]\b", row[1])], "no run letters in the README"
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
     broken = []
