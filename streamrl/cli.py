@@ -324,11 +324,11 @@ def cmd_profile(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from streamrl.simulation.scenario import load_scenario, with_overrides
+    from streamrl.simulation.scenario import load_scenario
     from streamrl.simulation.simulator import simulate, write_run
 
     path = Path(args.scenario)
-    scenario = with_overrides(load_scenario(path), args.mode, args.policy, args.iterations)
+    scenario = load_scenario(path, args.mode, args.policy, args.iterations)
     run = simulate(scenario, base=path.parent)
     print(run.summary.table())
     if args.out:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
+from pydantic.alias_generators import to_snake
 
 from streamrl.spec import AutoscalingSpec, DispatchSpec, PipelineMode, PipelineSpec, SpecError, SpecModel
 from streamrl.spec.job import field_path
@@ -247,7 +248,7 @@ class Scenario(SpecModel):
     """A catalog model name (`qwen2.5-32b`) or a Hugging Face config.json path; needed by analytic costs
     and for the weights' size."""
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
-    """Pipeline mode."""
+    """The RLJob's `pipeline` (mode, ...)."""
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
     """Batch shape."""
     workload: WorkloadSection
@@ -321,8 +322,10 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         raise SpecError("\n".join(lines + [f"  {w}: {m}" for w, m in problems]), tuple(problems)) from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario YAML file."""
+def load_scenario(path: str | Path, mode: str | None = None, policy: str | None = None,
+                  iterations: int | None = None) -> Scenario:
+    """Read and validate a scenario YAML file, with the command line's flags written in first
+    (see `with_overrides`)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -330,23 +333,25 @@ def load_scenario(path: str | Path) -> Scenario:
         raise SpecError(f"{path}: cannot read: {err.strerror}") from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
-    return parse_scenario(data, str(path))
+    return parse_scenario(with_overrides(data, mode, policy, iterations), str(path))
 
 
-def with_overrides(scenario: Scenario, mode: str | None = None, policy: str | None = None,
-                   iterations: int | None = None) -> Scenario:
-    """The scenario with its pipeline mode, dispatch policy or iterations replaced (the command
-    line's flags), validated again."""
-    data = scenario.model_dump(by_alias=True, exclude_none=True)
-    if mode is not None:
-        data["pipeline"]["mode"] = mode
-    if policy is not None:
-        data["dispatch"]["policy"] = policy
-        if policy != "oracle" and data["dispatch"].get("oracleLengths") == ORACLE_LENGTHS:
-            del data["dispatch"]["oracleLengths"]
-    if iterations is not None:
-        data["algorithm"]["numIterations"] = iterations
-    return parse_scenario(data, f"scenario {scenario.name}")
+def with_overrides(data: Any, mode: str | None = None, policy: str | None = None,
+                   iterations: int | None = None) -> Any:
+    """The decoded scenario with its pipeline mode, dispatch policy or iterations replaced (the
+    command line's flags), before it is validated. The sections stay as the file wrote them, so
+    they are read exactly as an RLJob's: validating, dumping and validating again would write
+    every default out as if the user had set it (the default rate policy's `value: 1` would
+    then be refused beside `autoscaling.step: 2`)."""
+    if not isinstance(data, dict):
+        return data  # parse_scenario says why
+    for section, key, value in (("pipeline", "mode", mode), ("dispatch", "policy", policy),
+                                ("algorithm", "numIterations", iterations)):
+        fields = data.get(section) or {}
+        if value is not None and isinstance(fields, dict):
+            fields = {k: v for k, v in fields.items() if k != to_snake(key)}  # one spelling of the key
+            data = {**data, section: {**fields, key: value}}
+    return data
 
 
 def scenario_path(path: str, base: Path | None) -> Path:

@@ -1,7 +1,7 @@
 """The front door and the manual: the README stays a front door (at most 250 lines), every
 relative link in it and in the other Markdown pages resolves (file and heading), the docs
 build as a site with `mkdocs build --strict`, and the generated pages (the RLJob reference,
-the architecture diagram) match their sources."""
+the code map, the architecture diagram) match their sources."""
 
 from __future__ import annotations
 
@@ -59,6 +59,35 @@ def test_the_readme_is_a_front_door():
         assert must in text, must
 
 
+def test_the_docs_table_is_in_docs_index_alone():
+    rows = [line for page in PAGES if page.exists() for line in page.read_text().splitlines()
+            if line.startswith("| Getting started |")]
+    assert len(rows) == 1 and "[the code map](code-map.md)" in rows[0], rows
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_no_page_repeats_its_title_as_a_section(page):
+    """A page cut from a README section keeps no second heading of its own name (a heading's name:
+    before any colon or parenthesis)."""
+    names = [re.split(r"[:(]", h)[0].strip().lower() for h in re.findall(r"^#{1,2} (.+)$", _prose(page), re.M)]
+    assert names[0] not in names[1:]
+
+
+def _table(text: str, heading: str) -> list[list[str]]:
+    """The rows of the first table under `heading`, each as its cells."""
+    part = text.split(f"\n{heading}\n", 1)[1]
+    rows = [line for line in part.split("\n\n#", 1)[0].splitlines() if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def test_the_readmes_results_are_the_benchmarks_current_figures():
+    current = {(row[0], row[-1]) for row in _table((ROOT / "docs" / "benchmarks.md").read_text(), "## Current figures")}
+    results = _table((ROOT / "README.md").read_text(), "## Results")
+    assert results and {(row[2].removeprefix("`bench/").removesuffix("`"), row[-1]) for row in results} <= \
+        {(bench.strip("`"), commit) for bench, commit in current}
+    assert not [row for row in results if re.search(r"\brun [A-Z]\b", row[1])], "no run letters in the README"
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
     broken = []
@@ -86,6 +115,24 @@ def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
 def test_the_rljob_reference_is_generated_from_the_spec():
     assert (ROOT / "docs" / "spec.md").read_text() == _script("gen_reference").render(), \
         "stale docs/spec.md: run python scripts/gen_reference.py"
+
+
+def test_the_code_map_is_generated_from_the_docstrings():
+    assert (ROOT / "docs" / "code-map.md").read_text() == _script("gen_code_map").render(), \
+        "stale docs/code-map.md: run python scripts/gen_code_map.py"
+
+
+def test_the_code_map_lists_every_module_once_under_its_real_folder():
+    text = (ROOT / "docs" / "code-map.md").read_text()
+    folders = re.findall(r"^## `([^`]+)`", text, re.M)
+    assert len(folders) == len(set(folders))
+    assert {"streamrl/", "streamrl/rollout/", "services/trainer/", "services/generator/", "services/ranker/",
+            "operator/src/"} <= set(folders)
+    assert not {"streamrl/trainer/", "streamrl/generator/", "streamrl/ranker/", "streamrl/operator/"} & set(folders)
+    modules = {Path(d, f).resolve() for d, _, files in os.walk(ROOT / "streamrl", followlinks=True)
+               for f in files if f.endswith(".py")}
+    assert len(re.findall(r"^- `[^`]+\.py`", text, re.M)) == len(modules)
+    assert "- `loop.py`: " in text.split("## `services/trainer/`")[1].split("\n## ")[0]
 
 
 def test_every_spec_field_is_in_the_reference():

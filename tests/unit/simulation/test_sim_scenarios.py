@@ -12,7 +12,7 @@ import pytest
 
 from streamrl.cli import main
 from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary
-from streamrl.simulation.scenario import load_scenario, parse_scenario, with_overrides
+from streamrl.simulation.scenario import load_scenario, parse_scenario
 from streamrl.simulation.simulator import simulate
 from streamrl.spec import SpecError
 
@@ -34,7 +34,7 @@ def _table(replicas: int = 4, **extra) -> dict:
 
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_the_shipped_scenarios_simulate(path):
-    scenario = with_overrides(load_scenario(path), iterations=3)
+    scenario = load_scenario(path, iterations=3)
     summary = simulate(scenario, base=path.parent).summary
     assert summary.num_iterations == 3 and summary.samples_per_s > 0
     assert 0 <= summary.pipeline_bubble_ratio <= 1 and 0 <= summary.skewness_bubble_ratio <= 1
