@@ -60,10 +60,7 @@ class SimAutoscaler:
         decision, obs = rnd.decision, inputs.observation
         if decision is None or not decision.step:
             return
-        self.run.scaling.append(ScalingRecord(
-            time_unix=round(now, 3), step=decision.step, pool=decision.pool, replicas=decision.replicas,
-            reason=decision.reason, trainer_bound=decision.trainer_bound, generation_s=round(obs.generation_s, 4),
-            train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
+        self.run.scaling.append(ScalingRecord.of(decision, obs, rnd.window_s, now))
         self.asked[decision.pool] += decision.step
         if decision.step > 0:
             for _ in range(decision.step):
