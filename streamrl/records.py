@@ -12,9 +12,12 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from streamrl.scaling.policy import Decision, Observation
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -331,6 +334,15 @@ class ScalingRecord(Record):
     train_s: float | None = None
     idle_no_work: float | None = None
     window_s: float | None = None
+
+    @classmethod
+    def of(cls, decision: Decision, observation: Observation, window_s: float, now: float) -> ScalingRecord:
+        """A round that decided: the decision, what it observed over `window_s` seconds, at `now`
+        (rounded as autoscaling.jsonl holds them)."""
+        return cls(time_unix=round(now, 3), step=decision.step, pool=decision.pool, replicas=decision.replicas,
+                   reason=decision.reason, trainer_bound=decision.trainer_bound,
+                   generation_s=round(observation.generation_s, 4), train_s=round(observation.train_s, 4),
+                   idle_no_work=round(observation.idle_no_work, 4), window_s=round(window_s, 1))
 
 
 class ScalingSummary(Record):

@@ -166,10 +166,7 @@ class LocalAutoscaler:
         self.decided = decision.replicas
         self.metrics.record(self.job.metadata.name, decision.replicas, decision.step, decision.pool,
                             decision.trainer_bound)
-        self._append(ScalingRecord(
-            time_unix=round(now, 3), step=decision.step, pool=decision.pool, replicas=decision.replicas,
-            reason=decision.reason, trainer_bound=decision.trainer_bound, generation_s=round(obs.generation_s, 4),
-            train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
+        self._append(ScalingRecord.of(decision, obs, rnd.window_s, now))
         if decision.step > 0:
             started = [self.processes.start(decision.pool) for _ in range(decision.step)]
             self.processes.replicas.extend(started)

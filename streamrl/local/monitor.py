@@ -15,8 +15,8 @@ import httpx
 from streamrl.local import RunFailed
 from streamrl.local.children import STARTUP_TIMEOUT_S, Child
 from streamrl.local.plan import RunPlan
+from streamrl.local.prometheus import LocalPrometheus, Target
 from streamrl.prometheus.api import PrometheusError
-from streamrl.prometheus.server import LocalPrometheus, Target
 
 SCRAPE_TIMEOUT_ENV = "STREAMRL_SCRAPE_TIMEOUT_S"
 

@@ -52,6 +52,29 @@ class TrainingCost(Protocol):
 
 
 @dataclass(frozen=True)
+class LinearTrainingCost:
+    """A TrainingCost linear in what it trains: seconds per padded token and per micro-batch,
+    a fixed optimizer step and publish. A measured profile's (Profile.training_cost) and a
+    scenario's table (trainer.cost.table) are both this."""
+
+    s_per_token: float
+    """Forward and backward seconds per padded token (prompt + output)."""
+    optimizer_step_s: float
+    publish_seconds: float
+    micro_batch_s: float = 0.0
+    """Fixed seconds per micro-batch (packing, the loss, Python)."""
+
+    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
+        return tokens * self.s_per_token + micro_batches * self.micro_batch_s
+
+    def step_s(self) -> float:
+        return self.optimizer_step_s
+
+    def publish_s(self) -> float:
+        return self.publish_seconds
+
+
+@dataclass(frozen=True)
 class TrainerMemory:
     """What the trainer trades for memory (`spec.trainer.memory`), as the planner prices it."""
 

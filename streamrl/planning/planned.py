@@ -69,7 +69,7 @@ def planned_job(job: RLJob, plan: Plan, cluster_refs: dict[str, str] | None = No
     generators = spec.setdefault("generators", {})
     template = dict((generators.get("pools") or [{}])[0])
     pool = {**template, "name": pool_name(gen.gpu.name), "replicas": gen.replicas,
-            "engine": {"type": "torch", **template.get("engine", {}), "device": "cuda", "maxBatchSize": gen.max_batch},
+            "engine": _engine(template.get("engine", {}), gen),
             "placement": {**template.get("placement", {}), "nodeSelector": dict(gen.gpu.node_selector),
                           "gpus": gen.tp},
             "cost": round(gen.tp * gen.gpu.relative_cost, 6)}
@@ -98,6 +98,17 @@ def planned_job(job: RLJob, plan: Plan, cluster_refs: dict[str, str] | None = No
         spec.setdefault("security", {})["tls"] = {"secretName": f"{job.metadata.name}-tls"}
     trainer["minGenerators"] = min(trainer.get("minGenerators", 1), gen.replicas)
     return parse_job(data, "planned job")
+
+
+def _engine(engine: dict, gen: StagePlan) -> dict:
+    """The pool's engine as planned: the user's engine kept (torch when the pool names none), on
+    cuda, its batch cap the planned max batch under the engine's own name for it (torch
+    `maxBatchSize`, vLLM `maxNumSeqs`); a vLLM replica shards over the planned tensor-parallel
+    GPUs (the torch engine has no tensor parallelism: one replica, `placement.gpus` GPUs)."""
+    engine = {"type": "torch", **engine, "device": "cuda"}
+    if engine["type"] == "vllm":
+        return {**engine, "maxNumSeqs": gen.max_batch, "tensorParallelSize": gen.tp}
+    return {**engine, "maxBatchSize": gen.max_batch}
 
 
 def planned_yaml(job: RLJob, plan: Plan, table: str, cluster_refs: dict[str, str] | None = None) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from streamrl.latency import interpolate_ptl
+from streamrl.planning.costs import LinearTrainingCost
 from streamrl.planning.shape import ModelShape
 from streamrl.records import Record, write_json
 
@@ -165,13 +166,13 @@ class Profile(Record):
         """Colocated mode's switches as measured here (a SwitchCost)."""
         return MeasuredSwitchCost(self.cache_release_s, self.cache_allocate_s)
 
-    def training_cost(self, num_gpus: int | None = None) -> MeasuredTrainingCost:
+    def training_cost(self, num_gpus: int | None = None) -> LinearTrainingCost:
         """The trainer as measured (a TrainingCost); with `num_gpus`, forward/backward and the
         optimizer step scaled by world size / num_gpus (ideal data-parallel scaling, an
         assumption: measure the world size you plan where you can)."""
         scale = self.train_world_size / num_gpus if num_gpus else 1.0
-        return MeasuredTrainingCost(self.forward_backward_s_per_token * scale, self.optimizer_step_s * scale,
-                                    self.publish_s, self.forward_backward_s_per_micro_batch * scale)
+        return LinearTrainingCost(self.forward_backward_s_per_token * scale, self.optimizer_step_s * scale,
+                                  self.publish_s, self.forward_backward_s_per_micro_batch * scale)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -223,25 +224,6 @@ class MeasuredGenerationCost:
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_s_per_step + tokens * self.prefill_s_per_token
-
-
-@dataclass(frozen=True)
-class MeasuredTrainingCost:
-    """The trainer's measured seconds (a TrainingCost)."""
-
-    forward_backward_s_per_token: float
-    optimizer_step_s: float
-    publish_seconds: float
-    forward_backward_s_per_micro_batch: float = 0.0
-
-    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
-        return tokens * self.forward_backward_s_per_token + micro_batches * self.forward_backward_s_per_micro_batch
-
-    def step_s(self) -> float:
-        return self.optimizer_step_s
-
-    def publish_s(self) -> float:
-        return self.publish_seconds
 
 
 def plot_ptl(profile: Profile, path: Path) -> Path:

@@ -1,5 +1,5 @@
-"""Prometheus integration: the rules file every deployment loads, and a local server for
-`streamrl run --prometheus`."""
+"""Prometheus integration: the rules file every deployment loads, and its HTTP API's client
+(`streamrl run --prometheus`'s local server is streamrl/local/prometheus.py)."""
 
 from pathlib import Path
 

@@ -12,7 +12,9 @@ from streamrl.records import ScalingRecord
 from streamrl.scaling import inputs as scaling_inputs
 from streamrl.scaling import round as scaling_rounds
 from streamrl.scaling.policy import State
-from streamrl.simulation.stages import generators_spec
+from streamrl.simulation.events import Track
+from streamrl.simulation.fleet import SimulatedFleet
+from streamrl.spec import AutoscalingSpec, GeneratorsSpec
 
 
 @dataclass(frozen=True)
@@ -30,13 +32,22 @@ def _vector(value: float | None, now: float, **labels) -> list[dict]:
 
 
 class SimAutoscaler:
-    def __init__(self, simulator):
-        self.run = simulator
-        self.sim, self.fleet = simulator.sim, simulator.fleet
-        self.spec = simulator.scenario.autoscaling
-        self.generators = generators_spec(simulator.scenario, simulator.stages)
-        self.pools = {p.name: p for p in simulator.scenario.generators}
-        self.asked = {p.name: p.replicas for p in simulator.scenario.generators}
+    """Every `autoscaling.intervalSeconds`, the product's scaling round over `fleet`, on what
+    Prometheus would read: the replicas' and the barrier's tracks, the trainer's busy seconds
+    and its iteration wall-seconds gauge (`iteration_ends`, as the trainer loop appends them).
+    What it decides is in `decisions`; a replica it adds is in `joining` until it connects.
+    Runs until the simulation stops (the trainer's last iteration stops it)."""
+
+    def __init__(self, fleet: SimulatedFleet, spec: AutoscalingSpec, generators: GeneratorsSpec,
+                 join_seconds: dict[str, float], trainer: Track, iteration_ends: list[tuple[float, float]]):
+        self.sim, self.fleet = fleet.sim, fleet
+        self.spec, self.generators, self.join_seconds = spec, generators, join_seconds
+        self.trainer, self.iteration_ends = trainer, iteration_ends
+        self.asked = {p.name: p.replicas for p in generators.pools}
+        self.decisions: list[ScalingRecord] = []
+        """The rounds that changed something (time_unix: simulated seconds)."""
+        self.joining: list[tuple[str, float]] = []
+        """(pool, when added) of replicas added that have not joined yet (their GPUs are paid)."""
         self.state = State()
         self.settled_at: float | None = None
         self.snapshots: list[tuple[float, _Counters]] = [(self.sim.now, self._counters())]
@@ -45,8 +56,6 @@ class SimAutoscaler:
         interval = float(self.spec.interval_seconds)
         while True:
             yield interval
-            if self.run.done:
-                return
             self.round()
 
     def round(self) -> None:
@@ -60,32 +69,28 @@ class SimAutoscaler:
         decision, obs = rnd.decision, inputs.observation
         if decision is None or not decision.step:
             return
-        self.run.scaling.append(ScalingRecord(
-            time_unix=round(now, 3), step=decision.step, pool=decision.pool, replicas=decision.replicas,
-            reason=decision.reason, trainer_bound=decision.trainer_bound, generation_s=round(obs.generation_s, 4),
-            train_s=round(obs.train_s, 4), idle_no_work=round(obs.idle_no_work, 4), window_s=round(rnd.window_s, 1)))
+        self.decisions.append(ScalingRecord.of(decision, obs, rnd.window_s, now))
         self.asked[decision.pool] += decision.step
         if decision.step > 0:
             for _ in range(decision.step):
-                self.run.joining.append((decision.pool, now))
-                self.sim.after(self.pools[decision.pool].join_seconds, self._join, decision.pool, now)
+                self.joining.append((decision.pool, now))
+                self.sim.after(self.join_seconds[decision.pool], self._join, decision.pool, now)
         else:
             for newest in self.fleet.live(decision.pool)[decision.step:]:
                 self.fleet.drain(newest.generator_id)
 
     def _join(self, pool: str, added_at: float) -> None:
-        if not self.run.done:
-            self.run.joining.remove((pool, added_at))
-            self.fleet.connect(pool, held_since=added_at)
+        self.joining.remove((pool, added_at))
+        self.fleet.connect(pool, held_since=added_at)
 
     def _counters(self) -> _Counters:
         return _Counters({gid: (e.track.seconds("busy"), e.track.seconds("idle", NO_WORK), e.num_samples)
                           for gid, e in self.fleet.engines.items()},
-                         self.run.trainer.seconds("busy"), self.fleet.barrier_track.seconds("busy"))
+                         self.trainer.seconds("busy"), self.fleet.barrier_track.seconds("busy"))
 
     def _gauge_mean(self, start: float, now: float) -> float | None:
         """avg_over_time of the iteration wall-seconds gauge (0 until the first iteration ends)."""
-        ends = self.run.iteration_ends
+        ends = self.iteration_ends
         if not ends:
             return None
         times = [t for t, _ in ends]
@@ -114,13 +119,13 @@ class SimAutoscaler:
             "generator_utilisation": _vector(sum(d[0] for d in deltas.values()) / window / count if count else None,
                                              now),
             "trainer_utilisation": _vector((current.trainer_busy_s - base.trainer_busy_s) / window, now),
-            "iterations": _vector(sum(start < t <= now for t, _ in self.run.iteration_ends), now),
+            "iterations": _vector(sum(start < t <= now for t, _ in self.iteration_ends), now),
             "idle_no_work": _vector(max(0.0, sum(d[1] for d in deltas.values()) / window / count
                                         - (current.barrier_s - base.barrier_s) / window) if count else None, now),
             "pool_samples_per_s": [],
             "pool_connected": [],
         }
-        for pool in self.pools:
+        for pool in self.asked:
             mine = [d for gid, d in deltas.items() if pool_of[gid] == pool]
             if mine:
                 out["pool_samples_per_s"] += _vector(sum(d[2] for d in mine) / window / len(mine), now, pool=pool)

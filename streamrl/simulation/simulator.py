@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES
-from streamrl.records import ScalingRecord, write_json
+from streamrl.records import write_json
 from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
 from streamrl.rollout.work import PromptWork
 from streamrl.samples import micro_batches_by_length
@@ -20,7 +20,7 @@ from streamrl.simulation.events import Simulation, Track
 from streamrl.simulation.fleet import SimGroup, SimulatedFleet
 from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
 from streamrl.simulation.scenario import Scenario
-from streamrl.simulation.stages import Stages, resolve_stages
+from streamrl.simulation.stages import Stages, generators_spec, resolve_stages
 from streamrl.simulation.workload import SimWorkload
 from streamrl.spec import PipelineMode
 
@@ -55,9 +55,8 @@ class Simulator:
         self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(), self.planner)
         self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
         self.iterations: list[SimIteration] = []
-        self.scaling: list[ScalingRecord] = []
-        self.joining: list[tuple[str, float]] = []
-        """(pool, when added) of replicas the autoscaler added that have not joined yet (their GPUs are paid)."""
+        self.autoscaler: SimAutoscaler | None = None
+        """autoscaling.mode Internal: the product's scaling round over the fleet."""
         self.iteration_ends: list[tuple[float, float]] = []
         """(simulated time, wall seconds) of each finished iteration (the wall-seconds gauge's history)."""
         self.policy_version = 0
@@ -141,9 +140,12 @@ class Simulator:
                 self.fleet.connect(pool.name)
         self.trainer.set("busy")
         self.sim.spawn(self._trainer_loop())
-        a = self.scenario.autoscaling
-        if a.mode == "Internal" and self.scenario.pipeline.mode != PipelineMode.colocated:
-            self.sim.spawn(SimAutoscaler(self).process())
+        sc = self.scenario
+        if sc.autoscaling.mode == "Internal" and sc.pipeline.mode != PipelineMode.colocated:
+            self.autoscaler = SimAutoscaler(self.fleet, sc.autoscaling, generators_spec(sc, self.stages),
+                                            {p.name: p.join_seconds for p in sc.generators}, self.trainer,
+                                            self.iteration_ends)
+            self.sim.spawn(self.autoscaler.process())
         self.sim.run()
         if not self.done:
             raise RuntimeError(f"the simulation stalled at {self.sim.now:.3f}s: the trainer waits for samples no "
@@ -162,6 +164,7 @@ class Simulator:
             engine.track.close()
         self.trainer.close()
         colocated = sc.pipeline.mode == PipelineMode.colocated
+        scaling, joining = (self.autoscaler.decisions, self.autoscaler.joining) if self.autoscaler else ([], [])
         stages = [StageUse(name="trainer", gpus=self.stages.trainer_gpus,
                            utilisation=self.trainer.seconds("busy") / end if end else 0.0,
                            gpu_seconds=self.stages.trainer_gpus * end,
@@ -171,7 +174,7 @@ class Simulator:
             stage = self.stages.pools[pool.name]
             mine = [e for e in engines if e.pool == pool.name]
             held = sum(min(e.track.ended if e.track.ended is not None else end, end) - e.held_since for e in mine)
-            held += sum(end - since for name, since in self.joining if name == pool.name)
+            held += sum(end - since for name, since in joining if name == pool.name)
             busy = sum(e.track.seconds("busy") for e in mine)
             gpu_s = 0.0 if colocated else held * stage.gpus_per_replica  # colocated: the trainer's GPUs
             stages.append(StageUse(name=pool.name, gpus=len(self.fleet.live(pool.name)) * stage.gpus_per_replica,
@@ -197,8 +200,7 @@ class Simulator:
             samples_per_cost=samples / cost if cost else 0.0,
             weight_bytes_local=self.fleet.bytes_by_link["local"],
             weight_bytes_cross_datacenter=self.fleet.bytes_by_link["cross"],
-            scaling=self.scaling, scale_ups=sum(r.step > 0 for r in self.scaling),
-            scale_downs=sum(r.step < 0 for r in self.scaling),
+            scaling=scaling, scale_ups=sum(r.step > 0 for r in scaling), scale_downs=sum(r.step < 0 for r in scaling),
             replicas_final={p.name: len(self.fleet.live(p.name)) for p in sc.generators},
             simulated_in_s=round(took_s, 3))
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamrl.planning.catalog import Catalog, load_catalog
-from streamrl.planning.costs import GenerationCost, TrainerMemory, TrainingCost
+from streamrl.planning.costs import GenerationCost, LinearTrainingCost, TrainerMemory, TrainingCost
 from streamrl.planning.profile_record import load_profile
 from streamrl.planning.roofline import (
     AnalyticGenerationCost,
@@ -49,25 +49,6 @@ class TableGenerationCost:
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_s_per_step + tokens * self.prefill_s_per_token
-
-
-@dataclass(frozen=True)
-class TableTrainingCost:
-    """The trainer's seconds as given (a TrainingCost)."""
-
-    s_per_token: float
-    optimizer_step_s: float
-    publish_seconds: float
-    micro_batch_s: float = 0.0
-
-    def train_s(self, tokens: int, micro_batches: int = 0) -> float:
-        return tokens * self.s_per_token + micro_batches * self.micro_batch_s
-
-    def step_s(self) -> float:
-        return self.optimizer_step_s
-
-    def publish_s(self) -> float:
-        return self.publish_seconds
 
 
 @dataclass(frozen=True)
@@ -151,8 +132,8 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
     t = scenario.trainer
     spec, price, trainer_sample_s, switch = t.cost, 1.0, 0.0, (0.0, 0.0)
     if isinstance(spec, TableTraining):
-        trainer = TableTrainingCost(spec.seconds_per_token, spec.step_seconds, spec.publish_seconds,
-                                    spec.micro_batch_seconds)
+        trainer = LinearTrainingCost(spec.seconds_per_token, spec.step_seconds, spec.publish_seconds,
+                                     spec.micro_batch_seconds)
         trainer_sample_s = spec.sample_seconds
         if colocated:
             switch = spec.switch_to_training_seconds, spec.switch_to_generation_seconds

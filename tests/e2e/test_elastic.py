@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from streamrl.prometheus.server import LocalPrometheus
+from streamrl.local.prometheus import LocalPrometheus
 from streamrl.scaling.policy import count_flaps
 from tests.conftest import child_env
 from tests.processwatch import ProcessWatch

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.local.monitor import SCRAPE_TIMEOUT_ENV
-from streamrl.prometheus.server import MISSING, LocalPrometheus
+from streamrl.local.prometheus import MISSING, LocalPrometheus
 from streamrl.records import IterationRecord, LocalRun, RunSummary, ScalingRecord, TrainerPhase
 from tests.blind_prometheus import blind_prometheus_dir
 from tests.conftest import child_env

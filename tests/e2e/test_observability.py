@@ -13,7 +13,7 @@ import pytest
 import yaml
 from matplotlib import image
 
-from streamrl.prometheus.server import LocalPrometheus
+from streamrl.local.prometheus import LocalPrometheus
 from streamrl.records import IterationRecord
 from streamrl.report import load_run, plot_bubbles, plot_progress, plot_timeline
 from tests.conftest import EXAMPLE, _merge, child_env

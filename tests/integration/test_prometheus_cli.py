@@ -27,7 +27,7 @@ def test_local_prometheus_scrapes_a_target_and_stops(tmp_path):
     from prometheus_client import CollectorRegistry, Counter, start_http_server
 
     from streamrl.local.ports import free_port
-    from streamrl.prometheus.server import LocalPrometheus, Target
+    from streamrl.local.prometheus import LocalPrometheus, Target
 
     registry = CollectorRegistry()
     Counter("streamrl_generated_tokens", "test", registry=registry).inc(42)

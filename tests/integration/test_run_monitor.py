@@ -18,7 +18,7 @@ from streamrl.local import RunFailed
 from streamrl.local.children import Child
 from streamrl.local.monitor import SCRAPE_TIMEOUT_ENV, RunMonitor, scrape_timeout_s
 from streamrl.local.plan import plan_run
-from streamrl.prometheus.server import MISSING
+from streamrl.local.prometheus import MISSING
 from streamrl.spec import parse_job
 from tests.blind_prometheus import blind_prometheus_dir
 

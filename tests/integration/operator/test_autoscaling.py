@@ -17,9 +17,9 @@ import pytest
 from prometheus_client import start_http_server
 
 from streamrl.local.ports import free_port
+from streamrl.local.prometheus import MISSING, LocalPrometheus, Target
 from streamrl.metrics import ServiceMetrics
 from streamrl.operator.scaling import NO_PROMETHEUS
-from streamrl.prometheus.server import MISSING, LocalPrometheus, Target
 from tests.integration.operator.conftest import wait_for
 from tests.integration.operator.test_operator import DEPLOYMENTS, JOBS, NS, RLJOB, create, example, get, plain
 
