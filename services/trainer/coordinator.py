@@ -32,8 +32,8 @@ from streamrl.rollout.refusals import (
 )
 from streamrl.rollout.relay import VersionSync, WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import PromptWork
-from streamrl.rollout.workqueue import SamplingConfig, WorkQueue, dispatch_order
+from streamrl.rollout.work import PromptWork, SamplingConfig
+from streamrl.rollout.workqueue import WorkQueue, dispatch_order
 from streamrl.samples import Group, Sample
 from streamrl.trainer.groups import GroupAssembler, Outcome, Scorer
 

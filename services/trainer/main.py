@@ -27,7 +27,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer, weight_bytes
 from streamrl.records import CheckpointInfo, RunEvent, TrainerPhase, TrainerStatus, append_event
 from streamrl.rewards import RewardError, sample_scorer
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.work import SamplingConfig
 from streamrl.service import ExitCode, Service
 from streamrl.spec import RLJob
 from streamrl.tasks import load_prompts

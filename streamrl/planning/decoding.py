@@ -16,7 +16,7 @@ from streamrl.latency import observe_ptl
 from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS
 from streamrl.planning.costs import GenerationCost
 from streamrl.planning.events import Event, Simulation, Track
-from streamrl.rollout import workqueue
+from streamrl.rollout import work
 
 LOAD_REPORT_INTERVAL_S = 0.5
 """How often a replica sends its load report (GeneratorAgent.report_interval_s), its PTL(BS) in it."""
@@ -161,7 +161,7 @@ class SimReplica:
         if ready:
             self._deferred = [q for q in self._deferred if q.min_policy_version > self.policy_version]
             for q in ready:
-                heapq.heappush(self._waiting, (workqueue.admission_key(q.priority, next(self._arrival)), q))
+                heapq.heappush(self._waiting, (work.admission_key(q.priority, next(self._arrival)), q))
 
     def _next(self) -> None:
         """At a step boundary: swap in fetched weights, release and admit work, start a stretch."""

@@ -21,7 +21,7 @@ from streamrl.rollout.fleet import Fleet
 from streamrl.rollout.iteration import IterationPlanner
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import InFlight, PromptWork, take_complete
+from streamrl.rollout.work import InFlight, PromptWork, SamplingConfig, take_complete
 
 
 @dataclass
@@ -50,7 +50,8 @@ class SimulatedFleet(Fleet):
         self.latency_context = latency_context
         self.planner = planner
         """The trainer loop's planner: the long-tail demand to plan for, the recent lengths (D) to feed."""
-        sampling = workqueue.SamplingConfig(1.0, 1.0, scenario.workload.max_new_tokens, scenario.seed)
+        sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=scenario.workload.max_new_tokens,
+                                  seed=scenario.seed)
         # the coordinator's own counters, over metrics of a registry no one serves
         self.counters = RolloutCounters(ServiceMetrics("trainer"))
         super().__init__(workqueue.WorkQueue(sampling, self.counters, scenario.dispatch.effective_queue_factor),

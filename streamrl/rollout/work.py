@@ -1,5 +1,7 @@
-"""Work in flight: one prompt of an iteration as it is dispatched (PromptWork), its group while
-samples are missing (InFlight), and the rule that takes complete groups for the learner."""
+"""Work in flight: the sampling parameters every Work message carries (SamplingConfig) and the
+order an engine admits it in (admission_key); one prompt of an iteration as it is dispatched
+(PromptWork), its group while samples are missing (InFlight), and the rule that takes complete
+groups for the learner."""
 
 from __future__ import annotations
 
@@ -9,6 +11,27 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from streamrl.samples import Sample
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """The sampling parameters of every Work message."""
+
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    """Run seed; each prompt derives its own from it."""
+    incarnation: int = 0
+    """This start of the run's trainer (every Work carries it; samples echo it back)."""
+
+
+def admission_key(priority: float, arrival: int) -> tuple[float, int]:
+    """The order in which waiting requests join the running batch (smallest first): highest
+    priority first (the longest predicted output under ranked dispatch: longest-processing-
+    time first), then first come first served. Pure: the torch engine and the simulator's
+    replicas both order by it."""
+    return -priority, arrival
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.local.colocated import LocalGenerator
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.work import SamplingConfig
 from streamrl.spec import load_job
 from streamrl.tasks import load_prompts
 from streamrl.trainer.coordinator import Coordinator

@@ -8,8 +8,8 @@ from streamrl.rollout.fleet import Fleet
 from streamrl.rollout.longtail import LongTailDemand
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import InFlight, PromptWork
-from streamrl.rollout.workqueue import SamplingConfig, WorkQueue
+from streamrl.rollout.work import InFlight, PromptWork, SamplingConfig
+from streamrl.rollout.workqueue import WorkQueue
 from streamrl.spec import DispatchSpec
 from tests.outbox import sent
 

@@ -22,8 +22,7 @@ from streamrl.rollout.refusals import (
     check_sample,
     check_weights_loaded,
 )
-from streamrl.rollout.work import InFlight, PromptWork
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.work import InFlight, PromptWork, SamplingConfig
 from streamrl.samples import Sample, VersionRun
 from streamrl.trainer.coordinator import Coordinator
 

@@ -5,8 +5,7 @@ import pytest
 from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.rewards import RewardError
-from streamrl.rollout.work import PromptWork
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.work import PromptWork, SamplingConfig
 from streamrl.samples import Sample, VersionRun
 from streamrl.trainer.coordinator import Coordinator
 

@@ -10,7 +10,7 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.generator.worker import Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.work import SamplingConfig
 from streamrl.spec import AlgorithmSpec, load_job
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
