@@ -71,10 +71,7 @@ class Coordinator(Fleet):
             raise ValueError(f"hello.{why}")
         if hello.generator_id in self.replicas:
             raise KeyError(f"generator {hello.generator_id!r} is connected already")
-        replica = Replica(hello.generator_id, hello.pool, hello.capacity, hello.engine, hello.policy_version,
-                          hello.weights_address, hello.latency_profile, outbox=asyncio.Queue(),
-                          started_unix=hello.started_unix, hello_unix=time.time(), weights_sha256=hello.weights_sha256,
-                          without_weights=hello.without_weights)
+        replica = Replica.of(hello, outbox=asyncio.Queue(), hello_unix=time.time())
         self.join(replica)
         self._count_replicas()
         log.info("generator %s joined (pool %s, capacity %d)", replica.generator_id, replica.pool, replica.capacity)

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from streamrl.messages import BatchCap, WeightsLoaded, WeightsNotice, Work
+from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import WAITING_WEIGHTS, ServiceMetrics
 from streamrl.planning.decoding import Sequence, SimReplica
 from streamrl.planning.events import Signal, Simulation, Track
@@ -93,18 +93,17 @@ class SimulatedFleet(Fleet):
         self._counter += 1
         sizes = sorted({1 << k for k in range(stage.max_batch.bit_length())} | {stage.max_batch})
         points = tuple((b, stage.cost.decode_step_s(b, self.latency_context)) for b in sizes)
-        replica = Replica(gid, pool, stage.max_batch, "simulated", policy_version,
-                          gid if spec.weight_relay else "", points)
+        hello = Hello(gid, pool, stage.max_batch, "simulated", policy_version, gid if spec.weight_relay else "", points)
         engine = SimReplica(self.sim, gid, pool, stage.cost, stage.max_batch, Track(self.sim, f"generator-{gid}"),
                             self._on_sample, self._on_loaded, self.scenario.dispatch.low_occupancy,
                             stage.load_s, policy_version, stage.sample_s, points, self._on_report,
                             self.scenario.pipeline.in_flight_updates)
         engine.held_since = self.sim.now if held_since is None else held_since
-        replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
         self.engines[gid] = engine
         cores, k = self.scenario.placement.cores, self._counter - 1
         if cores and not self.in_process and (1 + k) % cores == 0:  # round-robin after the trainer's core
             self.on_trainer_core.append(engine)
+        replica = Replica.of(hello, outbox=_Outbox(lambda msg, gid=gid: self._deliver(gid, msg)))
         self.join(replica)
         self.replan()
         self._update_routed()

@@ -1,6 +1,8 @@
 """The rollout core's Fleet, as the trainer and the simulator both run it: dispatch agrees with
 could_take, the long-tail plan routes and caps, the barrier is seen after every dispatch."""
 
+from queue import SimpleQueue
+
 from streamrl.messages import BatchCap, Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.rollout.counters import RolloutCounters
@@ -25,7 +27,7 @@ class _RecordingFleet(Fleet):
 
 
 def _replica(gid, capacity=4, profile=((1, 0.011), (64, 0.074))):
-    return Replica(gid, "default", capacity, "torch", 0, latency_profile=profile)
+    return Replica(gid, "default", capacity, "torch", 0, latency_profile=profile, outbox=SimpleQueue())
 
 
 def _task(prompt_id, group_size=4, long_tail=False):
