@@ -40,12 +40,32 @@ from streamrl.trainer.groups import GroupAssembler, Outcome, Scorer
 log = logging.getLogger(__name__)
 
 
+class PrometheusCounts:
+    """The rollout's counts into the trainer's Prometheus counters as they grow (RolloutCounters' sink)."""
+
+    def __init__(self, metrics: ServiceMetrics):
+        self._counters = {"num_samples_accepted": metrics.samples_accepted,
+                          "num_samples_redispatched": metrics.samples_redispatched,
+                          "num_samples_duplicate_dropped": metrics.samples_duplicate,
+                          "num_samples_stale_dropped": metrics.samples_stale}
+        self._refused = metrics.samples_refused
+        for reason in Refusal:  # every reason exported from the start, at 0
+            self._refused.labels(reason.value)
+
+    def add(self, count: str, n: int) -> None:
+        if (counter := self._counters.get(count)) is not None:
+            counter.inc(n)
+
+    def refused(self, reason: Refusal, n: int) -> None:
+        self._refused.labels(reason.value).inc(n)
+
+
 class Coordinator(Fleet):
     def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
                  scale_advantages: bool = True, queue_factor: float = 4.0, relay_pools: frozenset[str] = frozenset(),
                  on_reward_error: str = "fail", vocab_size: int | None = None):
         self.metrics = metrics
-        self.counters = RolloutCounters(metrics)
+        self.counters = RolloutCounters(sink=PrometheusCounts(metrics))
         super().__init__(WorkQueue(sampling, self.counters, queue_factor), WeightRelay(relay_pools))
         rules = SampleRules(sampling.max_new_tokens, vocab_size, sampling.incarnation)
         self.groups = GroupAssembler(scorer, self.counters, scale_advantages, on_reward_error, sampling.seed, rules)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
-from streamrl.metrics import WAITING_WEIGHTS, ServiceMetrics
+from streamrl.metrics import WAITING_WEIGHTS
 from streamrl.planning.decoding import Sequence, SimReplica
 from streamrl.planning.events import Signal, Simulation, Track
 from streamrl.planning.scenario import LinkSection, Scenario
@@ -52,9 +52,7 @@ class SimulatedFleet(Fleet):
         """The trainer loop's planner: the long-tail demand to plan for, the recent lengths (D) to feed."""
         sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=scenario.workload.max_new_tokens,
                                   seed=scenario.seed)
-        # the coordinator's own counters, over metrics of a registry no one serves
-        self.counters = RolloutCounters(ServiceMetrics("trainer"))
-        super().__init__(workqueue.WorkQueue(sampling, self.counters, scenario.dispatch.effective_queue_factor),
+        super().__init__(workqueue.WorkQueue(sampling, RolloutCounters(), scenario.dispatch.effective_queue_factor),
                          WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay)))
         self.engines: dict[str, SimReplica] = {}
         self.departed: list[SimReplica] = []

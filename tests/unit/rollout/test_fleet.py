@@ -4,7 +4,6 @@ could_take, the long-tail plan routes and caps, the barrier is seen after every 
 from queue import SimpleQueue
 
 from streamrl.messages import BatchCap, Work
-from streamrl.metrics import ServiceMetrics
 from streamrl.rollout.counters import RolloutCounters
 from streamrl.rollout.fleet import Fleet
 from streamrl.rollout.longtail import LongTailDemand
@@ -18,7 +17,7 @@ from tests.outbox import sent
 
 class _RecordingFleet(Fleet):
     def __init__(self):
-        super().__init__(WorkQueue(SamplingConfig(1.0, 1.0, 16, 0), RolloutCounters(ServiceMetrics("trainer")), 1.0),
+        super().__init__(WorkQueue(SamplingConfig(1.0, 1.0, 16, 0), RolloutCounters(), 1.0),
                          WeightRelay())
         self.barriers: list[bool] = []
 
