@@ -216,7 +216,7 @@ def serve(model: str, info: dict, batch: int, args, work: Path, k: int) -> dict:
 
             def add() -> list[int]:
                 trainer.coordinator.add_prompts(it, prompts, GROUP_SIZE, 0)
-                return [trainer.coordinator.groups.get(p.prompt_id).seed for p in prompts]
+                return [trainer.coordinator.book.get(p.prompt_id).seed for p in prompts]
 
             t0 = time.monotonic()
             seeds = trainer.on_loop(add)

@@ -1,6 +1,6 @@
 """The rollout coordinator: the rollout core's Fleet (streamrl/rollout/fleet.py: membership,
-dispatch, long-tail routing, the weight relay) on the trainer's event loop, with sample intake
-and group assembly (groups.py), the replicas' metrics and joins. Single-threaded: no locks.
+groups, dispatch, long-tail routing, the weight relay) on the trainer's event loop, with sample
+intake and scoring (groups.py), the replicas' metrics and joins. Single-threaded: no locks.
 Knows no gRPC: replicas' outboxes carry domain messages and the servicer converts them.
 
 Every sample is keyed by (prompt_id, sample_index), checked (refusals.py) and accepted at most
@@ -32,8 +32,8 @@ from streamrl.rollout.refusals import (
 )
 from streamrl.rollout.relay import VersionSync, WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import PromptWork, SamplingConfig
-from streamrl.rollout.workqueue import WorkQueue, dispatch_order
+from streamrl.rollout.work import GroupBook, SamplingConfig
+from streamrl.rollout.workqueue import WorkQueue
 from streamrl.samples import Group, Sample
 from streamrl.trainer.groups import GroupAssembler, Outcome, Scorer
 
@@ -60,15 +60,16 @@ class PrometheusCounts:
         self._refused.labels(reason.value).inc(n)
 
 
-class Coordinator(Fleet):
+class Coordinator(Fleet[tuple[Sample, float]]):
     def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
                  scale_advantages: bool = True, queue_factor: float = 4.0, relay_pools: frozenset[str] = frozenset(),
                  on_reward_error: str = "fail", vocab_size: int | None = None):
         self.metrics = metrics
         self.counters = RolloutCounters(sink=PrometheusCounts(metrics))
-        super().__init__(WorkQueue(sampling, self.counters, queue_factor), WeightRelay(relay_pools))
+        super().__init__(WorkQueue(sampling, self.counters, queue_factor), WeightRelay(relay_pools),
+                         GroupBook(sampling.seed))
         rules = SampleRules(sampling.max_new_tokens, vocab_size, sampling.incarnation)
-        self.groups = GroupAssembler(scorer, self.counters, scale_advantages, on_reward_error, sampling.seed, rules)
+        self.groups = GroupAssembler(self.book, scorer, self.counters, scale_advantages, on_reward_error, rules)
         self.groups.requeue = self.requeue
         self.on_membership_change: Callable[[], None] = lambda: None
         """Called after a replica joins, drains or leaves (the long-tail plan is recomputed)."""
@@ -107,11 +108,11 @@ class Coordinator(Fleet):
         self._departed_skewness_s += replica.skewness_seconds()
         lost: dict[str, list[int]] = {}
         for prompt_id, i in replica.outstanding:
-            task = self.groups.get(prompt_id)
+            task = self.book.get(prompt_id)
             if task is not None and i not in task.received:
                 lost.setdefault(prompt_id, []).append(i)
         for prompt_id, indices in lost.items():
-            self.queue.requeue(self.groups.get(prompt_id), indices)
+            self.queue.requeue(self.book.get(prompt_id), indices)
             self.counters.redispatched(len(indices))
         num_lost = sum(map(len, lost.values()))
         (log.info if replica.draining and not num_lost else log.warning)(
@@ -200,7 +201,7 @@ class Coordinator(Fleet):
                     self._joined(replica)
             self._release_if_drained(replica)
         if isinstance(result, Refused) and result.reissue and held:
-            self.queue.requeue(self.groups.get(sample.prompt_id), [sample.sample_index])
+            self.queue.requeue(self.book.get(sample.prompt_id), [sample.sample_index])
         self.dispatch()
         if replica is not None and isinstance(result, Refused) and result.reason in MALFORMED:
             replica.malformed_in_a_row += 1
@@ -234,10 +235,6 @@ class Coordinator(Fleet):
                  replica.generator_id, replica.join_s, replica.hello_unix - replica.started_unix)
 
     # ---- work -------------------------------------------------------------------------
-    def add_prompts(self, iteration: int, prompts: list[PromptWork], group_size: int, min_policy_version: int) -> None:
-        """Queue the prompts of one iteration; with predictions they go out longest first."""
-        self.queue_work(self.groups.open(iteration, dispatch_order(prompts), group_size, min_policy_version))
-
     def at_barrier(self, barrier: bool) -> None:
         """Account the seconds at the generation barrier (Fleet.barrier): not spare capacity."""
         now = time.monotonic()
@@ -276,9 +273,9 @@ class Coordinator(Fleet):
                 for r in self.replicas.values()
             },
             "generator_joins": list(self.joins),
-            "num_prompts_inflight": self.groups.num_inflight,
+            "num_prompts_inflight": self.book.num_inflight,
             "num_samples_pending": self.queue.num_samples_pending,
-            "num_groups_ready": self.groups.num_groups_ready,
+            "num_groups_ready": self.book.num_groups_ready,
         }
 
     def close(self) -> None:

@@ -1,18 +1,18 @@
 """The simulated rollout side: the rollout core's Fleet (streamrl/rollout/fleet.py: the
-product's membership, work queue, dispatch, long-tail routing and weight relay, as the trainer's
-Coordinator runs them) over simulated engines and the scenario's links; each replica's outbox is
-pumped into its simulated engine, its samples gathered into groups. Knows no trainer loop."""
+product's membership, groups, work queue, dispatch, long-tail routing and weight relay, as the
+trainer's Coordinator runs them) over simulated engines and the scenario's links; each replica's
+outbox is pumped into its simulated engine, its samples added to their groups. Knows no trainer
+loop."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import WAITING_WEIGHTS
 from streamrl.planning.decoding import Sequence, SimReplica
 from streamrl.planning.events import Signal, Simulation, Track
+from streamrl.planning.rollouts import DrawnPrompt
 from streamrl.planning.scenario import LinkSection, Scenario
 from streamrl.planning.stages import Stages
 from streamrl.rollout import workqueue
@@ -21,19 +21,7 @@ from streamrl.rollout.fleet import Fleet
 from streamrl.rollout.iteration import IterationPlanner
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import InFlight, PromptWork, SamplingConfig, take_complete
-
-
-@dataclass
-class SimGroup:
-    """A prompt's samples as they arrive; complete when every one is in."""
-
-    prompt_id: str
-    iteration: int
-    prompt_tokens: int
-    group_size: int
-    lengths: list[int] = field(default_factory=list)
-    policy_versions: list[int] = field(default_factory=list)
+from streamrl.rollout.work import GroupBook, PromptWork, SamplingConfig
 
 
 class _Outbox:
@@ -43,7 +31,7 @@ class _Outbox:
         self.put_nowait = deliver
 
 
-class SimulatedFleet(Fleet):
+class SimulatedFleet(Fleet[Sequence]):
     def __init__(self, sim: Simulation, scenario: Scenario, stages: Stages, latency_context: int,
                  planner: IterationPlanner):
         self.sim, self.scenario, self.stages = sim, scenario, stages
@@ -53,12 +41,12 @@ class SimulatedFleet(Fleet):
         sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=scenario.workload.max_new_tokens,
                                   seed=scenario.seed)
         super().__init__(workqueue.WorkQueue(sampling, RolloutCounters(), scenario.dispatch.effective_queue_factor),
-                         WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay)))
+                         WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay)),
+                         GroupBook(scenario.seed))
         self.engines: dict[str, SimReplica] = {}
         self.departed: list[SimReplica] = []
-        self.inflight: dict[str, tuple[InFlight, SimGroup]] = {}
-        self.lengths: dict[str, tuple[int, ...]] = {}
-        self.ready: dict[int, deque[SimGroup]] = {}
+        self.drawn: dict[str, DrawnPrompt] = {}
+        """Prompts out, by id, until their group completes: the outputs their samples produce."""
         self.arrived = Signal(sim)
         """Fired when a group completes."""
         self.num_arrived = 0
@@ -140,11 +128,10 @@ class SimulatedFleet(Fleet):
                 continue
             match msg:
                 case Work():
-                    length = self.lengths[msg.prompt_id]
-                    tokens = self.inflight[msg.prompt_id][1].prompt_tokens
+                    drawn = self.drawn[msg.prompt_id]
                     work.setdefault(gid, []).extend(
-                        Sequence(msg.prompt_id, i, length[i], tokens, msg.min_policy_version, msg.priority)
-                        for i in msg.sample_indices)
+                        Sequence(msg.prompt_id, i, drawn.lengths[i], drawn.prompt_tokens, msg.min_policy_version,
+                                 msg.priority) for i in msg.sample_indices)
                 case BatchCap():
                     engine.set_batch_cap(msg.max_batch_size)
                 case WeightsNotice():
@@ -157,18 +144,11 @@ class SimulatedFleet(Fleet):
             self.engines[gid].give(sequences)
 
     # ---- work -------------------------------------------------------------------------
-    def add_prompts(self, iteration: int, prompts: list[PromptWork], lengths: dict[str, tuple[int, ...]],
-                    prompt_tokens: dict[str, int], min_policy_version: int) -> None:
-        """Queue one iteration's prompts (their outputs' and their own tokens by id) in the
-        product's dispatch order."""
-        g = self.scenario.algorithm.group_size
-        tasks = []
-        for p in workqueue.dispatch_order(prompts):
-            task = InFlight(p, iteration, g, 0, min_policy_version)
-            self.inflight[p.prompt_id] = (task, SimGroup(p.prompt_id, iteration, prompt_tokens[p.prompt_id], g))
-            self.lengths[p.prompt_id] = lengths[p.prompt_id]
-            tasks.append(task)
-        self.queue_work(tasks)
+    def add_drawn(self, iteration: int, drawn: list[DrawnPrompt], prompts: list[PromptWork],
+                  min_policy_version: int) -> None:
+        """Queue one iteration's prompts (the Fleet's add_prompts), each to produce its drawn outputs."""
+        self.drawn.update((p.prompt_id, p) for p in drawn)
+        self.add_prompts(iteration, prompts, self.scenario.algorithm.group_size, min_policy_version)
 
     def at_barrier(self, barrier: bool) -> None:
         self.barrier_track.set("busy" if barrier else "idle", "barrier" if barrier else "")
@@ -187,17 +167,14 @@ class SimulatedFleet(Fleet):
         self.sim.after(latency, self._arrive, engine, q)
 
     def _arrive(self, engine: SimReplica, q: Sequence) -> None:
-        _, group = self.inflight[q.prompt_id]
+        """A sample reaches the trainer (accepted: the simulation makes none it would refuse)."""
         self.num_arrived += 1
         for mate in self.on_trainer_core:  # the trainer takes it in on their core
             mate.share_core(self.stages.trainer_sample_s)
-        group.lengths.append(q.length)
-        group.policy_versions.append(q.policy_version)
-        if len(group.lengths) == group.group_size:
-            del self.inflight[q.prompt_id]
-            del self.lengths[q.prompt_id]
-            self.ready.setdefault(group.iteration, deque()).append(group)
-            self.planner.observe(group.lengths)
+        group = self.book.get(q.prompt_id)
+        if self.book.add(q.prompt_id, q.index, q):
+            del self.drawn[q.prompt_id]
+            self.planner.observe([s.length for s in group.received.values()])  # in arrival order
             self.arrived.fire()
         replica = self.replicas.get(engine.generator_id)
         if replica is not None:
@@ -211,17 +188,6 @@ class SimulatedFleet(Fleet):
             self.dispatch()
         else:
             self.at_barrier(self.barrier)
-
-    def ready_samples(self, iteration: int) -> int:
-        return sum(g.group_size for g in self.ready.get(iteration, ()))
-
-    def take(self, iteration: int, max_samples: int) -> list[SimGroup]:
-        """Complete groups of `iteration`, at most max_samples unless one group is larger (GroupAssembler.take)."""
-        queue = self.ready[iteration]
-        out = take_complete(queue, max_samples, lambda g: g.group_size)
-        if not queue:
-            del self.ready[iteration]
-        return out
 
     # ---- weights ----------------------------------------------------------------------
     def publish(self, policy_version: int) -> None:

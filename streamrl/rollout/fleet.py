@@ -1,25 +1,30 @@
 """The replicas as the rollout holds them, and what is decided over all of them at once: who
-joins and leaves (the weight relay told), work handed out (the work queue's dispatcher), which
-replicas serve the long tail (the long-tail planner, each told its batch cap), and whether the
-rollout stands at its barrier (no work pending or out anywhere). The trainer's Coordinator
-adds intake, metrics and its event loop; the simulator adds engines and links; both are this."""
+joins and leaves (the weight relay told), work handed out (the groups opened, the work queue's
+dispatcher), which replicas serve the long tail (the long-tail planner, each told its batch
+cap), and whether the rollout stands at its barrier (no work pending or out anywhere). The
+trainer's Coordinator adds intake, metrics and its event loop; the simulator adds engines and
+links; both are this."""
 
 from __future__ import annotations
 
+from typing import Generic
+
 from streamrl.messages import BatchCap, WeightsLoaded, WeightsNotice
-from streamrl.rollout import longtail
+from streamrl.rollout import longtail, workqueue
 from streamrl.rollout.longtail import LatencyProfile, LongTailDemand, LongTailPlan, ReplicaProfile
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import InFlight
+from streamrl.rollout.work import GroupBook, InFlight, P, PromptWork
 from streamrl.rollout.workqueue import WorkQueue
 from streamrl.spec import DispatchSpec
 
 
-class Fleet:
-    def __init__(self, queue: WorkQueue, relay: WeightRelay):
+class Fleet(Generic[P]):
+    def __init__(self, queue: WorkQueue, relay: WeightRelay, book: GroupBook[P]):
         self.queue = queue
         self.relay = relay
+        self.book = book
+        """Every group from dispatch to consumption."""
         self.replicas: dict[str, Replica] = {}
         """Connected replicas by generator id (draining ones included, until they leave)."""
 
@@ -40,6 +45,11 @@ class Fleet:
         return [r for r in self.replicas.values() if not r.draining and (pool is None or r.pool == pool)]
 
     # ---- work -------------------------------------------------------------------------
+    def add_prompts(self, iteration: int, prompts: list[PromptWork], group_size: int,
+                    min_policy_version: int) -> None:
+        """Queue the prompts of one iteration (with predictions, longest first) and hand out what fits."""
+        self.queue_work(self.book.open(iteration, workqueue.dispatch_order(prompts), group_size, min_policy_version))
+
     def queue_work(self, tasks: list[InFlight]) -> None:
         """Queue these prompts' samples (in this order) and hand out what fits."""
         self.queue.add(tasks)

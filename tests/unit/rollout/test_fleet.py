@@ -9,7 +9,7 @@ from streamrl.rollout.fleet import Fleet
 from streamrl.rollout.longtail import LongTailDemand
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import InFlight, PromptWork, SamplingConfig
+from streamrl.rollout.work import GroupBook, InFlight, PromptWork, SamplingConfig
 from streamrl.rollout.workqueue import WorkQueue
 from streamrl.spec import DispatchSpec
 from tests.outbox import sent
@@ -17,8 +17,8 @@ from tests.outbox import sent
 
 class _RecordingFleet(Fleet):
     def __init__(self):
-        super().__init__(WorkQueue(SamplingConfig(1.0, 1.0, 16, 0), RolloutCounters(), 1.0),
-                         WeightRelay())
+        super().__init__(WorkQueue(SamplingConfig(1.0, 1.0, 16, 0), RolloutCounters(), 1.0), WeightRelay(),
+                         GroupBook())
         self.barriers: list[bool] = []
 
     def at_barrier(self, barrier: bool) -> None:
