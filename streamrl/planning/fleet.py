@@ -37,7 +37,7 @@ class SimulatedFleet(Fleet[Sequence]):
         self.sim, self.scenario, self.stages = sim, scenario, stages
         self.latency_context = latency_context
         self.planner = planner
-        """The trainer loop's planner: the long-tail demand to plan for, the recent lengths (D) to feed."""
+        """The trainer loop's planner: the long-tail demand to plan for."""
         sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=scenario.workload.max_new_tokens,
                                   seed=scenario.seed)
         super().__init__(workqueue.WorkQueue(sampling, RolloutCounters(), scenario.dispatch.effective_queue_factor),
@@ -171,10 +171,8 @@ class SimulatedFleet(Fleet[Sequence]):
         self.num_arrived += 1
         for mate in self.on_trainer_core:  # the trainer takes it in on their core
             mate.share_core(self.stages.trainer_sample_s)
-        group = self.book.get(q.prompt_id)
         if self.book.add(q.prompt_id, q.index, q):
             del self.drawn[q.prompt_id]
-            self.planner.observe([s.length for s in group.received.values()])  # in arrival order
             self.arrived.fire()
         replica = self.replicas.get(engine.generator_id)
         if replica is not None:

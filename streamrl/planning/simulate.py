@@ -90,6 +90,8 @@ class Simulator:
                 while fleet.book.ready_samples(it) < need:
                     yield fleet.arrived
                 got = fleet.book.take(it, most)
+                for g in got:  # consumed: their lengths join D (TrainLoop._observe)
+                    self.planner.observe([q.length for q in g.in_order()])
                 groups.extend(got)
                 tally.took(sum(g.group_size for g in got), self.sim.now)
                 track.set("busy")
