@@ -27,6 +27,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer, weight_bytes
 from streamrl.records import CheckpointInfo, RunEvent, TrainerPhase, TrainerStatus, append_event
 from streamrl.rewards import RewardError, sample_scorer
+from streamrl.rollout.iteration import IterationPlanner
 from streamrl.rollout.work import SamplingConfig
 from streamrl.service import ExitCode, Service
 from streamrl.spec import RLJob
@@ -142,12 +143,14 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     def decode(token_ids: tuple[int, ...]) -> str:
         return tok.decode(token_ids, skip_special_tokens=True)
 
+    dispatch = spec.generators.dispatch
+    planner = IterationPlanner(spec.pipeline, algo.num_iterations, algo.group_size, dispatch)
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed,
                                              incarnation),
                               sample_scorer(spec.reward.function, decode), metrics, algo.scale_advantages,
-                              queue_factor=spec.generators.dispatch.effective_queue_factor,
+                              queue_factor=dispatch.effective_queue_factor,
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay),
-                              on_reward_error=spec.reward.on_error)
+                              on_reward_error=spec.reward.on_error, dispatch=dispatch, demand=lambda: planner.demand)
     device = ranks.device(spec.trainer.device)
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
     with startup.step(TrainerPhase.LOADING, "loadSeconds", f"the model to load from {model_dir}"):
@@ -177,7 +180,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         tok.save_pretrained(path)
 
     lengths = setup_lengths(spec, ranker_address)
-    loop = TrainLoop(spec, coordinator, learner, store, encode, load_prompts(spec.task), recorder, metrics,
+    loop = TrainLoop(spec, coordinator, planner, learner, store, encode, load_prompts(spec.task), recorder, metrics,
                      save_model, lengths, compute=local.compute if local else None,
                      before_training=local.to_training if local else None)
     loop.enable_checkpoints(checkpoints, identity, run_id, incarnation)

@@ -1,8 +1,8 @@
 """The simulated rollout side: the rollout core's Fleet (streamrl/rollout/fleet.py: the
-product's membership, groups, work queue, dispatch, long-tail routing and weight relay, as the
-trainer's Coordinator runs them) over simulated engines and the scenario's links; each replica's
-outbox is pumped into its simulated engine, its samples added to their groups. Knows no trainer
-loop."""
+product's membership and draining, groups, work queue, dispatch, long-tail routing and weight
+relay, as the trainer's Coordinator runs them) over simulated engines and the scenario's links;
+each replica's outbox is pumped into its simulated engine, its samples added to their groups.
+Knows no trainer loop."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from streamrl.planning.events import Signal, Simulation, Track
 from streamrl.planning.rollouts import DrawnPrompt
 from streamrl.planning.scenario import LinkSection, Scenario
 from streamrl.planning.stages import Stages
-from streamrl.rollout import workqueue
 from streamrl.rollout.counters import RolloutCounters
 from streamrl.rollout.fleet import Fleet
-from streamrl.rollout.iteration import IterationPlanner
+from streamrl.rollout.longtail import LongTailDemand
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
 from streamrl.rollout.work import GroupBook, PromptWork, SamplingConfig
+from streamrl.rollout.workqueue import WorkQueue
 
 
 class _Outbox:
@@ -33,16 +33,14 @@ class _Outbox:
 
 class SimulatedFleet(Fleet[Sequence]):
     def __init__(self, sim: Simulation, scenario: Scenario, stages: Stages, latency_context: int,
-                 planner: IterationPlanner):
+                 demand: Callable[[], LongTailDemand | None]):
         self.sim, self.scenario, self.stages = sim, scenario, stages
         self.latency_context = latency_context
-        self.planner = planner
-        """The trainer loop's planner: the long-tail demand to plan for."""
         sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=scenario.workload.max_new_tokens,
                                   seed=scenario.seed)
-        super().__init__(workqueue.WorkQueue(sampling, RolloutCounters(), scenario.dispatch.effective_queue_factor),
+        super().__init__(WorkQueue(sampling, RolloutCounters(), scenario.dispatch.effective_queue_factor),
                          WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay)),
-                         GroupBook(scenario.seed))
+                         GroupBook(scenario.seed), scenario.dispatch, demand)
         self.engines: dict[str, SimReplica] = {}
         self.departed: list[SimReplica] = []
         self.drawn: dict[str, DrawnPrompt] = {}
@@ -67,9 +65,7 @@ class SimulatedFleet(Fleet[Sequence]):
         self._notices: dict[int, float] = {}
         self._pool_of = {p.name: p for p in scenario.generators}
         self._counter = 0
-        self._routed = False
         self._outgoing: list[tuple[str, object]] = []
-        """Long-tail work goes only to long-tail replicas (both kinds exist: WorkQueue.dispatch's `routed`)."""
 
     # ---- membership -------------------------------------------------------------------
     def connect(self, pool: str, policy_version: int = 0, held_since: float | None = None) -> SimReplica:
@@ -89,27 +85,15 @@ class SimulatedFleet(Fleet[Sequence]):
         cores, k = self.scenario.placement.cores, self._counter - 1
         if cores and not self.in_process and (1 + k) % cores == 0:  # round-robin after the trainer's core
             self.on_trainer_core.append(engine)
-        replica = Replica.of(hello, outbox=_Outbox(lambda msg, gid=gid: self._deliver(gid, msg)))
-        self.join(replica)
-        self.replan()
-        self._update_routed()
-        self.dispatch()
+        self.join(Replica.of(hello, outbox=_Outbox(lambda msg, gid=gid: self._deliver(gid, msg))))
         return engine
 
-    def drain(self, generator_id: str) -> None:
-        replica = self.replicas[generator_id]
-        replica.draining = True
-        self.replan()
-        self._release_if_drained(replica)
-        self.dispatch()
-
-    def _release_if_drained(self, replica: Replica) -> None:
-        if replica.draining and not replica.outstanding:
-            self.leave(replica.generator_id)
-            engine = self.engines.pop(replica.generator_id)
-            engine.close()
-            self.departed.append(engine)
-            self._update_routed()
+    def released(self, replica: Replica) -> None:
+        """A drained replica leaves at once, its engine closed (its GPUs held no longer)."""
+        self.leave(replica.generator_id)
+        engine = self.engines.pop(replica.generator_id)
+        engine.close()
+        self.departed.append(engine)
 
     # ---- messages out, pumped into the simulated replicas --------------------------------
     def _deliver(self, gid: str, msg) -> None:
@@ -153,14 +137,6 @@ class SimulatedFleet(Fleet[Sequence]):
     def at_barrier(self, barrier: bool) -> None:
         self.barrier_track.set("busy" if barrier else "idle", "barrier" if barrier else "")
 
-    def replan(self) -> None:
-        """The long-tail plan for the current demand (also when replicas join or leave), as the trainer's loop."""
-        self.plan_long_tail(self.planner.demand, self.scenario.dispatch)
-        self._update_routed()
-
-    def _update_routed(self) -> None:
-        self._routed = self.routed
-
     # ---- samples in -------------------------------------------------------------------
     def _on_sample(self, engine: SimReplica, q: Sequence) -> None:
         latency = 0.0 if self.in_process else self._link(engine.pool).latency_ms / 1e3
@@ -177,12 +153,12 @@ class SimulatedFleet(Fleet[Sequence]):
         replica = self.replicas.get(engine.generator_id)
         if replica is not None:
             replica.outstanding.discard((q.prompt_id, q.index))
-            self._release_if_drained(replica)
+            self.release_if_drained(replica)
         # The coordinator dispatches after every sample; since the last dispatch, which left nothing
         # any replica could take, only this replica's room changed: when it could take nothing,
         # dispatching would change nothing and is skipped (at hundreds of replicas, most of the time).
         if replica is None or replica.generator_id not in self.replicas or \
-                self.queue.could_take(replica, self._routed):
+                self.queue.could_take(replica, self.routed):
             self.dispatch()
         else:
             self.at_barrier(self.barrier)

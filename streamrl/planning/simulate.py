@@ -52,7 +52,8 @@ class Simulator:
         algo = scenario.algorithm
         self.workload = Workload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
         self.planner = IterationPlanner(scenario.pipeline, algo.num_iterations, algo.group_size, scenario.dispatch)
-        self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(), self.planner)
+        self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(),
+                                    demand=lambda: self.planner.demand)
         self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
         self.iterations: list[SimIteration] = []
         self.scaling: list[ScalingRecord] = []
@@ -73,7 +74,6 @@ class Simulator:
             if sc.dispatch.policy != "random-fifo":  # predictions: the true mean (oracle) or the ranker's
                 prompts = self.planner.predict(prompts, {p.prompt_id: p.mean_length if sc.dispatch.policy == "oracle"
                                                          else p.ranked_length for p in drawn})
-                self.fleet.replan()
             self.fleet.add_drawn(j, drawn, prompts, self.planner.min_policy_version(j))
 
     def _trainer_loop(self):

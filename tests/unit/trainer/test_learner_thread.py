@@ -10,6 +10,7 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.generator.worker import Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
+from streamrl.rollout.iteration import IterationPlanner
 from streamrl.rollout.work import SamplingConfig
 from streamrl.spec import AlgorithmSpec, load_job
 from streamrl.trainer.coordinator import Coordinator
@@ -18,6 +19,11 @@ from streamrl.trainer.loop import TrainLoop
 from streamrl.trainer.profile import synthetic_groups
 from streamrl.trainer.recorder import Recorder
 from streamrl.weights import WeightStore
+
+
+def _planner(spec) -> IterationPlanner:
+    algo = spec.algorithm
+    return IterationPlanner(spec.pipeline, algo.num_iterations, algo.group_size, spec.generators.dispatch)
 
 
 class _ThreadNotingLearner(Learner):
@@ -46,7 +52,7 @@ def test_accumulate_step_and_weights_share_one_thread_off_the_event_loop(tiny_mo
     learner = _ThreadNotingLearner(load_model(tiny_model_dir), algo)
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed),
                               lambda sample, answer: 0.0, ServiceMetrics("trainer"))
-    loop = TrainLoop(spec, coordinator, learner, WeightStore(1, 1 << 20), lambda text: [4], [],
+    loop = TrainLoop(spec, coordinator, _planner(spec), learner, WeightStore(1, 1 << 20), lambda text: [4], [],
                      Recorder(tmp_path / "run"), ServiceMetrics("trainer"))
     groups = synthetic_groups(8, algo.group_size, 4, 6)
 
@@ -81,7 +87,7 @@ def test_colocated_the_learner_runs_on_the_engine_thread_between_its_steps(tiny_
                     ServiceMetrics("generator"), on_sample=lambda s: None)
     engine_thread = threading.Thread(target=worker.run, name="engine", daemon=True)
     engine_thread.start()
-    loop = TrainLoop(spec, coordinator, learner, WeightStore(1, 1 << 20), lambda text: [4], [],
+    loop = TrainLoop(spec, coordinator, _planner(spec), learner, WeightStore(1, 1 << 20), lambda text: [4], [],
                      Recorder(tmp_path / "run"), ServiceMetrics("trainer"), compute=worker)
     groups = synthetic_groups(8, algo.group_size, 4, 6)
 
