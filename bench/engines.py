@@ -176,8 +176,7 @@ def serve(model: str, info: dict, batch: int, args, work: Path, k: int) -> dict:
     """A `streamrl generator` process on vLLM (maxNumSeqs `batch`) fed by a trainer stand-in that
     only accepts: a warm-up batch, then --service-rounds batches timed from handing out the work to
     the last sample accepted. Writes the requests (prompts, the coordinator's seeds) for offline."""
-    from streamrl.rollout.work import PromptWork
-    from streamrl.rollout.workqueue import SamplingConfig
+    from streamrl.rollout.work import PromptWork, SamplingConfig
     from streamrl.weights import WeightStore
     from tests.integration.inproc import TrainerServer
 
@@ -217,7 +216,7 @@ def serve(model: str, info: dict, batch: int, args, work: Path, k: int) -> dict:
 
             def add() -> list[int]:
                 trainer.coordinator.add_prompts(it, prompts, GROUP_SIZE, 0)
-                return [trainer.coordinator.groups.get(p.prompt_id).seed for p in prompts]
+                return [trainer.coordinator.book.get(p.prompt_id).seed for p in prompts]
 
             t0 = time.monotonic()
             seeds = trainer.on_loop(add)

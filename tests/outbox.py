@@ -1,4 +1,4 @@
-"""What a replica was sent: the messages in its outbox (a queue.SimpleQueue by default), in order."""
+"""What a replica was sent: the messages in its outbox (a queue.SimpleQueue in the unit tests), in order."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streamrl.rollout.workqueue import admission_key
+from streamrl.rollout.work import admission_key
 from streamrl.samples import VersionRun
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class EngineStats:
 
 class WaitingRequests:
     """An engine's requests not yet decoding: highest priority first, then arrival
-    (workqueue.admission_key), each with when it was queued (monotonic seconds)."""
+    (work.admission_key), each with when it was queued (monotonic seconds)."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, GenerationRequest, float]] = []

@@ -1,7 +1,8 @@
-"""The rollout coordinator: the rollout core's Fleet (streamrl/rollout/fleet.py: membership,
-dispatch, long-tail routing, the weight relay) on the trainer's event loop, with sample intake
-and group assembly (groups.py), the replicas' metrics and joins. Single-threaded: no locks.
-Knows no gRPC: replicas' outboxes carry domain messages and the servicer converts them.
+"""The rollout coordinator: the rollout core's Fleet (streamrl/rollout/fleet.py: membership and
+draining, groups, dispatch, long-tail routing, the weight relay) on the trainer's event loop,
+with sample intake and scoring (groups.py), streams ended on release, the replicas' metrics and
+joins, the rollout's counts exported to Prometheus. Single-threaded: no locks. Knows no gRPC:
+replicas' outboxes carry domain messages and the servicer converts them.
 
 Every sample is keyed by (prompt_id, sample_index), checked (refusals.py) and accepted at most
 once; a vanished replica's unfinished samples go back to the queue and out to another replica.
@@ -20,6 +21,7 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.records import GeneratorJoin, GeneratorStatus
 from streamrl.rollout.counters import RolloutCounters
 from streamrl.rollout.fleet import Fleet
+from streamrl.rollout.longtail import LatencyProfile, LongTailDemand, LongTailPlan
 from streamrl.rollout.refusals import (
     MALFORMED,
     MAX_MALFORMED_IN_A_ROW,
@@ -32,26 +34,47 @@ from streamrl.rollout.refusals import (
 )
 from streamrl.rollout.relay import VersionSync, WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import PromptWork
-from streamrl.rollout.workqueue import SamplingConfig, WorkQueue, dispatch_order
+from streamrl.rollout.work import GroupBook, SamplingConfig
+from streamrl.rollout.workqueue import WorkQueue
 from streamrl.samples import Group, Sample
+from streamrl.spec import DispatchSpec
 from streamrl.trainer.groups import GroupAssembler, Outcome, Scorer
 
 log = logging.getLogger(__name__)
 
 
-class Coordinator(Fleet):
+class PrometheusCounts:
+    """The rollout's counts into the trainer's Prometheus counters as they grow (RolloutCounters' sink)."""
+
+    def __init__(self, metrics: ServiceMetrics):
+        self._counters = {"num_samples_accepted": metrics.samples_accepted,
+                          "num_samples_redispatched": metrics.samples_redispatched,
+                          "num_samples_duplicate_dropped": metrics.samples_duplicate,
+                          "num_samples_stale_dropped": metrics.samples_stale}
+        self._refused = metrics.samples_refused
+        for reason in Refusal:  # every reason exported from the start, at 0
+            self._refused.labels(reason.value)
+
+    def add(self, count: str, n: int) -> None:
+        if (counter := self._counters.get(count)) is not None:
+            counter.inc(n)
+
+    def refused(self, reason: Refusal, n: int) -> None:
+        self._refused.labels(reason.value).inc(n)
+
+
+class Coordinator(Fleet[tuple[Sample, float]]):
     def __init__(self, sampling: SamplingConfig, scorer: Scorer, metrics: ServiceMetrics,
                  scale_advantages: bool = True, queue_factor: float = 4.0, relay_pools: frozenset[str] = frozenset(),
-                 on_reward_error: str = "fail", vocab_size: int | None = None):
+                 on_reward_error: str = "fail", vocab_size: int | None = None, dispatch: DispatchSpec | None = None,
+                 demand: Callable[[], LongTailDemand | None] = lambda: None):
         self.metrics = metrics
-        self.counters = RolloutCounters(metrics)
-        super().__init__(WorkQueue(sampling, self.counters, queue_factor), WeightRelay(relay_pools))
+        self.counters = RolloutCounters(sink=PrometheusCounts(metrics))
+        super().__init__(WorkQueue(sampling, self.counters, queue_factor), WeightRelay(relay_pools),
+                         GroupBook(sampling.seed), dispatch, demand)
         rules = SampleRules(sampling.max_new_tokens, vocab_size, sampling.incarnation)
-        self.groups = GroupAssembler(scorer, self.counters, scale_advantages, on_reward_error, sampling.seed, rules)
+        self.groups = GroupAssembler(self.book, scorer, self.counters, scale_advantages, on_reward_error, rules)
         self.groups.requeue = self.requeue
-        self.on_membership_change: Callable[[], None] = lambda: None
-        """Called after a replica joins, drains or leaves (the long-tail plan is recomputed)."""
         self._change = asyncio.Event()
         self._pools_seen: set[str] = set()
         self._departed_skewness_s = 0.0
@@ -71,51 +94,37 @@ class Coordinator(Fleet):
             raise ValueError(f"hello.{why}")
         if hello.generator_id in self.replicas:
             raise KeyError(f"generator {hello.generator_id!r} is connected already")
-        replica = Replica(hello.generator_id, hello.pool, hello.capacity, hello.engine, hello.policy_version,
-                          hello.weights_address, hello.latency_profile, outbox=asyncio.Queue(),
-                          started_unix=hello.started_unix, hello_unix=time.time(), weights_sha256=hello.weights_sha256,
-                          without_weights=hello.without_weights)
+        replica = Replica.of(hello, outbox=asyncio.Queue(), hello_unix=time.time())
         self.join(replica)
         self._count_replicas()
         log.info("generator %s joined (pool %s, capacity %d)", replica.generator_id, replica.pool, replica.capacity)
-        self._membership_changed()
+        self._change.set()
         return replica
 
     def disconnect(self, generator_id: str) -> None:
-        """A replica's stream ended: what it had not delivered goes back to the queue."""
-        replica = self.leave(generator_id)
+        """A replica's stream ended: what it had not delivered goes back to the queue (first in
+        line, handed out as it leaves)."""
+        replica = self.replicas.get(generator_id)
         if replica is None:
             return
-        self._count_replicas()
-        self._departed_skewness_s += replica.skewness_seconds()
         lost: dict[str, list[int]] = {}
         for prompt_id, i in replica.outstanding:
-            task = self.groups.get(prompt_id)
+            task = self.book.get(prompt_id)
             if task is not None and i not in task.received:
                 lost.setdefault(prompt_id, []).append(i)
         for prompt_id, indices in lost.items():
-            self.queue.requeue(self.groups.get(prompt_id), indices)
+            self.queue.requeue(self.book.get(prompt_id), indices)
             self.counters.redispatched(len(indices))
+        self.leave(generator_id)
+        self._count_replicas()
+        self._departed_skewness_s += replica.skewness_seconds()
         num_lost = sum(map(len, lost.values()))
         (log.info if replica.draining and not num_lost else log.warning)(
             "generator %s left; %d unfinished samples go back to the queue", generator_id, num_lost)
-        self._membership_changed()
 
-    def drain(self, generator_id: str, reason: str = "") -> None:
-        """A replica is leaving gracefully: nothing more for it; the rest carry on without it."""
-        replica = self.replicas.get(generator_id)
-        if replica is None or replica.draining:
-            return
-        replica.draining = True
-        log.info("generator %s is draining (%s) with %d samples to finish", generator_id, reason or "no reason",
-                 len(replica.outstanding))
-        self._membership_changed()
-        self._release_if_drained(replica)
-
-    def _membership_changed(self) -> None:
-        self._change.set()
-        self.on_membership_change()
-        self.dispatch()
+    def released(self, replica: Replica) -> None:
+        """A draining replica holds nothing more: end its stream (it exits; the stream's end disconnects it)."""
+        replica.close()
 
     async def wait_for_generators(self, num: int = 1) -> None:
         """Return once at least `num` replicas are connected."""
@@ -129,11 +138,18 @@ class Coordinator(Fleet):
         for pool in self._pools_seen:
             self.metrics.pool_replicas.labels(pool).set(sum(r.pool == pool for r in self.replicas.values()))
 
-    @staticmethod
-    def _release_if_drained(replica: Replica) -> None:
-        """A draining replica whose every assigned sample arrived: end its stream (it exits)."""
-        if replica.draining and not replica.outstanding:
-            replica.close()
+    def replan(self) -> LongTailPlan | None:
+        plan = super().replan()
+        if plan is not None:
+            d, replicas, cap = self.demand(), self.live(), self.dispatch_spec.long_tail_batch_cap
+            ptl = [(r.generator_id, LatencyProfile(r.latency_profile or ((1, 1.0),))) for r in replicas]
+            log.info("long-tail plan: %d of %d replicas on the long tail (estimated %.2fs; for 0..%d: %s; demand "
+                     "%d x %.0f + %d x %.0f tokens; PTL ms at batch %d/full: %s)", len(plan.long_replicas),
+                     len(replicas), plan.estimated_s, len(replicas), " ".join(f"{t:.2f}" for t in plan.estimates_s),
+                     d.num_long_samples, d.long_length, d.num_regular_samples, d.regular_length, cap,
+                     " ".join(f"{gid}={p.ptl(cap) * 1e3:.2f}/{p.ptl(r.capacity) * 1e3:.2f}"
+                              for (gid, p), r in zip(ptl, replicas)))
+        return plan
 
     # ---- what replicas say ------------------------------------------------------------
     def on_message(self, generator_id: str, msg: Sample | LoadReport | WeightsLoaded | Draining) -> None:
@@ -155,7 +171,9 @@ class Coordinator(Fleet):
                     replica.load = msg
                     replica.latency_profile = msg.latency_profile or replica.latency_profile
             case Draining():
-                self.drain(generator_id, msg.reason)
+                if (replica := self.drain(generator_id)) is not None:
+                    log.info("generator %s is draining (%s) with %d samples to finish", generator_id,
+                             msg.reason or "no reason", len(replica.outstanding))
             case _:
                 raise ValueError(f"unexpected message from generator {generator_id}: {type(msg).__name__}")
 
@@ -181,9 +199,9 @@ class Coordinator(Fleet):
                 replica.malformed_in_a_row = 0
                 if replica.num_samples == 1:
                     self._joined(replica)
-            self._release_if_drained(replica)
+            self.release_if_drained(replica)
         if isinstance(result, Refused) and result.reissue and held:
-            self.queue.requeue(self.groups.get(sample.prompt_id), [sample.sample_index])
+            self.queue.requeue(self.book.get(sample.prompt_id), [sample.sample_index])
         self.dispatch()
         if replica is not None and isinstance(result, Refused) and result.reason in MALFORMED:
             replica.malformed_in_a_row += 1
@@ -217,10 +235,6 @@ class Coordinator(Fleet):
                  replica.generator_id, replica.join_s, replica.hello_unix - replica.started_unix)
 
     # ---- work -------------------------------------------------------------------------
-    def add_prompts(self, iteration: int, prompts: list[PromptWork], group_size: int, min_policy_version: int) -> None:
-        """Queue the prompts of one iteration; with predictions they go out longest first."""
-        self.queue_work(self.groups.open(iteration, dispatch_order(prompts), group_size, min_policy_version))
-
     def at_barrier(self, barrier: bool) -> None:
         """Account the seconds at the generation barrier (Fleet.barrier): not spare capacity."""
         now = time.monotonic()
@@ -259,9 +273,9 @@ class Coordinator(Fleet):
                 for r in self.replicas.values()
             },
             "generator_joins": list(self.joins),
-            "num_prompts_inflight": self.groups.num_inflight,
+            "num_prompts_inflight": self.book.num_inflight,
             "num_samples_pending": self.queue.num_samples_pending,
-            "num_groups_ready": self.groups.num_groups_ready,
+            "num_groups_ready": self.book.num_groups_ready,
         }
 
     def close(self) -> None:

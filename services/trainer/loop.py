@@ -22,7 +22,6 @@ from streamrl.messages import WeightsNotice
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES, ServiceMetrics
 from streamrl.records import IterationRecord, StepStats, TrainerPhase
 from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
-from streamrl.rollout.longtail import LatencyProfile
 from streamrl.rollout.work import PromptWork
 from streamrl.samples import Group
 from streamrl.spec import RLJobSpec
@@ -39,9 +38,9 @@ log = logging.getLogger(__name__)
 
 
 class TrainLoop:
-    def __init__(self, spec: RLJobSpec, *, coordinator: Coordinator, learner: Learner, store: WeightStore,
-                 encode: Callable[[str], tuple[int, ...]], prompts: list[Prompt], recorder: Recorder,
-                 metrics: ServiceMetrics, save_model: Callable[[Path], None] | None = None,
+    def __init__(self, spec: RLJobSpec, *, coordinator: Coordinator, planner: IterationPlanner, learner: Learner,
+                 store: WeightStore, encode: Callable[[str], tuple[int, ...]], prompts: list[Prompt],
+                 recorder: Recorder, metrics: ServiceMetrics, save_model: Callable[[Path], None] | None = None,
                  lengths: LengthSource | None = None, compute: Executor | None = None,
                  before_training: Callable[[], object] | None = None, checkpointer: Checkpointer | None = None):
         self.spec = spec
@@ -57,10 +56,9 @@ class TrainLoop:
         self._texts: dict[str, str] = {}  # prompt_id -> text, until consumed (ranker observations)
         self._predicted: dict[str, PromptWork] = {}  # prompts dispatched with a prediction, until consumed
         self._length_pairs: list[tuple[float, float, bool]] = []  # this iteration: (predicted, actual, long)
-        algo = spec.algorithm
-        self.planner = IterationPlanner(spec.pipeline, algo.num_iterations, algo.group_size, spec.generators.dispatch)
-        """Which iterations go out when, their predictions and the long-tail demand (the rollout core's)."""
-        coordinator.on_membership_change = self._replan
+        self.planner = planner
+        """Which iterations go out when, their predictions and the long-tail demand (the rollout
+        core's; the coordinator plans the long tail for its demand)."""
         self.iteration = 0
         self.first_iteration = 0
         """Where this start began: 0, or the iteration a checkpoint resumed at."""
@@ -147,29 +145,13 @@ class TrainLoop:
             self.coordinator.add_prompts(j, prompts, algo.group_size, self.planner.min_policy_version(j))
 
     async def _predict(self, prompts: list[PromptWork]) -> list[PromptWork]:
-        """The prompts with predicted lengths and the long-tail split, and a fresh replica plan."""
+        """The prompts with predicted lengths and the long-tail split (the demand the
+        coordinator plans the long tail for as they go out)."""
         lengths = await self.lengths.predict([(p.prompt_id, p.dataset_index, self._texts[p.prompt_id])
                                               for p in prompts])
         predicted = self.planner.predict(prompts, lengths)
-        self._replan()
         self._predicted.update((p.prompt_id, p) for p in predicted)
         return predicted
-
-    def _replan(self) -> None:
-        """Choose the long-tail replicas for the current demand (also when replicas join or leave)."""
-        dispatch = self.spec.generators.dispatch
-        plan = self.coordinator.plan_long_tail(self.planner.demand, dispatch)
-        if plan is None:
-            return
-        d, replicas = self.planner.demand, self.coordinator.live()
-        cap = dispatch.long_tail_batch_cap
-        ptl = [(r.generator_id, LatencyProfile(r.latency_profile or ((1, 1.0),))) for r in replicas]
-        log.info("long-tail plan: %d of %d replicas on the long tail (estimated %.2fs; for 0..%d: %s; demand %d x %.0f "
-                 "+ %d x %.0f tokens; PTL ms at batch %d/full: %s)", len(plan.long_replicas), len(replicas),
-                 plan.estimated_s, len(replicas), " ".join(f"{t:.2f}" for t in plan.estimates_s), d.num_long_samples,
-                 d.long_length, d.num_regular_samples, d.regular_length, cap,
-                 " ".join(f"{gid}={p.ptl(cap) * 1e3:.2f}/{p.ptl(r.capacity) * 1e3:.2f}"
-                          for (gid, p), r in zip(ptl, replicas)))
 
     async def publish(self) -> WeightsNotice:
         t0 = time.monotonic()

@@ -28,7 +28,8 @@ from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer, weight_bytes
 from streamrl.records import TrainerPhase, TrainerStatus
 from streamrl.rewards import RewardError, sample_scorer
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.iteration import IterationPlanner
+from streamrl.rollout.work import SamplingConfig
 from streamrl.service import ExitCode, Service
 from streamrl.spec import RLJob
 from streamrl.tasks import load_prompts
@@ -130,12 +131,14 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     def decode(token_ids: tuple[int, ...]) -> str:
         return tok.decode(token_ids, skip_special_tokens=True)
 
+    dispatch = spec.generators.dispatch
+    planner = IterationPlanner(spec.pipeline, algo.num_iterations, algo.group_size, dispatch)
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed,
                                              incarnation),
                               sample_scorer(spec.reward.function, decode), metrics, algo.scale_advantages,
-                              queue_factor=spec.generators.dispatch.effective_queue_factor,
+                              queue_factor=dispatch.effective_queue_factor,
                               relay_pools=frozenset(p.name for p in spec.generators.pools if p.weight_relay),
-                              on_reward_error=spec.reward.on_error)
+                              on_reward_error=spec.reward.on_error, dispatch=dispatch, demand=lambda: planner.demand)
     device = ranks.device(spec.trainer.device)
     store = WeightStore(spec.trainer.keep_versions, spec.trainer.weight_chunk_bytes)
     with startup.step(TrainerPhase.LOADING, "loadSeconds", f"the model to load from {model_dir}"):
@@ -165,7 +168,7 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
         tok.save_pretrained(path)
 
     lengths = setup_lengths(spec, ranker_address)
-    loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=store, encode=encode,
+    loop = TrainLoop(spec, coordinator=coordinator, planner=planner, learner=learner, store=store, encode=encode,
                      prompts=load_prompts(spec.task), recorder=recorder, metrics=metrics, save_model=save_model,
                      lengths=lengths, compute=local.compute if local else None,
                      before_training=local.to_training if local else None, checkpointer=checkpointer)

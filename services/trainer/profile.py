@@ -104,7 +104,7 @@ def coordinator_for(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
                     queue_factor: float):
     """A real coordinator for measuring the job's sample path (its sampling, reward and dispatch)."""
     from streamrl.metrics import ServiceMetrics
-    from streamrl.rollout.workqueue import SamplingConfig
+    from streamrl.rollout.work import SamplingConfig
     from streamrl.trainer.coordinator import Coordinator
 
     sampling = SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed)

@@ -1,17 +1,27 @@
-"""The rollout's run totals, one dataclass: each count also feeds its Prometheus counter, and
-the run summary reads them all at the end."""
+"""The rollout's run totals, one plain dataclass the run summary reads at the end. A sink, when
+given one, is told of each count as it happens (the trainer's Prometheus counters: the core
+knows no metrics library)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Protocol
 
-from streamrl.metrics import ServiceMetrics
 from streamrl.rollout.refusals import MALFORMED, Refusal
+
+
+class CounterSink(Protocol):
+    """Where each count also goes as it grows."""
+
+    def add(self, count: str, n: int) -> None:
+        """The count named `count` (a RolloutCounters field) grew by n."""
+
+    def refused(self, reason: Refusal, n: int) -> None:
+        """n more refusals of one reason (also counted under their count: add)."""
 
 
 @dataclass
 class RolloutCounters:
-    metrics: ServiceMetrics = field(repr=False)
     num_prompts_dispatched: int = 0
     """Assignments sent (a prompt re-issued after a replica left counts again)."""
     num_samples_accepted: int = 0
@@ -28,45 +38,45 @@ class RolloutCounters:
     num_samples_refused: dict[str, int] = field(default_factory=dict)
     """Refused samples and Connect messages by reason (refusals.Refusal values); the three
     counts above are parts of it, kept for the run summary's readers."""
+    sink: CounterSink | None = field(default=None, repr=False, compare=False)
+    """Told of every count as it grows (not a count)."""
 
-    def __post_init__(self) -> None:
-        for reason in Refusal:  # every reason exported from the start, at 0
-            self.metrics.samples_refused.labels(reason.value)
+    def _add(self, count: str, n: int) -> None:
+        setattr(self, count, getattr(self, count) + n)
+        if self.sink is not None:
+            self.sink.add(count, n)
 
     def dispatched(self) -> None:
-        self.num_prompts_dispatched += 1
+        self._add("num_prompts_dispatched", 1)
 
     def accepted(self) -> None:
-        self.num_samples_accepted += 1
-        self.metrics.samples_accepted.inc()
+        self._add("num_samples_accepted", 1)
 
     def redispatched(self, n: int) -> None:
-        self.num_samples_redispatched += n
-        self.metrics.samples_redispatched.inc(n)
+        self._add("num_samples_redispatched", n)
 
     def refused(self, reason: Refusal, n: int = 1) -> int:
         """Count n refusals of one reason; returns that reason's total so far."""
         total = self.num_samples_refused[reason.value] = self.num_samples_refused.get(reason.value, 0) + n
-        self.metrics.samples_refused.labels(reason.value).inc(n)
+        if self.sink is not None:
+            self.sink.refused(reason, n)
         if reason is Refusal.DUPLICATE:
-            self.num_samples_duplicate_dropped += n
-            self.metrics.samples_duplicate.inc(n)
+            self._add("num_samples_duplicate_dropped", n)
         elif reason is Refusal.STALE:
-            self.num_samples_stale_dropped += n
-            self.metrics.samples_stale.inc(n)
+            self._add("num_samples_stale_dropped", n)
         elif reason is Refusal.PREVIOUS_INCARNATION:
-            self.num_samples_previous_incarnation += n
+            self._add("num_samples_previous_incarnation", n)
         elif reason in MALFORMED:
-            self.num_samples_rejected += n
+            self._add("num_samples_rejected", n)
         return total
 
     def reward_failed(self) -> None:
-        self.num_samples_reward_failed += 1
+        self._add("num_samples_reward_failed", 1)
 
     def restore(self, saved: dict[str, int], accepted_trained: int) -> None:
-        """Continue a resumed run's counts. Accepted samples count those of the iterations
-        trained (a checkpoint can be taken with the next iterations' samples already in: they
-        are generated and accepted again)."""
+        """Continue a resumed run's counts (the sink is not told: it counts this start's).
+        Accepted samples count those of the iterations trained (a checkpoint can be taken with
+        the next iterations' samples already in: they are generated and accepted again)."""
         for name, value in saved.items():
             if name in self.totals():
                 setattr(self, name, value)
@@ -74,4 +84,4 @@ class RolloutCounters:
 
     def totals(self) -> dict[str, int | dict[str, int]]:
         """Every count by name (the run summary's fields)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "metrics"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sink"}

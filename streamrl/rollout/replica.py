@@ -4,12 +4,11 @@ trainer's servicer to gRPC, the simulator into its simulated engine)."""
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from streamrl.messages import LatencyPoints, LoadReport
+from streamrl.messages import Hello, LatencyPoints, LoadReport
 
 
 class Outbox(Protocol):
@@ -35,7 +34,7 @@ class Replica:
     """Where it relays the versions it holds to pool peers; empty = it does not."""
     latency_profile: LatencyPoints = ()
     """PTL(BS), from Hello, refreshed by load reports."""
-    outbox: Outbox = field(default_factory=queue.SimpleQueue)
+    outbox: Outbox = field(kw_only=True)
     """Messages for it: Work, WeightsNotice, BatchCap; None ends its stream."""
     outstanding: set[SampleKey] = field(default_factory=set)
     """Samples assigned to it and not yet received."""
@@ -64,6 +63,13 @@ class Replica:
     """SHA-256 of the published weights it said it holds (empty: the initial model)."""
     without_weights: bool = False
     """It booted from the trainer and holds no weights until it loads the version it is told of."""
+
+    @classmethod
+    def of(cls, hello: Hello, *, outbox: Outbox, hello_unix: float = 0.0) -> Replica:
+        """The replica a Hello introduces (checked by the caller), its messages to go to `outbox`."""
+        return cls(hello.generator_id, hello.pool, hello.capacity, hello.engine, hello.policy_version,
+                   hello.weights_address, hello.latency_profile, outbox=outbox, started_unix=hello.started_unix,
+                   hello_unix=hello_unix, weights_sha256=hello.weights_sha256, without_weights=hello.without_weights)
 
     def skewness_seconds(self) -> float:
         if self.skewness_bubble_s is not None:

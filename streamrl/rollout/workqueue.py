@@ -7,23 +7,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from streamrl.messages import Work
 from streamrl.rollout.counters import RolloutCounters
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import InFlight, PromptWork
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
-    """Run seed; each prompt derives its own from it."""
-    incarnation: int = 0
-    """This start of the run's trainer (every Work carries it; samples echo it back)."""
+from streamrl.rollout.work import InFlight, PromptWork, SamplingConfig
 
 
 def dispatch_order(prompts: list[PromptWork]) -> list[PromptWork]:
@@ -32,14 +20,6 @@ def dispatch_order(prompts: list[PromptWork]) -> list[PromptWork]:
     if any(p.predicted_length for p in prompts):
         return sorted(prompts, key=lambda p: -p.predicted_length)
     return list(prompts)
-
-
-def admission_key(priority: float, arrival: int) -> tuple[float, int]:
-    """The order in which waiting requests join the running batch (smallest first): highest
-    priority first (the longest predicted output under ranked dispatch: longest-processing-
-    time first), then first come first served. Pure: the torch engine and the simulator's
-    replicas both order by it."""
-    return -priority, arrival
 
 
 class WorkQueue:

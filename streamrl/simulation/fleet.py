@@ -1,39 +1,27 @@
 """The simulated rollout side: the rollout core's Fleet (streamrl/rollout/fleet.py: the
-product's membership, work queue, dispatch, long-tail routing and weight relay, as the trainer's
-Coordinator runs them) over simulated engines and the scenario's links; each replica's outbox is
-pumped into its simulated engine, its samples gathered into groups. Knows no trainer loop."""
+product's membership and draining, groups, work queue, dispatch, long-tail routing and weight
+relay, as the trainer's Coordinator runs them) over simulated engines and the scenario's links;
+each replica's outbox is pumped into its simulated engine, its samples added to their groups.
+Knows no trainer loop."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from streamrl.messages import BatchCap, WeightsLoaded, WeightsNotice, Work
-from streamrl.metrics import WAITING_WEIGHTS, ServiceMetrics
-from streamrl.rollout import workqueue
+from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
+from streamrl.metrics import WAITING_WEIGHTS
 from streamrl.rollout.counters import RolloutCounters
 from streamrl.rollout.fleet import Fleet
-from streamrl.rollout.iteration import IterationPlanner
+from streamrl.rollout.longtail import LongTailDemand
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
-from streamrl.rollout.work import InFlight, PromptWork, take_complete
+from streamrl.rollout.work import GroupBook, PromptWork, SamplingConfig
+from streamrl.rollout.workqueue import WorkQueue
 from streamrl.simulation.events import Signal, Simulation, Track
 from streamrl.simulation.replica import Sequence, SimReplica
 from streamrl.simulation.scenario import LinkSection, Scenario
 from streamrl.simulation.stages import Stages
-
-
-@dataclass
-class SimGroup:
-    """A prompt's samples as they arrive; complete when every one is in."""
-
-    prompt_id: str
-    iteration: int
-    prompt_tokens: int
-    group_size: int
-    lengths: list[int] = field(default_factory=list)
-    policy_versions: list[int] = field(default_factory=list)
+from streamrl.simulation.workload import DrawnPrompt
 
 
 class _Outbox:
@@ -43,23 +31,20 @@ class _Outbox:
         self.put_nowait = deliver
 
 
-class SimulatedFleet(Fleet):
+class SimulatedFleet(Fleet[Sequence]):
     def __init__(self, sim: Simulation, scenario: Scenario, stages: Stages, latency_context: int,
-                 planner: IterationPlanner):
+                 demand: Callable[[], LongTailDemand | None]):
         self.sim, self.scenario, self.stages = sim, scenario, stages
         self.latency_context = latency_context
-        self.planner = planner
-        """The trainer loop's planner: the long-tail demand to plan for, the recent lengths (D) to feed."""
-        sampling = workqueue.SamplingConfig(1.0, 1.0, scenario.workload.max_new_tokens, scenario.seed)
-        # the coordinator's own counters, over metrics of a registry no one serves
-        self.counters = RolloutCounters(ServiceMetrics("trainer"))
-        super().__init__(workqueue.WorkQueue(sampling, self.counters, scenario.dispatch.effective_queue_factor),
-                         WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay)))
+        sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=scenario.workload.max_new_tokens,
+                                  seed=scenario.seed)
+        super().__init__(WorkQueue(sampling, RolloutCounters(), scenario.dispatch.effective_queue_factor),
+                         WeightRelay(frozenset(p.name for p in scenario.generators if p.weight_relay)),
+                         GroupBook(scenario.seed), scenario.dispatch, demand)
         self.engines: dict[str, SimReplica] = {}
         self.departed: list[SimReplica] = []
-        self.inflight: dict[str, tuple[InFlight, SimGroup]] = {}
-        self.lengths: dict[str, tuple[int, ...]] = {}
-        self.ready: dict[int, deque[SimGroup]] = {}
+        self.drawn: dict[str, DrawnPrompt] = {}
+        """Prompts out, by id, until their group completes: the outputs their samples produce."""
         self.arrived = Signal(sim)
         """Fired when a group completes."""
         self.num_arrived = 0
@@ -80,9 +65,7 @@ class SimulatedFleet(Fleet):
         self._notices: dict[int, float] = {}
         self._pool_of = {p.name: p for p in scenario.generators}
         self._counter = 0
-        self._routed = False
         self._outgoing: list[tuple[str, object]] = []
-        """Long-tail work goes only to long-tail replicas (both kinds exist: WorkQueue.dispatch's `routed`)."""
 
     # ---- membership -------------------------------------------------------------------
     def connect(self, pool: str, policy_version: int = 0, held_since: float | None = None) -> SimReplica:
@@ -92,38 +75,25 @@ class SimulatedFleet(Fleet):
         self._counter += 1
         sizes = sorted({1 << k for k in range(stage.max_batch.bit_length())} | {stage.max_batch})
         points = tuple((b, stage.cost.decode_step_s(b, self.latency_context)) for b in sizes)
-        replica = Replica(gid, pool, stage.max_batch, "simulated", policy_version,
-                          gid if spec.weight_relay else "", points)
+        hello = Hello(gid, pool, stage.max_batch, "simulated", policy_version, gid if spec.weight_relay else "", points)
         engine = SimReplica(self.sim, gid, pool, stage.cost, stage.max_batch, Track(self.sim, f"generator-{gid}"),
                             self._on_sample, self._on_loaded, self.scenario.dispatch.low_occupancy,
                             stage.load_s, policy_version, stage.sample_s, points, self._on_report,
                             self.scenario.pipeline.in_flight_updates)
         engine.held_since = self.sim.now if held_since is None else held_since
-        replica.outbox = _Outbox(lambda msg, gid=gid: self._deliver(gid, msg))
         self.engines[gid] = engine
         cores, k = self.scenario.placement.cores, self._counter - 1
         if cores and not self.in_process and (1 + k) % cores == 0:  # round-robin after the trainer's core
             self.on_trainer_core.append(engine)
-        self.join(replica)
-        self.replan()
-        self._update_routed()
-        self.dispatch()
+        self.join(Replica.of(hello, outbox=_Outbox(lambda msg, gid=gid: self._deliver(gid, msg))))
         return engine
 
-    def drain(self, generator_id: str) -> None:
-        replica = self.replicas[generator_id]
-        replica.draining = True
-        self.replan()
-        self._release_if_drained(replica)
-        self.dispatch()
-
-    def _release_if_drained(self, replica: Replica) -> None:
-        if replica.draining and not replica.outstanding:
-            self.leave(replica.generator_id)
-            engine = self.engines.pop(replica.generator_id)
-            engine.close()
-            self.departed.append(engine)
-            self._update_routed()
+    def released(self, replica: Replica) -> None:
+        """A drained replica leaves at once, its engine closed (its GPUs held no longer)."""
+        self.leave(replica.generator_id)
+        engine = self.engines.pop(replica.generator_id)
+        engine.close()
+        self.departed.append(engine)
 
     # ---- messages out, pumped into the simulated replicas --------------------------------
     def _deliver(self, gid: str, msg) -> None:
@@ -142,11 +112,10 @@ class SimulatedFleet(Fleet):
                 continue
             match msg:
                 case Work():
-                    length = self.lengths[msg.prompt_id]
-                    tokens = self.inflight[msg.prompt_id][1].prompt_tokens
+                    drawn = self.drawn[msg.prompt_id]
                     work.setdefault(gid, []).extend(
-                        Sequence(msg.prompt_id, i, length[i], tokens, msg.min_policy_version, msg.priority)
-                        for i in msg.sample_indices)
+                        Sequence(msg.prompt_id, i, drawn.lengths[i], drawn.prompt_tokens, msg.min_policy_version,
+                                 msg.priority) for i in msg.sample_indices)
                 case BatchCap():
                     engine.set_batch_cap(msg.max_batch_size)
                 case WeightsNotice():
@@ -159,29 +128,14 @@ class SimulatedFleet(Fleet):
             self.engines[gid].give(sequences)
 
     # ---- work -------------------------------------------------------------------------
-    def add_prompts(self, iteration: int, prompts: list[PromptWork], lengths: dict[str, tuple[int, ...]],
-                    prompt_tokens: dict[str, int], min_policy_version: int) -> None:
-        """Queue one iteration's prompts (their outputs' and their own tokens by id) in the
-        product's dispatch order."""
-        g = self.scenario.algorithm.group_size
-        tasks = []
-        for p in workqueue.dispatch_order(prompts):
-            task = InFlight(p, iteration, g, 0, min_policy_version)
-            self.inflight[p.prompt_id] = (task, SimGroup(p.prompt_id, iteration, prompt_tokens[p.prompt_id], g))
-            self.lengths[p.prompt_id] = lengths[p.prompt_id]
-            tasks.append(task)
-        self.queue_work(tasks)
+    def add_drawn(self, iteration: int, drawn: list[DrawnPrompt], prompts: list[PromptWork],
+                  min_policy_version: int) -> None:
+        """Queue one iteration's prompts (the Fleet's add_prompts), each to produce its drawn outputs."""
+        self.drawn.update((p.prompt_id, p) for p in drawn)
+        self.add_prompts(iteration, prompts, self.scenario.algorithm.group_size, min_policy_version)
 
     def at_barrier(self, barrier: bool) -> None:
         self.barrier_track.set("busy" if barrier else "idle", "barrier" if barrier else "")
-
-    def replan(self) -> None:
-        """The long-tail plan for the current demand (also when replicas join or leave), as the trainer's loop."""
-        self.plan_long_tail(self.planner.demand, self.scenario.dispatch)
-        self._update_routed()
-
-    def _update_routed(self) -> None:
-        self._routed = self.routed
 
     # ---- samples in -------------------------------------------------------------------
     def _on_sample(self, engine: SimReplica, q: Sequence) -> None:
@@ -189,41 +143,25 @@ class SimulatedFleet(Fleet):
         self.sim.after(latency, self._arrive, engine, q)
 
     def _arrive(self, engine: SimReplica, q: Sequence) -> None:
-        _, group = self.inflight[q.prompt_id]
+        """A sample reaches the trainer (accepted: the simulation makes none it would refuse)."""
         self.num_arrived += 1
         for mate in self.on_trainer_core:  # the trainer takes it in on their core
             mate.share_core(self.stages.trainer_sample_s)
-        group.lengths.append(q.length)
-        group.policy_versions.append(q.policy_version)
-        if len(group.lengths) == group.group_size:
-            del self.inflight[q.prompt_id]
-            del self.lengths[q.prompt_id]
-            self.ready.setdefault(group.iteration, deque()).append(group)
-            self.planner.observe(group.lengths)
+        if self.book.add(q.prompt_id, q.index, q):
+            del self.drawn[q.prompt_id]
             self.arrived.fire()
         replica = self.replicas.get(engine.generator_id)
         if replica is not None:
             replica.outstanding.discard((q.prompt_id, q.index))
-            self._release_if_drained(replica)
+            self.release_if_drained(replica)
         # The coordinator dispatches after every sample; since the last dispatch, which left nothing
         # any replica could take, only this replica's room changed: when it could take nothing,
         # dispatching would change nothing and is skipped (at hundreds of replicas, most of the time).
         if replica is None or replica.generator_id not in self.replicas or \
-                self.queue.could_take(replica, self._routed):
+                self.queue.could_take(replica, self.routed):
             self.dispatch()
         else:
             self.at_barrier(self.barrier)
-
-    def ready_samples(self, iteration: int) -> int:
-        return sum(g.group_size for g in self.ready.get(iteration, ()))
-
-    def take(self, iteration: int, max_samples: int) -> list[SimGroup]:
-        """Complete groups of `iteration`, at most max_samples unless one group is larger (GroupAssembler.take)."""
-        queue = self.ready[iteration]
-        out = take_complete(queue, max_samples, lambda g: g.group_size)
-        if not queue:
-            del self.ready[iteration]
-        return out
 
     # ---- weights ----------------------------------------------------------------------
     def publish(self, policy_version: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from streamrl.latency import observe_ptl
 from streamrl.metrics import LOW_OCCUPANCY, NO_WORK, WAITING_WEIGHTS
 from streamrl.planning.costs import GenerationCost
-from streamrl.rollout import workqueue
+from streamrl.rollout import work
 from streamrl.simulation.events import Event, Simulation, Track
 
 LOAD_REPORT_INTERVAL_S = 0.5
@@ -161,7 +161,7 @@ class SimReplica:
         if ready:
             self._deferred = [q for q in self._deferred if q.min_policy_version > self.policy_version]
             for q in ready:
-                heapq.heappush(self._waiting, (workqueue.admission_key(q.priority, next(self._arrival)), q))
+                heapq.heappush(self._waiting, (work.admission_key(q.priority, next(self._arrival)), q))
 
     def _next(self) -> None:
         """At a step boundary: swap in fetched weights, release and admit work, start a stretch."""

@@ -13,28 +13,29 @@ from pathlib import Path
 from streamrl.metrics import WAITING_GENERATORS, WAITING_SAMPLES
 from streamrl.records import write_json
 from streamrl.rollout.iteration import IterationFigures, IterationPlanner, IterationTally
-from streamrl.rollout.work import PromptWork
+from streamrl.rollout.work import InFlight, PromptWork
 from streamrl.samples import micro_batches_by_length
 from streamrl.simulation.autoscaler import SimAutoscaler
 from streamrl.simulation.events import Simulation, Track
-from streamrl.simulation.fleet import SimGroup, SimulatedFleet
+from streamrl.simulation.fleet import SimulatedFleet
 from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIteration, SimSummary, StageUse
+from streamrl.simulation.replica import Sequence
 from streamrl.simulation.scenario import Scenario
 from streamrl.simulation.stages import Stages, generators_spec, resolve_stages
 from streamrl.simulation.workload import SimWorkload
 from streamrl.spec import PipelineMode
 
 
-def padded_tokens(groups: list[SimGroup], micro_batch_size: int) -> int:
+def padded_tokens(groups: list[InFlight[Sequence]], micro_batch_size: int) -> int:
     """Tokens the learner computes on for these groups: its micro-batches (the product's
     micro_batches_by_length), each padded to its longest."""
-    sizes = [g.prompt_tokens + n for g in groups for n in g.lengths]
+    sizes = [q.prompt_tokens + q.length for g in groups for q in g.in_order()]
     return sum(len(mb) * mb[-1] for mb in micro_batches_by_length(sizes, lambda n: n, micro_batch_size))
 
 
-def micro_batches(groups: list[SimGroup], micro_batch_size: int) -> int:
+def micro_batches(groups: list[InFlight[Sequence]], micro_batch_size: int) -> int:
     """Micro-batches the learner cuts these groups' samples into (one accumulate call)."""
-    return -(-sum(len(g.lengths) for g in groups) // micro_batch_size)
+    return -(-sum(g.group_size for g in groups) // micro_batch_size)
 
 
 @dataclass
@@ -52,7 +53,8 @@ class Simulator:
         algo = scenario.algorithm
         self.workload = SimWorkload(scenario.workload, algo.prompts_per_step, algo.group_size, scenario.seed, base)
         self.planner = IterationPlanner(scenario.pipeline, algo.num_iterations, algo.group_size, scenario.dispatch)
-        self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(), self.planner)
+        self.fleet = SimulatedFleet(self.sim, scenario, stages, self.workload.typical_context(),
+                                    demand=lambda: self.planner.demand)
         self.trainer = Track(self.sim, "trainer", "idle", WAITING_GENERATORS)
         self.iterations: list[SimIteration] = []
         self.autoscaler: SimAutoscaler | None = None
@@ -72,9 +74,7 @@ class Simulator:
             if sc.dispatch.policy != "random-fifo":  # predictions: the true mean (oracle) or the ranker's
                 prompts = self.planner.predict(prompts, {p.prompt_id: p.mean_length if sc.dispatch.policy == "oracle"
                                                          else p.ranked_length for p in drawn})
-                self.fleet.replan()
-            self.fleet.add_prompts(j, prompts, {p.prompt_id: p.lengths for p in drawn},
-                                   {p.prompt_id: p.prompt_tokens for p in drawn}, self.planner.min_policy_version(j))
+            self.fleet.add_drawn(j, drawn, prompts, self.planner.min_policy_version(j))
 
     def _trainer_loop(self):
         sc, cost, fleet, track = self.scenario, self.stages.trainer, self.fleet, self.trainer
@@ -87,9 +87,11 @@ class Simulator:
             while (want := tally.want()) is not None:
                 need, most = want
                 track.set("idle", WAITING_SAMPLES)
-                while fleet.ready_samples(it) < need:
+                while fleet.book.ready_samples(it) < need:
                     yield fleet.arrived
-                got = fleet.take(it, most)
+                got = fleet.book.take(it, most)
+                for g in got:  # consumed: their lengths join D (TrainLoop._observe)
+                    self.planner.observe([q.length for q in g.in_order()])
                 groups.extend(got)
                 tally.took(sum(g.group_size for g in got), self.sim.now)
                 track.set("busy")
@@ -104,8 +106,8 @@ class Simulator:
             fleet.publish(self.policy_version)
             track.set("idle", WAITING_SAMPLES)
             figures = tally.close(self.sim.now, track.seconds("idle", WAITING_SAMPLES), self._skewness_s(),
-                                  len(fleet.replicas), [n for g in groups for n in g.lengths],
-                                  [self.policy_version - 1 - v for g in groups for v in g.policy_versions])
+                                  len(fleet.replicas), [q.length for g in groups for q in g.in_order()],
+                                  [self.policy_version - 1 - q.policy_version for g in groups for q in g.in_order()])
             self._record(it, tally.started, figures, train_s)
         self.done = True
         self.sim.stop()  # the run ends with its last iteration (versions still travelling do not count)

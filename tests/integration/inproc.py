@@ -15,7 +15,7 @@ from streamrl.generator.agent import GeneratorAgent
 from streamrl.generator.relay import Relay
 from streamrl.messages import WeightsNotice
 from streamrl.metrics import ServiceMetrics
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.work import SamplingConfig
 from streamrl.spec import SecuritySpec
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.groups import Scorer

@@ -9,7 +9,8 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.local.colocated import LocalGenerator
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model, load_tokenizer
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.iteration import IterationPlanner
+from streamrl.rollout.work import SamplingConfig
 from streamrl.spec import load_job
 from streamrl.tasks import load_prompts
 from streamrl.trainer.coordinator import Coordinator
@@ -44,13 +45,15 @@ def test_the_learner_trains_while_the_engine_has_lent_its_cache(tiny_model_dir, 
 
     tok = load_tokenizer(tiny_model_dir)
     learner = _NotingLearner(load_model(tiny_model_dir), algo)
+    planner = IterationPlanner(spec.pipeline, algo.num_iterations, algo.group_size, spec.generators.dispatch)
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed),
-                              lambda sample, answer: 0.0, ServiceMetrics("trainer"))
+                              lambda sample, answer: 0.0, ServiceMetrics("trainer"), dispatch=spec.generators.dispatch,
+                              demand=lambda: planner.demand)
     store = WeightStore(2, 1 << 20)
 
     async def iterations() -> list[int]:
         local = LocalGenerator(engine, coordinator, store, ServiceMetrics("generator"))
-        loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=store,
+        loop = TrainLoop(spec, coordinator=coordinator, planner=planner, learner=learner, store=store,
                          encode=lambda text: (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"]),
                          prompts=load_prompts(spec.task), recorder=Recorder(tmp_path / "run"),
                          metrics=ServiceMetrics("trainer"), compute=local.compute, before_training=local.to_training)

@@ -22,8 +22,7 @@ from streamrl.rollout.refusals import (
     check_sample,
     check_weights_loaded,
 )
-from streamrl.rollout.work import InFlight, PromptWork
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.work import InFlight, PromptWork, SamplingConfig
 from streamrl.samples import Sample, VersionRun
 from streamrl.trainer.coordinator import Coordinator
 
@@ -166,7 +165,7 @@ def test_a_refused_sample_reaches_no_group_and_is_counted_by_reason():
         bad = [_sample("p0", 0, logprobs=(math.nan, -0.1)), _sample("p0", 0, completion_token_ids=(7, 99)),
                _sample("p0", 1, policy_version=5), _sample("p0", 7), _sample("zz", 0), _sample("p0", 0, incarnation=3)]
         assert [c.on_sample("a", s) for s in bad] == [False] * 6
-        assert c.groups.get("p0").received == {}
+        assert c.book.get("p0").received == {}
         assert c.counters.num_samples_accepted == 0
         assert c.counters.num_samples_refused == {"bad_logprob": 1, "token_out_of_vocab": 1, "future_version": 1,
                                                   "index_out_of_range": 1, "unknown_prompt": 1,

@@ -3,6 +3,8 @@ the latest version at once; in a relay pool one fetches it from the trainer and 
 from it at once (it relays each chunk as it arrives); a booting replica that is not fetching
 from the trainer is never named as a source; the peers of a seed that leaves are told again."""
 
+from queue import SimpleQueue
+
 from streamrl.messages import WeightsLoaded, WeightsNotice
 from streamrl.rollout.relay import WeightRelay
 from streamrl.rollout.replica import Replica
@@ -12,7 +14,8 @@ V0 = WeightsNotice(0, 1000, 1, "ab")
 
 
 def _booting(gid, address=""):
-    return Replica(gid, "default", 8, "torch", 0, weights_address=address, without_weights=True)
+    return Replica(gid, "default", 8, "torch", 0, weights_address=address, without_weights=True,
+                   outbox=SimpleQueue())
 
 
 def test_outside_a_relay_pool_a_booting_replica_fetches_the_latest_from_the_trainer_even_at_v0():
@@ -21,7 +24,7 @@ def test_outside_a_relay_pool_a_booting_replica_fetches_the_latest_from_the_trai
     a = _booting("a")
     relay.joined(a, [a])
     assert sent(a) == [V0]  # it claims v0, but holds nothing: told all the same
-    holding = Replica("h", "default", 8, "torch", 0)
+    holding = Replica("h", "default", 8, "torch", 0, outbox=SimpleQueue())
     relay.joined(holding, [a, holding])
     assert sent(holding) == []  # one that holds v0 is told nothing
 
@@ -58,9 +61,10 @@ def test_the_peers_of_a_seed_that_leaves_before_they_hold_the_version_are_told_a
 
 def test_a_new_version_goes_to_the_seed_from_the_trainer_and_to_its_peers_from_the_seed_at_once():
     relay = WeightRelay(frozenset({"remote"}))
-    held = [Replica(f"r{i}", "remote", 8, "torch", 0, weights_address=f"r{i}:1") for i in range(3)]
-    plain = Replica("l0", "local", 8, "torch", 0)  # a pool without relay
-    no_relay = Replica("r9", "remote", 8, "torch", 0)  # relays nothing itself
+    held = [Replica(f"r{i}", "remote", 8, "torch", 0, weights_address=f"r{i}:1", outbox=SimpleQueue())
+            for i in range(3)]
+    plain = Replica("l0", "local", 8, "torch", 0, outbox=SimpleQueue())  # a pool without relay
+    no_relay = Replica("r9", "remote", 8, "torch", 0, outbox=SimpleQueue())  # relays nothing itself
     v1 = WeightsNotice(1, 1000, 1, "cd")
     relay.announce(v1, [*held, plain, no_relay])
     assert [[n.source for n in sent(r)] for r in held] == [[""], ["r0:1"], ["r0:1"]]

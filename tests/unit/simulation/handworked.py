@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 
+from streamrl.rollout.work import InFlight, PromptWork
+from streamrl.simulation.replica import Sequence
+
 
 def hand_scenario(tmp_path, mode: str, iterations: int = 3, pool: dict | None = None, trainer: dict | None = None,
                   **extra) -> dict:
@@ -25,3 +28,10 @@ def hand_scenario(tmp_path, mode: str, iterations: int = 3, pool: dict | None = 
         "weights": {"sizeBytes": 1.25e9},
         **extra,
     }
+
+
+def complete_group(prompt_id: str, prompt_tokens: int, lengths) -> InFlight[Sequence]:
+    """A complete group as the simulator's GroupBook hands it to its trainer loop."""
+    group = InFlight(PromptWork(prompt_id, 0, "", ()), 0, len(lengths), 0, 0)
+    group.received = {i: Sequence(prompt_id, i, n, prompt_tokens, 0, 0.0) for i, n in enumerate(lengths)}
+    return group

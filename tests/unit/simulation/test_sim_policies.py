@@ -60,13 +60,13 @@ def test_the_queue_order_is_the_products_dispatch_order(tmp_path, monkeypatch):
 
 
 def test_in_replica_order_is_the_products_admission_key(tmp_path, monkeypatch):
-    from streamrl.rollout import workqueue
+    from streamrl.rollout import work
 
     # one replica decoding two at a time holds 9, 3 and 2 (queueFactor 4: all three at once);
     # longest first runs 9 and 3, then 2 from 2 to 3 beside 9, which ends at 8
     options = {"outputs": (2, 9, 3), "replicas": 1, "max_batch": 2, "queueFactor": 4}
     assert _generation_s(tmp_path, "oracle", **options) == 8.0
-    monkeypatch.setattr(workqueue, "admission_key", lambda priority, arrival: (priority, arrival))  # shortest first
+    monkeypatch.setattr(work, "admission_key", lambda priority, arrival: (priority, arrival))  # shortest first
     assert _generation_s(tmp_path, "oracle", **options) == 9.0  # 2 and 3 first; 9 from 1 to 9
 
 

@@ -15,6 +15,7 @@ from streamrl.simulation.outcome import ITERATIONS_FILE, SUMMARY_FILE, SimIterat
 from streamrl.simulation.scenario import load_scenario, parse_scenario
 from streamrl.simulation.simulator import simulate
 from streamrl.spec import SpecError
+from tests.unit.simulation.handworked import complete_group
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "deploy" / "scenarios"
 
@@ -112,7 +113,6 @@ def test_linear_growth_adds_the_same_share_of_the_first_length_each_iteration():
 
 
 def test_prompt_lengths_spread_over_prompts_and_each_prompt_is_prefilled_and_trained_as_long_as_it_is():
-    from streamrl.simulation.fleet import SimGroup
     from streamrl.simulation.simulator import padded_tokens
     from streamrl.simulation.workload import SimWorkload
 
@@ -134,7 +134,7 @@ def test_prompt_lengths_spread_over_prompts_and_each_prompt_is_prefilled_and_tra
     data["pipeline"]["mode"] = "batch"
     data["generators"][0]["cost"]["prefillSecondsPerToken"] = 1e-3
     scenario = parse_scenario(data)
-    groups = [SimGroup(p.prompt_id, 0, p.prompt_tokens, 4, list(p.lengths))
+    groups = [complete_group(p.prompt_id, p.prompt_tokens, p.lengths)
               for p in SimWorkload(scenario.workload, 16, 4, seed=scenario.seed).iteration(0)]
     spread_run = simulate(scenario)
     assert spread_run.iterations[0].train_s == pytest.approx(padded_tokens(groups, 8) * 1e-4 + 0.05)

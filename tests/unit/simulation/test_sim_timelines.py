@@ -15,7 +15,7 @@ import pytest
 
 from streamrl.simulation.scenario import parse_scenario
 from streamrl.simulation.simulator import padded_tokens, simulate
-from tests.unit.simulation.handworked import hand_scenario
+from tests.unit.simulation.handworked import complete_group, hand_scenario
 
 
 def _timeline(run) -> list[tuple]:
@@ -28,9 +28,7 @@ def _expect(rows: list[tuple]) -> list:
 
 
 def test_padded_tokens_pad_each_micro_batch_to_its_longest_sample():
-    from streamrl.simulation.fleet import SimGroup
-
-    groups = [SimGroup("a", 0, 2, 2, [4, 10]), SimGroup("b", 0, 2, 2, [6, 6])]
+    groups = [complete_group("a", 2, [4, 10]), complete_group("b", 2, [6, 6])]
     assert padded_tokens(groups, 4) == 4 * 12  # one micro-batch of 4, padded to 2 + 10
     assert padded_tokens(groups, 2) == 2 * 8 + 2 * 12  # [6, 8] and [8, 12] (prompt + output, sorted)
 

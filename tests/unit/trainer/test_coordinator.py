@@ -2,12 +2,13 @@ import asyncio
 
 import pytest
 
-from streamrl.messages import BatchCap, Hello, WeightsLoaded, WeightsNotice, Work
+from streamrl.messages import BatchCap, Draining, Hello, WeightsLoaded, WeightsNotice, Work
 from streamrl.metrics import ServiceMetrics
 from streamrl.rewards import RewardError
-from streamrl.rollout.work import PromptWork
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.longtail import LongTailDemand
+from streamrl.rollout.work import PromptWork, SamplingConfig
 from streamrl.samples import Sample, VersionRun
+from streamrl.spec import DispatchSpec
 from streamrl.trainer.coordinator import Coordinator
 
 
@@ -363,5 +364,30 @@ def test_a_raising_reward_scores_zero_when_the_spec_says_so():
         [group] = await asyncio.wait_for(c.take_groups(0, 2, 2), 1)
         assert [s.reward for s in group.samples] == [1.0, 0.0]
         assert c.counters.num_samples_reward_failed == 1 and c.counters.num_samples_accepted == 2
+
+    run(go())
+
+
+def test_a_draining_generator_finishes_what_it_holds_then_its_stream_ends_and_the_long_tail_is_replanned():
+    async def go():
+        demand = [None]
+        c = Coordinator(SamplingConfig(1.0, 1.0, 16, 0), lambda s, a: 1.0, ServiceMetrics("trainer"), queue_factor=1,
+                        dispatch=DispatchSpec(long_tail_batch_cap=8, objective="max"), demand=lambda: demand[0])
+        slow = c.connect(Hello("slow", "p", 64, "torch", 0, latency_profile=((1, 0.03), (64, 0.09))))
+        fast = c.connect(Hello("fast", "p", 64, "torch", 0, latency_profile=((1, 0.011), (64, 0.074))))
+        demand[0] = LongTailDemand(16, 112, 80, 10)  # the planner's, once an iteration's lengths are predicted
+        c.add_prompts(0, [PromptWork("p0", 0, "7", (1,), predicted_length=90, long_tail=True)], group_size=2,
+                      min_policy_version=0)
+        assert fast.long_tail and not slow.long_tail and ("p0", 0) in fast.outstanding
+        _drain(fast)
+        c.on_message("fast", Draining("SIGTERM"))
+        assert fast.draining and not fast.long_tail and BatchCap(0) in _drain(fast)  # replanned without it
+        assert not c.routed  # one replica taking work: no long tail of its own
+        c.on_sample("fast", _sample("p0", 0, gid="fast"))
+        assert None not in _drain(fast)  # p0's second sample is still out
+        c.on_sample("fast", _sample("p0", 1, gid="fast"))
+        assert _drain(fast) == [None]  # released: its stream ends
+        c.disconnect("fast")
+        assert list(c.replicas) == ["slow"] and c.counters.num_samples_redispatched == 0
 
     run(go())

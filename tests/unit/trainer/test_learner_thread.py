@@ -10,7 +10,8 @@ from streamrl.generator.torch_engine import TorchEngine
 from streamrl.generator.worker import Worker
 from streamrl.metrics import ServiceMetrics
 from streamrl.models import load_model
-from streamrl.rollout.workqueue import SamplingConfig
+from streamrl.rollout.iteration import IterationPlanner
+from streamrl.rollout.work import SamplingConfig
 from streamrl.spec import AlgorithmSpec, load_job
 from streamrl.trainer.coordinator import Coordinator
 from streamrl.trainer.learner import Learner
@@ -18,6 +19,11 @@ from streamrl.trainer.loop import TrainLoop
 from streamrl.trainer.profile import synthetic_groups
 from streamrl.trainer.recorder import Recorder
 from streamrl.weights import WeightStore
+
+
+def _planner(spec) -> IterationPlanner:
+    algo = spec.algorithm
+    return IterationPlanner(spec.pipeline, algo.num_iterations, algo.group_size, spec.generators.dispatch)
 
 
 class _ThreadNotingLearner(Learner):
@@ -46,7 +52,8 @@ def test_accumulate_step_and_weights_share_one_thread_off_the_event_loop(tiny_mo
     learner = _ThreadNotingLearner(load_model(tiny_model_dir), algo)
     coordinator = Coordinator(SamplingConfig(algo.temperature, algo.top_p, algo.max_new_tokens, algo.seed),
                               lambda sample, answer: 0.0, ServiceMetrics("trainer"))
-    loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=WeightStore(1, 1 << 20),
+    loop = TrainLoop(spec, coordinator=coordinator, planner=_planner(spec), learner=learner,
+                     store=WeightStore(1, 1 << 20),
                      encode=lambda text: (4,), prompts=[], recorder=Recorder(tmp_path / "run"),
                      metrics=ServiceMetrics("trainer"))
     groups = synthetic_groups(8, algo.group_size, 4, 6)
@@ -82,7 +89,8 @@ def test_colocated_the_learner_runs_on_the_engine_thread_between_its_steps(tiny_
                     ServiceMetrics("generator"), on_sample=lambda s: None)
     engine_thread = threading.Thread(target=worker.run, name="engine", daemon=True)
     engine_thread.start()
-    loop = TrainLoop(spec, coordinator=coordinator, learner=learner, store=WeightStore(1, 1 << 20),
+    loop = TrainLoop(spec, coordinator=coordinator, planner=_planner(spec), learner=learner,
+                     store=WeightStore(1, 1 << 20),
                      encode=lambda text: (4,), prompts=[], recorder=Recorder(tmp_path / "run"),
                      metrics=ServiceMetrics("trainer"), compute=worker)
     groups = synthetic_groups(8, algo.group_size, 4, 6)

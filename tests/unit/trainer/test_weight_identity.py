@@ -5,6 +5,8 @@ holding the same weights, or another version, is told as before."""
 
 from __future__ import annotations
 
+from queue import SimpleQueue
+
 import pytest
 
 from streamrl.messages import WeightsNotice
@@ -17,7 +19,7 @@ LATEST = WeightsNotice(12, 1000, 1, "aa" * 32)
 def _joined(policy_version: int, sha256: str) -> list:
     relay = WeightRelay()
     relay.announce(LATEST, [])
-    replica = Replica("g", "default", 8, "torch", policy_version, weights_sha256=sha256)
+    replica = Replica("g", "default", 8, "torch", policy_version, weights_sha256=sha256, outbox=SimpleQueue())
     relay.joined(replica, [replica])
     out = []
     while not replica.outbox.empty():
