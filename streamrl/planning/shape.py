@@ -30,7 +30,7 @@ class ModelShape(BaseModel):
     """Vocabulary (`vocab_size`)."""
     intermediate_size: int = Field(ge=1)
     """Gated MLP width (`intermediate_size`): three matrices of hidden x intermediate per block."""
-    head_dim: int | None = Field(None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
     """Width of one head (default hidden_size / num_heads)."""
     tie_word_embeddings: bool = False
     """The output projection shares the input embedding's matrix."""
