@@ -117,8 +117,8 @@ class ObjectMeta(BaseModel):
 class RLJob(SpecModel):
     """An RLJob resource as written in a YAML file or stored in Kubernetes."""
 
-    api_version: Literal[API_VERSION] = Field(default=API_VERSION, alias="apiVersion")
-    """Must be streamrl.io/v1alpha1."""
+    api_version: Literal["streamrl.io/v1alpha1"] = Field(default="streamrl.io/v1alpha1", alias="apiVersion")
+    """Must be streamrl.io/v1alpha1 (API_VERSION, written out: a Literal takes no variable)."""
     kind: Literal["RLJob"] = "RLJob"
     """Must be RLJob."""
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
