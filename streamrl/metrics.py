@@ -234,7 +234,7 @@ class ServiceMetrics:
         self.clock = StageClock(self, Timeline(timeline) if timeline else None)
         # Each stage exports its own series only; the others still work, unregistered.
         for collector in [v for v in vars(self).values() if isinstance(v, (Counter, Gauge, Histogram))]:
-            name = collector.describe()[0].name
+            name = next(iter(collector.describe())).name
             if name not in COMMON_METRICS and (name in GENERATOR_METRICS) != (stage == "generator"):
                 r.unregister(collector)
 

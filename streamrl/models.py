@@ -10,7 +10,7 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamrl.spec import ModelSpec, RLJobSpec
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # heavy imports stay lazy
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = string.digits + string.ascii_letters + " .,:;+-=*/()!?'\"#<>[]_"
-TINY_CONFIG = dict(
+TINY_CONFIG: dict[str, Any] = dict(
     hidden_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
@@ -28,7 +28,7 @@ TINY_CONFIG = dict(
     max_position_embeddings=256,
     tie_word_embeddings=True,
 )
-SMALL_CONFIG = dict(
+SMALL_CONFIG: dict[str, Any] = dict(
     hidden_size=512,
     num_hidden_layers=8,
     num_attention_heads=8,
@@ -74,11 +74,11 @@ def build_tiny_model(out_dir: Path, seed: int = 0, size: str = "tiny") -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_char_tokenizer()
-    config = LlamaConfig(
+    config = LlamaConfig(  # the ignores: transformers types special-token ids loosely
         vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,  # pyright: ignore[reportArgumentType]
+        bos_token_id=tokenizer.bos_token_id,  # pyright: ignore[reportArgumentType]
+        eos_token_id=tokenizer.eos_token_id,  # pyright: ignore[reportArgumentType]
         **BUILTIN_CONFIGS[size],
     )
     torch.manual_seed(seed)
@@ -118,7 +118,7 @@ def eos_token_id(path: str | Path) -> int:
                 return token_id
     except (OSError, ValueError):
         pass
-    return load_tokenizer(path).eos_token_id
+    return load_tokenizer(path).eos_token_id  # pyright: ignore[reportReturnType] (transformers: ids untyped)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".npz")
@@ -142,7 +142,7 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
 
     _quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
-    return model.to(device).eval()
+    return model.to(device).eval()  # pyright: ignore[reportArgumentType] (transformers types this `to` wrongly)
 
 
 def model_from_config(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
@@ -203,10 +203,12 @@ def resolve_model_dir(spec: RLJobSpec, log=print, progress_every_s: float | None
     download's progress said every `progress_every_s`, default hub.PROGRESS_EVERY_S), or the
     cached built-in one (built and warm-started on first use; concurrent builders do not clash)."""
     if spec.model.source == "path":
+        assert spec.model.path is not None  # the spec requires it with this source (and below)
         return check_model_dir(spec.model.path)
     if spec.model.source == "hf":
         from streamrl.hub import PROGRESS_EVERY_S, download_model
 
+        assert spec.model.hf is not None
         return check_model_dir(download_model(spec.model.hf, log, progress_every_s or PROGRESS_EVERY_S))
     if spec.model.source in ("pvc", "image"):
         what = "claim" if spec.model.source == "pvc" else "model image"
@@ -239,12 +241,17 @@ def resolve_model_dir(spec: RLJobSpec, log=print, progress_every_s: float | None
 
 def model_spec_summary(spec: ModelSpec) -> str:
     match spec.source:
+        # ModelSpec requires the source's own field (hence the asserts)
         case "path":
+            assert spec.path is not None
             return spec.path
         case "hf":
+            assert spec.hf is not None
             return f"hf {spec.hf.repo}@{spec.hf.revision}"
         case "pvc":
+            assert spec.pvc is not None
             return f"pvc {spec.pvc.claim_name}/{spec.pvc.sub_path}"
         case "image":
+            assert spec.image is not None
             return f"image {spec.image.reference} {spec.image.path}"
     return f"builtin-tiny (warm start {spec.warm_start_steps} steps)"

@@ -72,7 +72,8 @@ class Service:
         self.admin = AdminServer(registry, status, self.ready, host, admin_port, lambda: self.waiting_for())
         self.server: grpc.aio.Server | None = None
         self.grpc_port = 0
-        self._health: health.aio.HealthServicer | None = None
+        # health.aio: the module imports it; typeshed's grpc_health stubs lack it (the ignores)
+        self._health: health.aio.HealthServicer | None = None  # pyright: ignore[reportAttributeAccessIssue]
         self._services: tuple[str, ...] = ()
         self._serving = False
         self._signals = 0
@@ -91,7 +92,7 @@ class Service:
         `services` (NOT_SERVING until `serving()`); returns its port."""
         self.server = new_server(self.security)
         register(self.server)
-        self._health = health.aio.HealthServicer()
+        self._health = health.aio.HealthServicer()  # pyright: ignore[reportAttributeAccessIssue]
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         self._services = ("", *services)
         self.grpc_port = add_port(self.server, join_host_port(self.host, port), self.security)

@@ -103,6 +103,7 @@ def task_file(spec: TaskSpec, log=print) -> Path:
     if spec.pvc is not None:
         raise ValueError("task.pvc: a claim is mounted by the operator into the trainer's pods, in Kubernetes "
                          "only; on this machine use task.path with the file")
+    assert spec.path is not None  # the spec requires path, hf or pvc for a jsonl task
     return Path(spec.path)
 
 

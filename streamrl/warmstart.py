@@ -38,8 +38,9 @@ def warm_start(model: PreTrainedModel, tok: PreTrainedTokenizerBase, spec: RLJob
     loss_value = float("nan")
     for step in range(steps):
         batch = rng.sample(prompts, min(batch_size, len(prompts)))
-        packed = pack([[tok.bos_token_id] + encode(p.text) for p in batch],
-                      [encode(p.answer) + [tok.eos_token_id] for p in batch])
+        # the ignores: transformers types special-token ids loosely
+        packed = pack([[tok.bos_token_id] + encode(p.text) for p in batch],  # pyright: ignore[reportArgumentType]
+                      [encode(p.answer) + [tok.eos_token_id] for p in batch])  # pyright: ignore[reportArgumentType]
         logp = token_logprobs(model, packed)
         loss = -logp.sum() / packed.completion_mask.sum()
         opt.zero_grad(set_to_none=True)

@@ -106,7 +106,7 @@ class WeightAssembler:
         self.policy_version = policy_version
         self.size_bytes = size_bytes
         self.sha256 = sha256
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._digests: list[str] = []
         self.next_offset = 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from streamrl.operator.builders import queue_name
 from streamrl.operator.kube import KubeClient, KubeError
@@ -52,7 +53,7 @@ def _condition(workload: dict | None, kind: str) -> dict | None:
                  if c.get("type") == kind), None)
 
 
-def _true(condition: dict | None) -> bool:
+def _true(condition: dict | None) -> TypeGuard[dict]:
     return bool(condition) and condition.get("status") == "True"
 
 

@@ -53,7 +53,7 @@ async def autoscale(runtime: Runtime, namespace: str, job_name: str,
         job = job_of(body) if body else None
     except SpecError:
         job = None  # the spec handler reports it
-    if job is None:
+    if job is None or body is None:  # (a job only from a body)
         return runtime.settings.status_interval_s
     key, status = f"{namespace}/{job_name}", body.get("status") or {}
     previous, mode = status.get("autoscaling"), job.spec.autoscaling.mode

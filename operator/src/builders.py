@@ -264,6 +264,7 @@ def build_hub_cache_claim(job: RLJob, namespace: str, owner: dict | None = None)
     if claim is None:
         return None
     hf = job.spec.model.hf
+    assert hf is not None  # a claim is named only for a hub model
     mode = "ReadWriteOnce" if job.spec.trainer.nodes == 1 else "ReadWriteMany"
     spec: dict[str, Any] = {"accessModes": [mode], "resources": {"requests": {"storage": hf.cache_size}}}
     if hf.cache_storage_class:

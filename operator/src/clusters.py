@@ -46,7 +46,7 @@ class SecretKeyRef(SpecModel):
 
     name: str = Field(max_length=253)
     """The Secret's name."""
-    key: str = Field("kubeconfig", max_length=253)
+    key: str = Field(default="kubeconfig", max_length=253)
     """The key of its data holding the kubeconfig."""
 
 

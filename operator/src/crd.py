@@ -201,7 +201,7 @@ def tagged_union(node: dict, defs: dict) -> dict:
     members = [defs[ref["$ref"].rsplit("/", 1)[-1]] for ref in node["oneOf"]]
     names = [m["properties"][tag]["const"] for m in members]
     schemas = [structural(m, defs) for m in members]
-    props: dict[str, dict] = {}
+    props: dict[str, list[dict]] = {}
     owners: dict[str, list[str]] = {}
     for name, schema in zip(names, schemas):
         for key, sub in schema["properties"].items():

@@ -208,7 +208,7 @@ def _announce_resume(runtime: Runtime, body, namespace: str, status, observed: O
     recorded = ((status or {}).get("trainer") or {}).get("incarnation")
     seen = max(runtime.resumed.get(key, -1), -1 if recorded is None else int(recorded))
     message = resumed_event(observed.trainer, seen)
-    if message is None:
+    if message is None or observed.trainer is None:  # (a message only from a trainer's status)
         return
     runtime.resumed[key] = observed.trainer.incarnation
     kopf.event(body, type="Normal", reason="Resumed", message=message)

@@ -154,20 +154,26 @@ class KubeClient:
     async def get(self, path: str) -> dict | None:
         return await self._request("GET", path)
 
+    async def _write(self, method: str, path: str, **kw) -> dict:
+        """A write's answer (only a GET's or a DELETE's 404 answers None)."""
+        out = await self._request(method, path, **kw)
+        assert out is not None
+        return out
+
     async def create(self, obj: dict) -> dict:
         """POST the object (KubeError 409 when it exists)."""
         meta = obj["metadata"]
-        return await self._request("POST", path_of(obj["apiVersion"], obj["kind"], meta.get("namespace")),
+        return await self._write("POST", path_of(obj["apiVersion"], obj["kind"], meta.get("namespace")),
                                    json=obj, params={"fieldManager": FIELD_MANAGER})
 
     async def patch(self, path: str, body: dict) -> dict:
         """A JSON merge patch (status writes, replicas guarded by a resourceVersion)."""
-        return await self._request("PATCH", path, json=body, params={"fieldManager": FIELD_MANAGER},
+        return await self._write("PATCH", path, json=body, params={"fieldManager": FIELD_MANAGER},
                                    headers={"Content-Type": "application/merge-patch+json"})
 
     async def json_patch(self, path: str, ops: list[dict]) -> dict:
         """An RFC 6902 JSON patch (managedFields, which a merge patch cannot replace whole)."""
-        return await self._request("PATCH", path, json=ops, params={"fieldManager": FIELD_MANAGER},
+        return await self._write("PATCH", path, json=ops, params={"fieldManager": FIELD_MANAGER},
                                    headers={"Content-Type": "application/json-patch+json"})
 
     async def apply(self, obj: dict) -> dict:
@@ -175,7 +181,7 @@ class KubeClient:
         applies (created when missing; fields it applied before and leaves out now are
         removed; fields others own are kept; nothing is written when nothing changes).
         Conflicts with other managers are forced: these fields are the operator's."""
-        return await self._request("PATCH", path_for(obj), json=obj,
+        return await self._write("PATCH", path_for(obj), json=obj,
                                    params={"fieldManager": FIELD_MANAGER, "force": "true"},
                                    headers={"Content-Type": "application/apply-patch+yaml"})
 

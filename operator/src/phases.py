@@ -168,6 +168,7 @@ def _phase(obs: Observed) -> tuple[JobPhase, str]:
     if obs.suspended:  # its group stopped on SIGTERM (saving a checkpoint) and is created again, suspended
         return JobPhase.SUSPENDED, "spec.suspend is true: every role is scaled to zero"
     if replacing:
+        assert group is not None  # only a group is replaced
         return JobPhase.PENDING, group.message
     if group is not None and group.admission.waiting:
         return JobPhase.PENDING, group.admission.message

@@ -331,7 +331,8 @@ async def ensure_trainer(runtime: Runtime, job: RLJob, desired: dict, restarts: 
         return TrainerGroup("finished", restarts, job_status=seen if current else None, preemptions=preemptions)
     if current is not None and not current["metadata"].get("deletionTimestamp"):
         _refuse_foreign(desired, current)  # someone else's Job of that name is neither replaced nor restarted
-    workload = await find_workload(runtime.kube, namespace, current) if needs_workload(job, current) else None
+    workload = (await find_workload(runtime.kube, namespace, current)
+                if current is not None and needs_workload(job, current) else None)
     admission = read_admission(job, namespace, current, workload)
     key = f"{namespace}/{job.metadata.name}"
     if admission.kueue and current is not None:

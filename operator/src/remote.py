@@ -65,6 +65,7 @@ def remote_children(runtime: Runtime, job: RLJob, namespace: str, cluster: str, 
     origin = origin_labels(runtime.cluster_id, namespace, job.metadata.name)
     out = [build_configmap(job, namespace, origin=origin)]
     if minted_token(job):
+        assert token is not None  # minted for such a job
         out.append(build_token_secret(job, namespace, token, origin=origin))
     if runtime.settings.network_policy:
         out += build_network_policies(job, namespace, runtime.settings, origin=origin)
@@ -84,6 +85,7 @@ async def apply_remote(runtime: Runtime, job: RLJob, namespace: str, token: str 
         address, problem = await trainer_address(runtime, job, namespace)
         if problem:
             return problem
+        assert address is not None  # one or the other
         for cluster in remote:
             client = runtime.clusters.get(cluster)
             pools = ", ".join(p.name for p in job.spec.generators.pools if p.cluster_ref == cluster)

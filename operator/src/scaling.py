@@ -168,6 +168,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str,
             why = f"waiting for two iterations to finish within the last {rnd.window_s:.0f}s (nothing to judge yet)"
         return ScalingOutcome({**_base(memory, url, why, previous), **seen}, memory)
     decision, obs, pools = rnd.decision, inputs.observation, list(rnd.pools)
+    assert decision is not None and obs is not None  # a round that decided
     changed = decision.step != 0
     new_memory = replace(memory, state=decision.state, trainer_bound=decision.trainer_bound,
                          settled_at=rnd.settled_at)
@@ -179,6 +180,7 @@ def plan(job: RLJob, inputs: Inputs, memory: Memory, now: float, url: str,
               "limited": {"reason": why[0], "message": why[1]} if why else None}
     events: list[tuple[str, str, str]] = []
     if changed:
+        assert decision.pool is not None  # a step names its pool
         old, new = asked[decision.pool], decision.replicas[decision.pool]
         status["lastScaleTime"] = timestamp(now)
         status["message"] = f"scaled pool {decision.pool} from {old} to {new}: {decision.reason}"
@@ -195,8 +197,8 @@ def external_status() -> dict:
 def scale_patch(body: dict, replicas: dict[str, int]) -> dict:
     """The merge patch writing the pools' replicas and their total (the field /scale acts
     on), guarded by the resourceVersion read: a concurrent edit makes it fail (409), not lost."""
-    pools = [dict(p, replicas=replicas.get(p.get("name", "default"), p.get("replicas", 1)))
-             for p in body["spec"]["generators"]["pools"]]
+    pools: list[dict] = [dict(p, replicas=replicas.get(p.get("name", "default"), p.get("replicas", 1)))
+                         for p in body["spec"]["generators"]["pools"]]
     total = sum(p["replicas"] for p in pools)
     return {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"],
                          "annotations": {REPLICAS_FROM_POOLS: str(total)}},

@@ -98,12 +98,14 @@ def model_parts(job: RLJob, out_mount: str, cache_mount: str, on_claim: bool, jo
                                                                          "readOnly": True}})
         parts.mounts.append({"name": "data", "mountPath": DATA_MOUNT, "readOnly": True})
     if model.source == "pvc":
+        assert model.pvc is not None  # the spec requires it with this source
         parts.volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model.pvc.claim_name,
                                                                           "readOnly": True}})
         parts.mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
         parts.model_dir = _inside(MODEL_MOUNT, model.pvc.sub_path)
     elif model.source == "image":
         source = model.image
+        assert source is not None  # the spec requires it with this source
         if source.mount == "volume":
             parts.volumes.append({"name": "model", "image": {"reference": source.reference,
                                                              "pullPolicy": "IfNotPresent"}})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 import celpy
 import jsonschema
@@ -42,7 +42,7 @@ def to_jsonschema(node: dict) -> dict:
     return out
 
 
-def apply_defaults(node: dict, value):
+def apply_defaults(node: dict, value) -> Any:
     """`value` with the schema's defaults filled in, as the API server stores it."""
     if isinstance(value, dict) and "properties" in node:
         for key, sub in node["properties"].items():
@@ -58,17 +58,19 @@ def apply_defaults(node: dict, value):
 def _schema_problems(error: jsonschema.ValidationError) -> list[tuple[str, str]]:
     """One jsonschema error as the API server words it (a missing or unknown field named itself)."""
     where = tuple(error.absolute_path)
+    # Set on every error a validator yields (jsonschema's stubs allow them to be Unset).
+    value, instance, schema = cast(Any, error.validator_value), cast(Any, error.instance), cast(Any, error.schema)
     if error.validator == "required":
-        named = [p for p in error.validator_value if p not in error.instance and error.message.startswith(repr(p))]
+        named = [p for p in value if p not in instance and error.message.startswith(repr(p))]
         return [(field_path((*where, p)), "Required value") for p in named[:1]] or [(field_path(where), error.message)]
     if error.validator == "additionalProperties":
-        known = error.schema.get("properties", {})
-        return [(field_path((*where, key)), "unknown field") for key in error.instance if key not in known]
+        known = schema.get("properties", {})
+        return [(field_path((*where, key)), "unknown field") for key in instance if key not in known]
     # jsonschema quotes the whole value; for "too long" that is the long thing itself.
     if error.validator == "maxItems":
-        return [(field_path(where), f"must have at most {error.validator_value} items, has {len(error.instance)}")]
+        return [(field_path(where), f"must have at most {value} items, has {len(instance)}")]
     if error.validator == "maxLength":
-        return [(field_path(where), f"must be at most {error.validator_value} characters, has {len(error.instance)}")]
+        return [(field_path(where), f"must be at most {value} characters, has {len(instance)}")]
     return [(field_path(where), error.message)]
 
 

@@ -142,6 +142,7 @@ class GeneratorAgent:
             log.info("first sample sent%s", self._since_start())
         # The outbox as of now: a sample of a stream that broke lands in that stream's queue,
         # which is dropped (Abandon's ordering guarantees none arrives after the next stream starts).
+        assert self._loop is not None and self._outbox is not None  # the engine runs once run() began
         self._loop.call_soon_threadsafe(self._outbox.put_nowait, msg)
 
     def _since_start(self) -> str:
@@ -313,12 +314,14 @@ class GeneratorAgent:
     async def _end_before_serving(self, channel) -> None:
         await channel.close()
         self.worker.stop()
+        assert self._engine is not None  # started by run()
         await self._engine
 
     async def _serve(self, channel) -> None:
         """One stream after another: after a break, abandon its work and dial again with
         backoff until welcomed, stopped, or past the give-up deadline."""
         backoff: Backoff | None = None
+        assert self._engine is not None  # started by run()
         while True:
             try:
                 ended = await self._session(channel, WELCOME_TIMEOUT_S if backoff else None)
@@ -357,6 +360,7 @@ class GeneratorAgent:
     async def _session(self, channel, welcome_timeout_s: float | None) -> _Ended:
         """One Connect stream, from Hello until it ends or this replica stops."""
         outbox = self._outbox = asyncio.Queue()
+        assert self._engine is not None  # started by run()
         self.fetcher.source = WeightSource(channel)
         call = rollout_pb2_grpc.RolloutStub(channel).Connect(self._requests(outbox))
         reader = asyncio.create_task(self._read(call, welcome_timeout_s), name="reader")
@@ -386,6 +390,7 @@ class GeneratorAgent:
         """Drop the broken stream's work: (samples dropped from the engine, finished samples
         dropped unsent)."""
         loop = self._loop
+        assert loop is not None and self._engine is not None and self._outbox is not None  # as run() set them
         dropped = loop.create_future()
         self.worker.inbox.put(Abandon(lambda n: loop.call_soon_threadsafe(dropped.set_result, n)))
         await asyncio.wait({dropped, self._engine}, return_when=asyncio.FIRST_COMPLETED)
@@ -428,5 +433,6 @@ class GeneratorAgent:
         log.info("draining (%s): finishing the samples this replica holds", reason or "asked")
         # The trainer ends the stream once every sample assigned here has arrived (assignments
         # still on the wire included); then this replica exits.
+        assert self._loop is not None and self._outbox is not None  # connected: run() set them
         self._outbox.put_nowait(Draining(reason))
         self._loop.call_later(self.drain_timeout_s, self._stop)

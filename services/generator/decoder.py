@@ -8,6 +8,8 @@ decode step reads the cache as a view, never as a gather. Knows nothing of sched
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -15,13 +17,14 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 class SlotDecoder:
     def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int):
-        cfg = model.config
-        inner = model.model
+        hf: Any = model  # read by its Hugging Face attribute names (torch types those Tensor | Module)
+        cfg = hf.config
+        inner = hf.model
         self.embed = inner.embed_tokens
         self.layers = list(inner.layers)
         self.norm = inner.norm
         self.rotary = inner.rotary_emb
-        self.lm_head = model.lm_head
+        self.lm_head = hf.lm_head
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

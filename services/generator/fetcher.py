@@ -75,6 +75,7 @@ class WeightFetcher:
             log.warning("the trainer publishes v%d with other weights than those held (an earlier start of a resumed "
                         "trainer published them): fetching its own", version)
         self.fetching.add(version)
+        assert self.source is not None  # the stream that announced it set it
         task = asyncio.create_task(self._fetch_and_load(notice, self.source, time.monotonic(), version < held, replace),
                                    name=f"fetch-v{version}")
         self.tasks.add(task)
@@ -119,7 +120,7 @@ class WeightFetcher:
         blob = None
         try:
             blob, where = await self._fetch(notice, source, incoming)
-            if self.relay:
+            if self.relay and incoming is not None:  # incoming: begun with the relay
                 await self.relay.end(incoming, blob)
             self.metrics.weight_sync_bytes.labels(where).inc(len(blob))
             self.metrics.weight_fetch_seconds.labels(where).observe(time.monotonic() - t0)
@@ -131,6 +132,6 @@ class WeightFetcher:
                 log.error("weights v%d rejected, keeping v%d: %s", notice.policy_version,
                           self.engine.policy_version, err)
         finally:
-            if incoming is not None and blob is None:  # peers being served fetch from the trainer
+            if self.relay and incoming is not None and blob is None:  # peers being served fetch from the trainer
                 await self.relay.end(incoming, None)
             self.fetching.discard(notice.policy_version)

@@ -47,7 +47,8 @@ async def serve(job: RLJob, pool_name: str, trainer_address: str, model_dir: Pat
     metrics = ServiceMetrics("generator", timeline)
     gid = generator_id or f"{pool.name}-{socket.gethostname()}-{os.getpid()}"
     up: dict[str, GeneratorAgent] = {}  # the agent, once the engine is loaded
-    booting = {"since": None}  # monotonic seconds since it waits for the model's files from the trainer
+    # monotonic seconds since it waits for the model's files from the trainer
+    booting: dict[str, float | None] = {"since": None}
 
     def waiting_for() -> str:
         agent = up.get("agent")

@@ -53,6 +53,9 @@ def measure_weight_load(engine: Engine, weights: dict[str, torch.Tensor] | None 
     publishes them, then decoded and loaded as a replica does once its bytes are here (median of
     `rounds`). The engine is left holding `weights` at its version."""
     if weights is None:
+        from streamrl.generator.torch_engine import TorchEngine
+
+        assert isinstance(engine, TorchEngine)  # the default is the torch engine's own
         weights = {name: p.detach().clone() for name, p in engine.model.named_parameters()}
     store = WeightStore(keep=1, chunk_bytes=1 << 20)
     version = engine.policy_version

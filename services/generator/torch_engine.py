@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -45,9 +46,10 @@ class TorchEngine(Engine):
         self.capacity = max_batch_size
         self.batch_cap = max_batch_size
         self.eos_token_id = eos_token_id
-        max_len = max_len or getattr(model.config, "max_position_embeddings", 2048)
+        hf: Any = model  # read by its Hugging Face attribute names (torch types those Tensor | Module)
+        max_len = max_len or int(getattr(hf.config, "max_position_embeddings", 2048))
         self.decoder = SlotDecoder(model, max_batch_size, min(max_len, 8192))
-        self.device = model.lm_head.weight.device
+        self.device = hf.lm_head.weight.device
         self._params = dict(model.named_parameters())
         self._waiting = WaitingRequests()
         self._running: list[_RunningInSlot] = []  # index = slot

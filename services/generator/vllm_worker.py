@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -15,6 +16,13 @@ from safetensors import safe_open
 class VersionLoader:
     """Mixed into vLLM's worker class by vLLM (`worker_extension_cls`); its methods are called
     through `collective_rpc` on every worker of a replica."""
+
+    if TYPE_CHECKING:  # what vLLM's worker, which this is mixed into, has (never defined here: that would shadow it)
+        model_config: Any
+        model_runner: Any
+
+        def reload_weights(self, *, weights_iterator: Iterable[tuple[str, torch.Tensor]],
+                           is_checkpoint_format: bool) -> None: ...
 
     def process_id(self) -> int:
         """The worker's process: the generator's own when vLLM runs it in process."""

@@ -61,7 +61,7 @@ class Abandon:
     trainer issues them again). `done(n)` is called on the engine thread with how many
     samples were dropped; no sample of that work is emitted after it."""
 
-    done: Callable[[int], None]
+    done: Callable[[int], object]
 
 
 class StopWorker:

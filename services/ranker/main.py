@@ -45,6 +45,7 @@ async def serve(job: RLJob, state_path: Path | None, host: str = "127.0.0.1", en
     async def until_stopped() -> int:
         await stop.wait()
         await shell.leave()
+        assert shell.server is not None  # started above
         await shell.server.stop(2)  # in-flight calls finish before the state is saved
         async with servicer.lock:
             await asyncio.to_thread(ranker.save)

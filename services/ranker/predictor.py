@@ -198,7 +198,7 @@ class CausalLMPredictor(Predictor):
         self._since_train = 0
 
     def state(self) -> dict:
-        out = {f"param.{n}": p.detach().float().cpu().numpy() for n, p in self._trainable.items()}
+        out: dict = {f"param.{n}": p.detach().float().cpu().numpy() for n, p in self._trainable.items()}
         out["head.weight"] = self.head.weight.detach().float().cpu().numpy()
         out["head.bias"] = self.head.bias.detach().float().cpu().numpy()
         out["num_observed"] = self.num_observed

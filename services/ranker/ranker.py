@@ -9,6 +9,7 @@ import math
 import os
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class Ranker:
         if not self.state_path:
             return
         keys = list(self._history)
-        arrays = {f"predictor.{k}": np.asarray(v) for k, v in self.predictor.state().items()}
+        arrays: dict[str, Any] = {f"predictor.{k}": np.asarray(v) for k, v in self.predictor.state().items()}
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
         with open(tmp, "wb") as f:
@@ -125,6 +126,7 @@ class Ranker:
         self._unsaved = 0
 
     def load(self) -> None:
+        assert self.state_path is not None  # loaded only from a state file
         with np.load(self.state_path, allow_pickle=False) as z:
             self._history = {str(k): (float(v), int(c)) for k, v, c in
                              zip(z["history_keys"], z["history_values"], z["history_counts"])}

@@ -5,13 +5,16 @@ own copy (Accumulate carries that rank's share), and every rank runs it to its e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
+
+from streamrl.samples import ScoredSample
 
 
 @dataclass(frozen=True)
 class Accumulate:
     """Forward/backward on this rank's share; gradients accumulate until Step."""
 
-    share: list
+    share: list[tuple[tuple[int, ...], ScoredSample]]
     """(prompt token ids, scored sample) pairs, this rank's."""
     num_samples_in_step: int
     """Samples in the whole optimizer step (the loss's fixed weight is 1 / this)."""
@@ -49,3 +52,6 @@ class Stop:
 
 
 Command = Accumulate | Step | Gather | Save | Load | Stop
+
+CommandT = TypeVar("CommandT", bound=Command)
+"""Any one kind of command: what the leader sends is what the rank gets back (Ranks.send)."""

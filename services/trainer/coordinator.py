@@ -113,7 +113,9 @@ class Coordinator(Fleet[tuple[Sample, float]]):
             if task is not None and i not in task.received:
                 lost.setdefault(prompt_id, []).append(i)
         for prompt_id, indices in lost.items():
-            self.queue.requeue(self.book.get(prompt_id), indices)
+            task = self.book.get(prompt_id)
+            assert task is not None  # in flight: looked up just above
+            self.queue.requeue(task, indices)
             self.counters.redispatched(len(indices))
         self.leave(generator_id)
         self._count_replicas()
@@ -142,6 +144,7 @@ class Coordinator(Fleet[tuple[Sample, float]]):
         plan = super().replan()
         if plan is not None:
             d, replicas, cap = self.demand(), self.live(), self.dispatch_spec.long_tail_batch_cap
+            assert d is not None  # a plan is made for a demand
             ptl = [(r.generator_id, LatencyProfile(r.latency_profile or ((1, 1.0),))) for r in replicas]
             log.info("long-tail plan: %d of %d replicas on the long tail (estimated %.2fs; for 0..%d: %s; demand "
                      "%d x %.0f + %d x %.0f tokens; PTL ms at batch %d/full: %s)", len(plan.long_replicas),
@@ -191,7 +194,7 @@ class Coordinator(Fleet[tuple[Sample, float]]):
         # A sample of an earlier incarnation answers none of this one's work, even under the same key.
         held = replica is not None and key in replica.outstanding and not (
             isinstance(result, Refused) and result.reason is Refusal.PREVIOUS_INCARNATION)
-        if held:
+        if held and replica is not None:
             replica.outstanding.discard(key)
         if replica is not None:
             if result is Outcome.ACCEPTED:
@@ -201,7 +204,9 @@ class Coordinator(Fleet[tuple[Sample, float]]):
                     self._joined(replica)
             self.release_if_drained(replica)
         if isinstance(result, Refused) and result.reissue and held:
-            self.queue.requeue(self.book.get(sample.prompt_id), [sample.sample_index])
+            task = self.book.get(sample.prompt_id)
+            assert task is not None  # a refusal that reissues is of a prompt in flight
+            self.queue.requeue(task, [sample.sample_index])
         self.dispatch()
         if replica is not None and isinstance(result, Refused) and result.reason in MALFORMED:
             replica.malformed_in_a_row += 1

@@ -5,6 +5,7 @@ last token. Knows tensors, nothing of ranks or groups."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -18,9 +19,10 @@ class Critic(torch.nn.Module):
 
     def __init__(self, policy: torch.nn.Module):
         super().__init__()
-        self.model = copy.deepcopy(policy.get_decoder())
+        hf: Any = policy  # a Hugging Face causal LM (torch types a Module's attributes Tensor | Module)
+        self.model = copy.deepcopy(hf.get_decoder())
         dtype = next(self.model.parameters()).dtype
-        self.value_head = torch.nn.Linear(policy.config.hidden_size, 1, dtype=dtype)
+        self.value_head = torch.nn.Linear(hf.config.hidden_size, 1, dtype=dtype)
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
         self.model.train()

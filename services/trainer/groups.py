@@ -68,6 +68,7 @@ class GroupAssembler:
         if refused is not None:
             self.refuse(refused, sample.generator_id)
             return refused
+        assert task is not None  # check_sample refuses a sample of no prompt in flight
         try:
             reward = self.scorer(sample, task.prompt.answer)
         except RewardError as err:

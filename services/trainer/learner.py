@@ -27,7 +27,7 @@ from streamrl.metrics import (
 from streamrl.records import StepStats
 from streamrl.samples import Group, Sample, ScoredSample, micro_batches_by_length
 from streamrl.spec import AlgorithmSpec, TrainerMemorySpec
-from streamrl.trainer.commands import Accumulate, Command, Gather, Load, Save, Step, Stop
+from streamrl.trainer.commands import Accumulate, CommandT, Gather, Load, Save, Step, Stop
 from streamrl.trainer.critic import Critic, gae
 from streamrl.trainer.ranks import (
     Ranks,
@@ -260,7 +260,7 @@ class Learner:
         """Let the other ranks leave follow()."""
         self._send([Stop()] * self.ranks.world_size)
 
-    def _send(self, per_rank: list[Command]) -> Command:
+    def _send(self, per_rank: list[CommandT]) -> CommandT:
         with self.timings.collective(SCATTER):
             return self.ranks.send(per_rank)
 
@@ -362,6 +362,7 @@ class Learner:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             if self.critic is not None:
+                assert self.critic_optimizer is not None and self.critic_scheduler is not None  # made with it
                 clip_grad_norm(self.critic.parameters(), self.algo.max_grad_norm)
                 self.critic_optimizer.step()
                 self.critic_scheduler.step()
@@ -392,7 +393,7 @@ class Learner:
         return time.monotonic() - t0
 
     def _save(self, path: Path) -> Future:
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import async_save  # = dcp.async_save
 
         self.wait_saved()
         path.mkdir(parents=True, exist_ok=True)
@@ -401,9 +402,11 @@ class Learner:
                     "rng": torch.get_rng_state(),
                     "cuda_rng": torch.cuda.get_rng_state() if str(self.device).startswith("cuda") else None},
                    path / rank_file(self.ranks.rank))
-        self._saving = dcp.async_save(self._state(), checkpoint_id=str(path),
-                                      process_group=self.ranks.checkpoints, no_dist=self.ranks.world_size == 1)
-        return self._saving
+        saving = async_save(self._state(), checkpoint_id=str(path), process_group=self.ranks.checkpoints,
+                            no_dist=self.ranks.world_size == 1)
+        assert isinstance(saving, Future)  # an AsyncSaveResponse comes only with an async_stager
+        self._saving = saving
+        return saving
 
     def _state(self) -> dict:
         """The sharded state a checkpoint holds: the policy and its optimizer, and under ppo the
@@ -413,19 +416,20 @@ class Learner:
         model, optimizer = get_state_dict(self.model, self.optimizer)
         state = {"model": model, "optimizer": optimizer}
         if self.critic is not None:
+            assert self.critic_optimizer is not None  # made with the critic
             state["critic"], state["critic_optimizer"] = get_state_dict(self.critic, self.critic_optimizer)
         return state
 
     def _load(self, path: Path) -> None:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load  # = dcp.load
 
         state = self._state()
-        dcp.load(state, checkpoint_id=str(path), process_group=self.ranks.checkpoints,
-                 no_dist=self.ranks.world_size == 1)
+        load(state, checkpoint_id=str(path), process_group=self.ranks.checkpoints, no_dist=self.ranks.world_size == 1)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
         if self.critic is not None:
+            assert self.critic_optimizer is not None  # made with the critic
             set_state_dict(self.critic, self.critic_optimizer, model_state_dict=state["critic"],
                            optim_state_dict=state["critic_optimizer"])
         own = path / rank_file(self.ranks.rank)

@@ -88,6 +88,7 @@ class OracleLengths(LengthSource):
 def setup_lengths(spec: RLJobSpec, ranker_address: str | None) -> LengthSource | None:
     policy = spec.generators.dispatch.policy
     if policy == "oracle":
+        assert spec.generators.dispatch.oracle_lengths is not None  # the spec requires it with this policy
         return OracleLengths(spec.generators.dispatch.oracle_lengths)
     if policy == "skewness-aware":
         if not ranker_address:

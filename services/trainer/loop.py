@@ -147,6 +147,7 @@ class TrainLoop:
     async def _predict(self, prompts: list[PromptWork]) -> list[PromptWork]:
         """The prompts with predicted lengths and the long-tail split (the demand the
         coordinator plans the long tail for as they go out)."""
+        assert self.lengths is not None  # asked only with a length source
         lengths = await self.lengths.predict([(p.prompt_id, p.dataset_index, self._texts[p.prompt_id])
                                               for p in prompts])
         predicted = self.planner.predict(prompts, lengths)

@@ -56,11 +56,20 @@ written the summary and the model, which needs every rank) before it stops by it
 class InProcessGenerator(Protocol):
     """A generator inside the trainer's process (colocated mode)."""
 
-    registry: CollectorRegistry
-    """Its own metrics (the engine's busy time is not the trainer's), served beside the trainer's."""
+    @property
+    def registry(self) -> CollectorRegistry:
+        """Its own metrics (the engine's busy time is not the trainer's), served beside the trainer's."""
+        ...
 
-    compute: Executor
-    """Its engine thread, the process's compute thread: the learner's calls run there too."""
+    @property
+    def compute(self) -> Executor:
+        """Its engine thread, the process's compute thread: the learner's calls run there too."""
+        ...
+
+    def to_training(self) -> None:
+        """Colocated's switch to training, on the engine's thread, before an iteration's first
+        micro-batch: the idle engine lends its KV cache back to the learner."""
+        ...
 
     def start(self) -> None: ...
 
@@ -125,11 +134,13 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     log.info("trainer %s starting (start %d of its run); admin http://%s:%d", run_id, start.starts, host,
              shell.admin.port)
 
+    # The ignores: transformers types a tokenizer's ids loosely (special-token ids are looked up
+    # by __getattr__; decode takes any sequence of ids and returns a str for one).
     def encode(text: str) -> tuple[int, ...]:
-        return (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"])
+        return (tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"])  # pyright: ignore[reportReturnType]
 
     def decode(token_ids: tuple[int, ...]) -> str:
-        return tok.decode(token_ids, skip_special_tokens=True)
+        return tok.decode(token_ids, skip_special_tokens=True)  # pyright: ignore[reportReturnType, reportArgumentType]
 
     dispatch = spec.generators.dispatch
     planner = IterationPlanner(spec.pipeline, algo.num_iterations, algo.group_size, dispatch)
@@ -150,7 +161,9 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     if local is not None:
         in_process_registry.register(local.registry)
 
-    coordinator.set_vocab_size(learner.model.config.vocab_size)  # token ids beyond it are refused
+    # Token ids beyond it are refused. The ignores: torch types an nn.Module's attributes
+    # Tensor | Module (the model is a Hugging Face one).
+    coordinator.set_vocab_size(learner.model.config.vocab_size)  # pyright: ignore[reportArgumentType, reportAttributeAccessIssue]
     identity = JobIdentity.of(job, json.loads((model_dir / "config.json").read_text()))
     checkpointer = Checkpointer(checkpoints=Checkpoints(out_dir, spec.checkpoint.keep), learner=learner,
                                 identity=identity, run=start, metrics=metrics, out_dir=out_dir)
@@ -164,7 +177,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, host: str = "127.0.0
     recorder = Recorder(out_dir, resume_at=found.state.iteration if found else None)
 
     def save_model(path: Path) -> None:
-        learner.model.save_pretrained(path, state_dict=learner.weights())  # gathered whole from every rank
+        # gathered whole from every rank
+        learner.model.save_pretrained(path, state_dict=learner.weights())  # pyright: ignore[reportCallIssue] (as above)
         tok.save_pretrained(path)
 
     lengths = setup_lengths(spec, ranker_address)

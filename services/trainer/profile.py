@@ -193,7 +193,9 @@ async def _over_stream(coordinator, prompts, group_size: int, completion_tokens:
             coordinator.add_prompts(it, prompt_work(it, prompts), group_size, 0)
             sent = 0
             while sent < per_round:  # answer each Work as a generator does
-                work = response_from_pb(await call.read())
+                response = await call.read()
+                assert isinstance(response, pb.ConnectResponse)  # the stream ends after the last round
+                work = response_from_pb(response)
                 if isinstance(work, Work):
                     for i in work.sample_indices:
                         finished.put(_sample(work, i, completion_tokens, "profile-1"))
@@ -205,7 +207,7 @@ async def _over_stream(coordinator, prompts, group_size: int, completion_tokens:
                 seconds.append((time.process_time() - t0) / per_round)
             await coordinator.take_groups(it, 1, per_round)
         outbox.put_nowait(None)  # done writing: the servicer ends the stream, then the channel closes cleanly
-        while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:
+        while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:  # pyright: ignore[reportAttributeAccessIssue] (typeshed's grpc lacks aio.EOF)
             pass
         return statistics.median(seconds)
     finally:

@@ -12,10 +12,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+
+from streamrl.trainer.commands import Command, CommandT
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class Ranks:
         """The device of this rank: its local GPU on CUDA."""
         return f"cuda:{self.local_rank}" if device == "cuda" else device
 
-    def send(self, per_rank: list[Any]) -> Any:
+    def send(self, per_rank: list[CommandT]) -> CommandT:
         """Leader: hand per_rank[r] to rank r; returns this rank's own."""
         assert self.is_leader and len(per_rank) == self.world_size
         if self.world_size == 1:
@@ -79,7 +81,7 @@ class Ranks:
         dist.scatter_object_list(received, per_rank, src=0, group=self.control)
         return received[0]
 
-    def receive(self) -> Any:
+    def receive(self) -> Command:
         """Another rank: what the leader handed it next."""
         received: list[Any] = [None]
         dist.scatter_object_list(received, None, src=0, group=self.control)
@@ -188,8 +190,9 @@ def clip_grad_norm(parameters, max_norm: float) -> float:
         return 0.0
     norms = []
     for group in groups.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
-        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group if p.grad is not None])
+        full_tensor = getattr(norm, "full_tensor", None)  # a DTensor's (a mesh's) norm
+        norms.append(full_tensor() if full_tensor is not None else norm)
     total = torch.linalg.vector_norm(torch.stack(norms))
     for group in groups.values():
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
@@ -202,7 +205,8 @@ def checkpoint_activations(model: torch.nn.Module) -> None:
     checkpoints and published weights are those of the plain model)."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(f"trainer.memory.activationCheckpointing: {type(model).__name__} does not support it")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.gradient_checkpointing_enable(  # pyright: ignore[reportCallIssue] (torch: attributes are Tensor | Module)
+        gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -219,7 +223,8 @@ def full_state_dict(model: torch.nn.Module, ranks: Ranks) -> dict[str, torch.Ten
         return {name: p.detach() for name, p in model.named_parameters()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = cast(dict[str, torch.Tensor],  # full_state_dict: whole tensors, nothing else
+                 get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
     return {name: state[name] for name in names} if ranks.is_leader else {}
 
 

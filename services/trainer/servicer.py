@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -78,8 +79,8 @@ class RolloutServicer:
         except ValueError as err:
             raise StreamRefused(Refused(Refusal.EMPTY_MESSAGE, str(err))) from None
 
-    async def _refuse(self, context, generator_id: str, refused: Refused,
-                      code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
+    async def _refuse(self, context: grpc.aio.ServicerContext, generator_id: str, refused: Refused,
+                      code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> NoReturn:
         self.coordinator.refuse_message(generator_id, refused)
         await context.abort(code, f"{refused.reason.value}: {refused.detail}")
 
@@ -89,11 +90,12 @@ class RolloutServicer:
             if not isinstance(first, Hello):
                 raise StreamRefused(Refused(Refusal.NOT_HELLO, f"the first message of Connect must be a Hello, not "
                                                                f"a {type(first).__name__}"))
-            replica = self.coordinator.connect(first)
         except StopAsyncIteration:
             return
         except StreamRefused as err:
             await self._refuse(context, "", err.refused)
+        try:
+            replica = self.coordinator.connect(first)
         except KeyError as err:
             await self._refuse(context, first.generator_id, Refused(Refusal.GENERATOR_ID_TAKEN, str(err.args[0])),
                                grpc.StatusCode.ALREADY_EXISTS)
@@ -103,8 +105,10 @@ class RolloutServicer:
         yield response_to_pb(Welcome(self.run_id, latest.policy_version if latest else 0,
                                      self.coordinator.rules.incarnation))
         reader = asyncio.create_task(self._read(replica, request_iterator), name=f"read-{replica.generator_id}")
+        outbox = replica.outbox
+        assert isinstance(outbox, asyncio.Queue)  # as the coordinator makes it (the core's Outbox only puts)
         try:
-            while (msg := await replica.outbox.get()) is not None:
+            while (msg := await outbox.get()) is not None:
                 yield response_to_pb(msg)
         finally:
             read_all = reader.done()
@@ -150,5 +154,6 @@ class RolloutServicer:
             yield response
 
     async def FetchModel(self, request, context):
+        assert self.model_files is not None  # served only with model files (rollout_handler)
         for response in model_responses(self.model_files):
             yield response

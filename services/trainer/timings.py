@@ -68,5 +68,12 @@ class RankTimings:
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 started: list[float] = []
-                module.register_forward_pre_hook(lambda _m, _a, s=started: s.append(time.monotonic()), prepend=True)
-                module.register_forward_pre_hook(lambda _m, _a, s=started: counter.inc(time.monotonic() - s.pop()))
+
+                def before(_m, _a, s: list[float] = started) -> None:
+                    s.append(time.monotonic())
+
+                def after(_m, _a, s: list[float] = started) -> None:
+                    counter.inc(time.monotonic() - s.pop())
+
+                module.register_forward_pre_hook(before, prepend=True)
+                module.register_forward_pre_hook(after)

@@ -23,6 +23,7 @@ from streamrl.admin import AdminServer
 from streamrl.local import RunFailed
 from streamrl.local.children import Child
 from streamrl.local.launch import Services
+from streamrl.local.monitor import RunMonitor
 from streamrl.local.plan import RunPlan
 from streamrl.metrics import AutoscalerMetrics
 from streamrl.prometheus.api import PrometheusAPI, PrometheusError
@@ -38,11 +39,12 @@ it starts may take STARTUP_TIMEOUT_S (180 s) to load on busy cores, then connect
 scraped; a draining one finishes what it holds."""
 
 
-def autoscale(plan: RunPlan, services: Services, monitor, say: Callable[[str], None]) -> LocalAutoscaler:
+def autoscale(plan: RunPlan, services: Services, monitor: RunMonitor, say: Callable[[str], None]) -> LocalAutoscaler:
     """The autoscaler of a running elastic job, over its generator processes, reading the
-    run's Prometheus (`monitor`, a RunMonitor), which scrapes its admin server too."""
-    def drain(child: Child) -> None:
-        child.proc.send_signal(signal.SIGTERM)
+    run's Prometheus (`monitor`), which scrapes its admin server too."""
+    def drain(replica: ReplicaProcess) -> None:
+        assert isinstance(replica, Child)  # one the launcher started
+        replica.proc.send_signal(signal.SIGTERM)
 
     processes = ReplicaProcesses(services.launcher.start, drain, list(services.launcher.children))
     scaler = LocalAutoscaler(plan.job, PrometheusAPI(monitor.url), processes, plan.cores, plan.out_dir, say)
@@ -51,8 +53,11 @@ def autoscale(plan: RunPlan, services: Services, monitor, say: Callable[[str], N
 
 
 class ReplicaProcess(Protocol):
-    name: str
-    pool: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pool(self) -> str: ...
 
     def running(self) -> bool: ...
 
@@ -163,11 +168,13 @@ class LocalAutoscaler:
             return self._note(now, {"measuring": "measuring since the last change",
                                     "iterations": "waiting for two iterations since the last change"}[rnd.waiting])
         decision, obs = rnd.decision, inputs.observation
+        assert decision is not None and obs is not None and rnd.window_s is not None  # a round that decided
         self.decided = decision.replicas
         self.metrics.record(self.job.metadata.name, decision.replicas, decision.step, decision.pool,
                             decision.trainer_bound)
         self._append(ScalingRecord.of(decision, obs, rnd.window_s, now))
         if decision.step > 0:
+            assert decision.pool is not None  # a step names its pool
             started = [self.processes.start(decision.pool) for _ in range(decision.step)]
             self.processes.replicas.extend(started)
             self.scale_ups += 1
@@ -193,6 +200,7 @@ class LocalAutoscaler:
     def _wait(self, now: float, why: str, detail: str = "") -> None:
         """A round without its inputs: noted, and the run failed once that has lasted too long."""
         self._note(now, why)
+        assert self._inputs_at is not None  # tick sets it first
         if now - self._inputs_at > self.no_inputs_timeout_s:
             raise RunFailed(f"the autoscaler has had no inputs for {now - self._inputs_at:.0f} s "
                             f"(NO_INPUTS_TIMEOUT_S {self.no_inputs_timeout_s:.0f} s): {why}{detail}")

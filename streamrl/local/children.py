@@ -43,7 +43,9 @@ class ForkedProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._exited.wait(timeout):
+            assert timeout is not None  # only a bounded wait times out
             raise subprocess.TimeoutExpired(self.args, timeout)
+        assert self.returncode is not None  # set before _exited
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -79,6 +81,7 @@ class Zygote:
         threading.Thread(target=self._read, name="zygote", daemon=True).start()
 
     def _read(self) -> None:
+        assert self._proc.stdout is not None  # a PIPE (and stdin below)
         for line in self._proc.stdout:
             word, _, rest = line.strip().partition(" ")
             if word == "ready":
@@ -106,6 +109,7 @@ class Zygote:
         if not self._ready.wait(READY_TIMEOUT_S):
             raise RuntimeError(f"the replica zygote did not finish its imports within {READY_TIMEOUT_S:.0f} s; "
                                f"see {self._log.name}")
+        assert self._proc.stdin is not None
         with self._lock:  # one request at a time: its answer is the next line
             with self._answered:
                 self._proc.stdin.write(json.dumps({"argv": argv, "env": env, "log": str(log_path)}) + "\n")
@@ -127,6 +131,7 @@ class Zygote:
     def close(self, timeout_s: float = 5.0) -> None:
         """End the zygote (its replicas were stopped by the runner before)."""
         if self._proc.poll() is None:
+            assert self._proc.stdin is not None
             self._proc.stdin.close()
             try:
                 self._proc.wait(timeout_s)

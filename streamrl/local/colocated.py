@@ -74,7 +74,9 @@ class LocalGenerator:
         self._pump_task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
-        while (msg := await self.replica.outbox.get()) is not None:
+        outbox = self.replica.outbox
+        assert isinstance(outbox, asyncio.Queue)  # as the coordinator makes it (the core's Outbox only puts)
+        while (msg := await outbox.get()) is not None:
             if isinstance(msg, Work | BatchCap):
                 self.worker.inbox.put(msg)
             elif isinstance(msg, WeightsNotice):
@@ -108,7 +110,8 @@ async def serve(job: RLJob, model_dir: Path, out_dir: Path, **options) -> int:
     def in_process(coordinator: Coordinator, store: WeightStore) -> LocalGenerator:
         # Its own metrics: the engine's busy time must not count as the trainer's.
         metrics = ServiceMetrics("generator", timeline=out_dir / "timeline" / "generator-local-0.jsonl")
-        engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, load_tokenizer(model_dir).eos_token_id,
+        eos = load_tokenizer(model_dir).eos_token_id  # transformers types special-token ids loosely
+        engine = setup_engine(pool.engine, str(model_dir), job.spec.model.dtype, eos,  # pyright: ignore[reportArgumentType]
                               threads=pool.threads, colocated=True)
         return LocalGenerator(engine, coordinator, store, metrics, engine_type=pool.engine.type)
 

@@ -101,6 +101,7 @@ class RunMonitor:
                 expected = {self._target(c).address: c.name for c in running if c.admin_port is not None}
                 expected.update({t.address: name for name, t in self.extra.items()})
                 names.update(expected)
+                assert self.server.proc is not None  # started before it waits
                 if self.server.proc.poll() is not None:
                     raise RunFailed(f"prometheus exited with {self.server.proc.returncode}: "
                                     f"{self.server.last_error() or 'no error logged'}; see {self.server.log_path}")

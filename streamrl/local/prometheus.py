@@ -36,9 +36,10 @@ class Target:
 class LocalPrometheus:
     def __init__(self, directory: Path, scrape_interval_s: float = 1.0, rules: Path | None = RULES_FILE,
                  binary: str | None = None, port: int = 0):
-        self.binary = binary or shutil.which("prometheus")
-        if not self.binary:
+        found = binary or shutil.which("prometheus")
+        if not found:
             raise FileNotFoundError(MISSING)
+        self.binary = found
         self.directory = Path(directory).resolve()
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -84,7 +84,7 @@ def _fresh(out_dir: Path) -> Path:
 
 
 def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, cores: int | None) -> int:
-    def warn(msg: str) -> None:  # failures are said even with --quiet
+    def warn(msg: str | None) -> None:  # failures are said even with --quiet
         print(msg, file=sys.stderr, flush=True)
 
     say = (lambda msg: None) if quiet else warn
@@ -111,7 +111,8 @@ def _run(job_file: Path, out_dir: Path | None, quiet: bool, prometheus: bool, co
         if monitor is not None:
             say(f"prometheus: {monitor.start()} (data in {monitor.server.directory})")
         services = start_services(plan, model_dir)
-        keeper = (autoscale(plan, services, monitor, say) if plan.elastic
+        # an elastic run has its Prometheus (monitor)
+        keeper = (autoscale(plan, services, monitor, say) if plan.elastic and monitor is not None
                   else ReplicaRestarts(services.launcher, out_dir=plan.out_dir))
         if monitor is not None:
             monitor.wait_until_scraped(services.children, say, warn)

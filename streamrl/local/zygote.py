@@ -13,11 +13,13 @@ the zygote's program, so nothing the runner imports reaches back to streamrl.cli
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
 import signal
 import sys
+from typing import cast
 
 PRELOAD = ("torch", "transformers", "streamrl.cli", "streamrl.generator.main", "streamrl.generator.torch_engine",
            "transformers.models.llama.modeling_llama")
@@ -40,7 +42,7 @@ def _replica(argv: list[str], env: dict[str, str], log_path: str) -> int:
         os.dup2(log, fd)
     os.close(log)
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)
+        cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True)  # what sys gives a process
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     from streamrl.cli import main
 

@@ -35,7 +35,7 @@ class GpuType(BaseModel):
     """GPU-to-GPU bandwidth within a node, GB/s per GPU as the datasheet states it (NVLink's
     total of both directions; PCIe for cards without NVLink): tensor-parallel all-reduces and
     the trainer's gathers go over it."""
-    gpus_per_node: int = Field(8, ge=1, le=64)
+    gpus_per_node: int = Field(default=8, ge=1, le=64)
     """GPUs of one machine: tensor parallelism stays within it, a trainer pod takes up to this many."""
     relative_cost: float = Field(gt=0)
     """Cost of one GPU for the time it is held, relative to the others (your price list's
@@ -57,15 +57,15 @@ class Measurement(BaseModel):
     """The engine and version as the source states it (`vllm`, `lmdeploy 0.1.0a1`)."""
     gpu: str
     """A GPU type of the catalog."""
-    tp: int = Field(1, ge=1, le=64)
+    tp: int = Field(default=1, ge=1, le=64)
     model: str
     """A model shape of the catalog."""
     kind: Literal["request", "prefill"]
     """`request`: `batch` sequences of `input_tokens` prompts each generate `output_tokens`,
     end to end; `prefill`: the first token of `batch` such prompts."""
-    batch: int = Field(1, ge=1)
+    batch: int = Field(default=1, ge=1)
     input_tokens: int = Field(ge=1)
-    output_tokens: int = Field(0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
     seconds: float = Field(gt=0)
     """What was measured, in seconds (a throughput is turned into the batch's seconds: `derived`)."""
     derived: str = ""

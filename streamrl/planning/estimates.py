@@ -35,7 +35,8 @@ class Estimates:
         self.shape, self.job, self.workload = shape, job, workload
         self.memory = memory or TrainerMemory()
         """The job's own `trainer.memory`: always on; the planner may add the others."""
-        self.algorithm, self.reference = algorithm, reference
+        self.algorithm: Algorithm = algorithm
+        self.reference = reference
         self.assumptions = assumptions or Assumptions()
         self.profiles = {k.lower(): v for k, v in (profiles or {}).items()}
         """GPU type -> (its file, the profile measured on it)."""

@@ -58,6 +58,7 @@ def model_shape(spec: RLJobSpec, catalog: Catalog, override: str | None = None) 
             return ModelShape.from_hf_config(override)
         return catalog.model(override)
     if spec.model.source == "path":
+        assert spec.model.path is not None  # the spec requires it with this source
         return ModelShape.from_hf_config(spec.model.path)
     from streamrl.models import CHARS, SPECIAL_TOKENS, TINY_CONFIG
 

@@ -85,50 +85,50 @@ class Profile(Record):
     """PTL(BS): (batch size, seconds per decode step of one replica), ascending batch size."""
     ptl_context: int
     """Tokens of context (prompt + generated) each sequence had while PTL was measured."""
-    ptl_long_context: int = Field(0, ge=0)
+    ptl_long_context: int = Field(default=0, ge=0)
     """The longer context PTL was measured again at, for ptl_context_s_per_token (0: not measured)."""
-    ptl_context_s_per_token: float = Field(0.0, ge=0)
+    ptl_context_s_per_token: float = Field(default=0.0, ge=0)
     """Seconds a decode step grows per running sequence per token of context beyond ptl_context
     (the torch engine attends every sequence over the longest one's context)."""
     prefill_s_per_token: float = Field(ge=0)
     """Seconds a step admitting prompts (prefill and first token) costs beyond its decode step,
     per prompt token, measured admitting beside a running batch as serving does..."""
-    prefill_s_per_step: float = Field(0.0, ge=0)
+    prefill_s_per_step: float = Field(default=0.0, ge=0)
     """...plus this once per admitting step (fitted over admissions of several sizes)."""
     train_micro_batch_size: int = Field(ge=1)
     """Samples per forward/backward (the job's algorithm.microBatchSize) while training was measured."""
     train_sequence_tokens: int = Field(ge=1)
     """Prompt + completion tokens of each trained sample."""
-    train_world_size: int = Field(1, ge=1)
+    train_world_size: int = Field(default=1, ge=1)
     """Trainer ranks that shared the measured work."""
     forward_backward_s_per_token: float = Field(ge=0)
     """Seconds of forward and backward per padded token of a micro-batch (over the whole trainer)."""
-    forward_backward_s_per_micro_batch: float = Field(0.0, ge=0)
+    forward_backward_s_per_micro_batch: float = Field(default=0.0, ge=0)
     """Seconds every micro-batch costs besides its tokens (packing, the loss, the learner's Python),
     fitted with forward_backward_s_per_token over micro-batches of several shapes."""
     optimizer_step_s: float = Field(ge=0)
     """Seconds of one optimizer step (gradient clipping included)."""
     publish_s: float = Field(ge=0)
     """Seconds to gather the full weights and put them in the weight store (serialised, chunked, hashed)."""
-    weight_load_s: float = Field(0.0, ge=0)
+    weight_load_s: float = Field(default=0.0, ge=0)
     """Seconds a replica takes to swap a published version in once its bytes are here (decode, load)."""
-    sample_intake_s: float = Field(0.0, ge=0)
+    sample_intake_s: float = Field(default=0.0, ge=0)
     """Seconds the trainer's coordinator spends per sample it takes in (checks, scoring, grouping,
     dispatching more work), in process: what a colocated generator's samples cost."""
-    sample_stream_s: float = Field(0.0, ge=0)
+    sample_stream_s: float = Field(default=0.0, ge=0)
     """CPU seconds per sample over a loopback Connect stream, both ends in one process, the
     samples sent as a replica sends them, a few per decode step (the work out, the sample's
     conversion both ways, gRPC, the intake): intake plus the wire."""
-    sample_colocated_s: float = Field(0.0, ge=0)
+    sample_colocated_s: float = Field(default=0.0, ge=0)
     """Seconds per sample that colocated serving takes beyond its engine's steps, measured
     through the real composition (worker, hand-over, coordinator on its event loop): the
     worker's bookkeeping, the intake and dispatch, and the Python they hold the engine's thread
     back by. 0 (a profile before version 5): the intake stands in for it."""
 
-    cache_release_s: float = Field(0.0, ge=0)
+    cache_release_s: float = Field(default=0.0, ge=0)
     """Colocated mode's switch to training on this machine: seconds for the idle engine to let go
     of its KV cache (the trainer's state is in host memory already; 0: not measured)."""
-    cache_allocate_s: float = Field(0.0, ge=0)
+    cache_allocate_s: float = Field(default=0.0, ge=0)
     """Colocated mode's switch to generation beside publishing and loading the version: seconds
     to allocate the KV cache again (0: not measured)."""
 

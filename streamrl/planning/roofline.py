@@ -29,59 +29,59 @@ class Assumptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    weight_bytes_per_param: float = Field(2.0, gt=0)
+    weight_bytes_per_param: float = Field(default=2.0, gt=0)
     """Bytes of one parameter as generators hold it and the trainer computes with it (BF16)."""
-    kv_bytes_per_value: float = Field(2.0, gt=0)
+    kv_bytes_per_value: float = Field(default=2.0, gt=0)
     """Bytes of one cached key or value element (BF16 KV cache, vLLM's default `kv_cache_dtype=auto`)."""
-    decode_bandwidth_efficiency: float = Field(0.7, gt=0, le=1)
+    decode_bandwidth_efficiency: float = Field(default=0.7, gt=0, le=1)
     """Fraction of peak memory bandwidth a decode step achieves reading weights and KV cache.
     Fitted to deploy/catalog/measurements.yaml (vLLM and LMDeploy at fixed batches on A100,
     H100, H200: 0.71); Databricks ('LLM Inference Performance Engineering', 2023) reports
     60-70% model bandwidth utilisation."""
-    decode_compute_efficiency: float = Field(0.185, gt=0, le=1)
+    decode_compute_efficiency: float = Field(default=0.185, gt=0, le=1)
     """Fraction of peak tensor FLOP/s a decode step's batch-sized matmuls reach once
     compute-bound. Fitted to deploy/catalog/measurements.yaml (batch 64 decodes of Llama-2 7B
     and 70B on A100); 0.5 was assumed before, pricing a compute-bound decode 2.7x too cheap."""
-    prefill_compute_efficiency: float = Field(0.67, gt=0, le=1)
+    prefill_compute_efficiency: float = Field(default=0.67, gt=0, le=1)
     """Fraction of peak FLOP/s of prefill (large GEMMs). Fitted to deploy/catalog/measurements.yaml
     (first-token latencies of 2,048-token prompts, Llama-2 7B, 13B and 70B on A100)."""
-    decode_step_overhead_s: float = Field(0.00125, ge=0)
+    decode_step_overhead_s: float = Field(default=0.00125, ge=0)
     """Fixed seconds per decode step: sampling, scheduling, kernel launches. Fitted to
     deploy/catalog/measurements.yaml."""
-    allreduce_latency_s: float = Field(2e-5, ge=0)
+    allreduce_latency_s: float = Field(default=2e-5, ge=0)
     """Fixed seconds of one tensor-parallel all-reduce (order of NCCL's small-message latency on
     NVLink in nccl-tests; two per layer per step)."""
-    memory_utilization: float = Field(0.9, gt=0, le=1)
+    memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of GPU memory usable for weights, KV cache, optimizer state and activations
     (vLLM's `gpu_memory_utilization` default)."""
-    engine_max_batch: int = Field(256, ge=1)
+    engine_max_batch: int = Field(default=256, ge=1)
     """The most sequences an engine runs at once, whatever memory allows (vLLM's `max_num_seqs` default)."""
-    train_mfu: float = Field(0.4, gt=0, le=1)
+    train_mfu: float = Field(default=0.4, gt=0, le=1)
     """Model FLOPs utilisation of training (Megatron-LM, Narayanan et al. 2021: 44-52% on A100;
     PaLM: 46%; lower for the short, variable sequences of RL)."""
-    optimizer_bytes_per_param: float = Field(16.0, gt=0)
+    optimizer_bytes_per_param: float = Field(default=16.0, gt=0)
     """Training bytes per parameter: weights, gradients and AdamW's two moments in mixed
     precision (ZeRO, Rajbhandari et al. 2020: 2 + 2 + 12 = 16; FP32 FSDP: 4 + 4 + 8 = 16)."""
-    optimizer_bytes_touched_per_param: float = Field(28.0, gt=0)
+    optimizer_bytes_touched_per_param: float = Field(default=28.0, gt=0)
     """Bytes AdamW's step reads and writes per parameter (reads FP32 parameter, gradient and
     two moments, writes parameter and moments: 7 x 4); the step is memory-bound."""
-    checkpoint_bytes_per_token_per_hidden: float = Field(2.0, ge=0)
+    checkpoint_bytes_per_token_per_hidden: float = Field(default=2.0, ge=0)
     """Activation bytes kept per token per layer per hidden unit with full activation
     checkpointing (the layer's BF16 input; Korthikanti et al. 2022)."""
-    layer_working_bytes_per_token_per_hidden: float = Field(34.0, ge=0)
+    layer_working_bytes_per_token_per_hidden: float = Field(default=34.0, ge=0)
     """Activation bytes per token per hidden unit of the one layer being recomputed
     (Korthikanti et al. 2022's 34·s·b·h, attention's s² term gone with flash attention)."""
-    layer_replicated_bytes_per_token_per_hidden: float = Field(10.0, ge=0)
+    layer_replicated_bytes_per_token_per_hidden: float = Field(default=10.0, ge=0)
     """Of those, the bytes tensor parallelism does not split (the norms' and dropouts' inputs:
     Korthikanti et al.'s 10 of 34 without sequence parallelism; the other 24 divide by t)."""
-    host_copy_gb_s: float = Field(25.0, gt=0)
+    host_copy_gb_s: float = Field(default=25.0, gt=0)
     """GB/s between a GPU and host memory: publishing's copy of the gathered weights, and with
     CPU offload each layer's parameters in and gradients out (PCIe Gen4 x16, 32 GB/s peak, ~25
     achieved)."""
-    host_memory_gb_per_gpu: float = Field(256.0, gt=0)
+    host_memory_gb_per_gpu: float = Field(default=256.0, gt=0)
     """Host memory per GPU, GB, that CPU offload may fill (NVIDIA DGX H100 datasheet: 2 TB of
     system memory for 8 GPUs)."""
-    host_optimizer_gb_s: float = Field(20.0, gt=0)
+    host_optimizer_gb_s: float = Field(default=20.0, gt=0)
     """GB/s per GPU at which the optimizer step streams its state when it runs on the host (CPU
     offload): an assumption, a fraction of a node's DDR5 bandwidth (2 sockets x 8 channels of
     DDR5-4800: 614 GB/s, 77 GB/s per GPU of 8) that torch's multi-tensor CPU AdamW reaches."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -30,7 +31,7 @@ class ModelShape(BaseModel):
     """Vocabulary (`vocab_size`)."""
     intermediate_size: int = Field(ge=1)
     """Gated MLP width (`intermediate_size`): three matrices of hidden x intermediate per block."""
-    head_dim: int | None = Field(None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
     """Width of one head (default hidden_size / num_heads)."""
     tie_word_embeddings: bool = False
     """The output projection shares the input embedding's matrix."""
@@ -93,12 +94,12 @@ class ModelShape(BaseModel):
             path = Path(config)
             path = path / "config.json" if path.is_dir() else path
             try:
-                config = json.loads(path.read_text())
+                config = cast(dict, json.loads(path.read_text()))
             except (OSError, ValueError) as err:
                 raise ValueError(f"model config {path}: cannot read: {err}") from None
             source = str(path)
             name = name or path.parent.name
-        config = config.get("text_config", config)  # multimodal wrappers keep the LM's here
+        config = cast(dict, config.get("text_config", config))  # multimodal wrappers keep the LM's here
         keys = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
                 "num_heads": "num_attention_heads", "vocab_size": "vocab_size",
                 "intermediate_size": "intermediate_size"}

@@ -73,7 +73,7 @@ class RolloutCounters:
     def reward_failed(self) -> None:
         self._add("num_samples_reward_failed", 1)
 
-    def restore(self, saved: dict[str, int], accepted_trained: int) -> None:
+    def restore(self, saved: dict[str, int | dict[str, int]], accepted_trained: int) -> None:
         """Continue a resumed run's counts (the sink is not told: it counts this start's).
         Accepted samples count those of the iterations trained (a checkpoint can be taken with
         the next iterations' samples already in: they are generated and accepted again)."""

@@ -92,7 +92,7 @@ def parse_inputs(results: dict[str, list[dict]], min_iterations: int = 2) -> Inp
     u_gen, u_train = _scalar(results["generator_utilisation"]), _scalar(results["trainer_utilisation"])
     iterations = _scalar(results["iterations"]) or 0.0
     obs = None
-    if None not in (wall, u_gen, u_train) and iterations >= min_iterations:
+    if wall is not None and u_gen is not None and u_train is not None and iterations >= min_iterations:
         obs = Observation(wall * min(1.0, u_gen), wall * min(1.0, u_train), _scalar(results["idle_no_work"]) or 0.0)
     return Inputs(obs, _by_pool(results["pool_samples_per_s"]),
                   {p: int(v) for p, v in _by_pool(results["pool_connected"]).items()})

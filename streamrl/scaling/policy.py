@@ -217,6 +217,7 @@ def decide(obs: Observation, pools: list[Pool], behavior: Behavior, state: State
     new_state = replace(state, recommendations=recs, actions=actions, generation_bound=remembered)
     if step == 0:
         return Decision(current, reason, trainer_bound=bound, state=new_state)
+    assert pool is not None  # recommend names the pool of a step
     rules = behavior.scale_up if step > 0 else behavior.scale_down
     window = [s for t, s in recs if t >= now - rules.stabilization_window_seconds]
     # Act only when every recommendation within the window agrees (HPA: the least drastic wins).

@@ -69,6 +69,7 @@ class SimAutoscaler:
         decision, obs = rnd.decision, inputs.observation
         if decision is None or not decision.step:
             return
+        assert obs is not None and rnd.window_s is not None and decision.pool is not None  # a round that stepped
         self.decisions.append(ScalingRecord.of(decision, obs, rnd.window_s, now))
         self.asked[decision.pool] += decision.step
         if decision.step > 0:

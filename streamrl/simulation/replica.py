@@ -145,6 +145,7 @@ class SimReplica:
         done = max(1, math.ceil((self.sim.now - s.start - s.prefill_s) / s.step_s - 1e-9)) if s.step_s > 0 else 1
         if done < s.steps:
             s.steps = done
+            assert s.event is not None  # set as the stretch began
             s.event.cancel()
             s.event = self.sim.at(s.start + s.prefill_s + done * s.step_s, self._stretch_done)
 
@@ -200,6 +201,7 @@ class SimReplica:
 
     def _stretch_done(self) -> None:
         s, self._stretch = self._stretch, None
+        assert s is not None  # the event of the stretch running
         if s.low:
             self._skewness_s += self.sim.now - s.start
         self.num_tokens += s.steps * len(self.running)

@@ -19,13 +19,13 @@ ORACLE_LENGTHS = "(simulated: the true lengths)"
 
 
 class AlgorithmSection(SpecModel):
-    num_iterations: int = Field(10, ge=1)
+    num_iterations: int = Field(default=10, ge=1)
     """Optimizer steps to simulate."""
-    prompts_per_step: int = Field(64, ge=1)
+    prompts_per_step: int = Field(default=64, ge=1)
     """Prompts per iteration."""
-    group_size: int = Field(8, ge=1)
+    group_size: int = Field(default=8, ge=1)
     """Samples per prompt."""
-    micro_batch_size: int = Field(32, ge=1)
+    micro_batch_size: int = Field(default=32, ge=1)
     """Samples per forward/backward (each micro-batch is padded to its longest sample)."""
 
 
@@ -37,9 +37,9 @@ class LognormalLengths(SpecModel):
     type: Literal["lognormal"] = "lognormal"
     median: float = Field(gt=0)
     """Median output length at iteration 0, tokens."""
-    sigma: float = Field(1.0, ge=0)
+    sigma: float = Field(default=1.0, ge=0)
     """Standard deviation of log(length) over all samples (p99/p50 = exp(2.33 sigma): 8 at 0.9)."""
-    prompt_share: float = Field(0.7, ge=0, le=1)
+    prompt_share: float = Field(default=0.7, ge=0, le=1)
     """Fraction of log(length)'s variance that is the prompt's (the rest varies sample to sample)."""
 
 
@@ -57,24 +57,24 @@ LengthsSpec = Annotated[LognormalLengths | FileLengths, Field(discriminator="typ
 
 
 class WorkloadSection(SpecModel):
-    prompt_tokens: int = Field(256, ge=0)
+    prompt_tokens: int = Field(default=256, ge=0)
     """Tokens of every prompt (with promptTokensSigma: their median)."""
-    prompt_tokens_sigma: float = Field(0.0, ge=0, le=3)
+    prompt_tokens_sigma: float = Field(default=0.0, ge=0, le=3)
     """Spread of prompt lengths over prompts: standard deviation of log(prompt tokens), lognormal
     around promptTokens (0: every prompt promptTokens long), clipped to maxPromptTokens. A prompt's
     length sets its prefill and every sample's context and trained tokens."""
-    max_prompt_tokens: int | None = Field(None, ge=1)
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
     """Longest prompt (unset: 8 x promptTokens)."""
-    max_new_tokens: int = Field(4096, ge=1)
+    max_new_tokens: int = Field(default=4096, ge=1)
     """Longest output; drawn lengths are clipped to it."""
     lengths: LengthsSpec
     """The output-length distribution."""
-    median_growth_per_iteration: float = Field(0.0, ge=-0.5, le=1.0)
+    median_growth_per_iteration: float = Field(default=0.0, ge=-0.5, le=1.0)
     """Drift: lengths grow by this factor per iteration (0.01 = 1% longer each iteration), clipped to maxNewTokens."""
     growth: Literal["geometric", "linear"] = "geometric"
     """How the drift accumulates: `geometric` multiplies lengths by (1 + rate)^iteration,
     `linear` by 1 + rate x iteration (the steady rise RL runs show as reasoning lengthens)."""
-    ranker_log_error: float = Field(0.5, ge=0)
+    ranker_log_error: float = Field(default=0.5, ge=0)
     """skewness-aware: standard deviation of log(predicted / true mean length) of a prompt (0 = as the oracle)."""
     ranker_predictions: str | None = None
     """skewness-aware: a run's `lengths.jsonl` whose `predicted_length`s (what its ranker said of each
@@ -88,15 +88,15 @@ class TableGeneration(SpecModel):
     type: Literal["table"] = "table"
     decode_step_seconds: list[tuple[int, float]] = Field(min_length=1)
     """[[batch size, seconds per decode step], ...], interpolated linearly (the planner's PTL)."""
-    context_seconds_per_token: float = Field(0.0, ge=0)
+    context_seconds_per_token: float = Field(default=0.0, ge=0)
     """Added to a step per running sequence per token of its context (KV-cache reads); 0 = context-free."""
-    prefill_seconds_per_token: float = Field(0.0, ge=0)
+    prefill_seconds_per_token: float = Field(default=0.0, ge=0)
     """Seconds to prefill one prompt token..."""
-    prefill_seconds_per_step: float = Field(0.0, ge=0)
+    prefill_seconds_per_step: float = Field(default=0.0, ge=0)
     """...plus this once per engine step that admits prompts."""
     max_batch_size: int = Field(ge=1)
     """The most sequences one replica runs at once."""
-    sample_seconds: float = Field(0.0, ge=0)
+    sample_seconds: float = Field(default=0.0, ge=0)
     """Seconds a replica spends on each sample it finishes besides decoding (sending it), before its next step."""
 
 
@@ -106,19 +106,19 @@ class TableTraining(SpecModel):
     type: Literal["table"] = "table"
     seconds_per_token: float = Field(ge=0)
     """Forward and backward seconds per trained (padded) token, the whole trainer."""
-    step_seconds: float = Field(0.0, ge=0)
+    step_seconds: float = Field(default=0.0, ge=0)
     """The optimizer step closing an iteration."""
-    publish_seconds: float = Field(0.0, ge=0)
+    publish_seconds: float = Field(default=0.0, ge=0)
     """Gathering the weights and putting them in the weight store."""
-    micro_batch_seconds: float = Field(0.0, ge=0)
+    micro_batch_seconds: float = Field(default=0.0, ge=0)
     """Added to forward and backward per micro-batch, whatever its tokens."""
-    sample_seconds: float = Field(0.0, ge=0)
+    sample_seconds: float = Field(default=0.0, ge=0)
     """The trainer's process per sample it takes in (intake, scoring, grouping): a sample arriving
     while it trains delays its training by this much (one arriving while it waits costs nothing)."""
-    switch_to_training_seconds: float = Field(0.0, ge=0)
+    switch_to_training_seconds: float = Field(default=0.0, ge=0)
     """Colocated mode: from the last sample to the first micro-batch (the engine's KV cache
     released, the trainer's state back on the device)."""
-    switch_to_generation_seconds: float = Field(0.0, ge=0)
+    switch_to_generation_seconds: float = Field(default=0.0, ge=0)
     """Colocated mode: from the published version to generating again (the trainer's state to
     host memory, the weights resharded, the KV cache allocated)."""
 
@@ -140,7 +140,7 @@ class AnalyticGeneration(SpecModel):
     type: Literal["analytic"] = "analytic"
     gpu: str
     """A GPU type of the catalog (`H20`, `H100`, ...)."""
-    tensor_parallel: int = Field(1, ge=1, le=64)
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
     """GPUs of one replica's tensor-parallel group (within one node)."""
 
 
@@ -158,7 +158,7 @@ class AnalyticTraining(SpecModel):
     """The trainer's `memory.activationCheckpointing`: less activation memory, one more forward."""
     cpu_offload: bool = False
     """The trainer's `memory.cpuOffload`: model state in host memory, copies and a host optimizer step."""
-    tensor_parallel: int = Field(1, ge=1, le=8)
+    tensor_parallel: int = Field(default=1, ge=1, le=8)
     """The trainer's `memory.tensorParallel`: a layer's weights and activations split that many
     ways, for two all-reduces per layer per pass."""
 
@@ -168,36 +168,36 @@ TrainingCostSpec = Annotated[TableTraining | ProfileCost | AnalyticTraining, Fie
 
 
 class PoolSection(SpecModel):
-    name: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    name: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
     """Pool name."""
-    replicas: int = Field(1, ge=0)
+    replicas: int = Field(default=1, ge=0)
     """Replicas at the start."""
     cost: GenerationCostSpec
     """Where one replica's seconds come from."""
-    gpus_per_replica: int | None = Field(None, ge=1)
+    gpus_per_replica: int | None = Field(default=None, ge=1)
     """GPUs one replica holds (default: the analytic cost's tensorParallel, else 1)."""
-    gpu_hour_cost: float | None = Field(None, gt=0)
+    gpu_hour_cost: float | None = Field(default=None, gt=0)
     """Cost of one GPU for an hour (default: the catalog's relativeCost of the analytic GPU, else 1)."""
-    max_batch_size: int | None = Field(None, ge=1)
+    max_batch_size: int | None = Field(default=None, ge=1)
     """Cap on running sequences below what the cost allows (the engine's maxBatchSize)."""
     datacenter: str = "main"
     """Where the pool runs; a pool outside the trainer's datacenter fetches weights over the cross link."""
     weight_relay: bool = True
     """One replica fetches each version from the trainer and its peers fetch from it (the product's default)."""
-    min_replicas: int = Field(0, ge=0)
+    min_replicas: int = Field(default=0, ge=0)
     """Autoscaling: the fewest replicas."""
-    max_replicas: int | None = Field(None, ge=1)
+    max_replicas: int | None = Field(default=None, ge=1)
     """Autoscaling: the most replicas (unset = `replicas`: no growth)."""
-    join_seconds: float = Field(60.0, ge=0)
+    join_seconds: float = Field(default=60.0, ge=0)
     """Autoscaling: seconds from adding a replica to its Hello (start-up, model load)."""
 
 
 class TrainerSection(SpecModel):
-    gpus: int = Field(1, ge=1)
+    gpus: int = Field(default=1, ge=1)
     """GPUs of the trainer (in colocated mode, also the generators')."""
     cost: TrainingCostSpec
     """Where the trainer's seconds come from."""
-    gpu_hour_cost: float | None = Field(None, gt=0)
+    gpu_hour_cost: float | None = Field(default=None, gt=0)
     """Cost of one GPU for an hour (default: the catalog's relativeCost of the analytic GPU, else 1)."""
     datacenter: str = "main"
     """Where the trainer runs."""
@@ -206,7 +206,7 @@ class TrainerSection(SpecModel):
 class LinkSection(SpecModel):
     bandwidth_gbps: float = Field(gt=0)
     """Gigabits per second one transfer gets; transfers from one source queue behind each other."""
-    latency_ms: float = Field(0.0, ge=0)
+    latency_ms: float = Field(default=0.0, ge=0)
     """One-way latency, milliseconds (also delays each sample crossing it)."""
 
 
@@ -218,9 +218,9 @@ class NetworkSection(SpecModel):
 
 
 class WeightsSection(SpecModel):
-    size_bytes: float | None = Field(None, gt=0)
+    size_bytes: float | None = Field(default=None, gt=0)
     """Bytes of one weight version (default: the model's parameters x 2, BF16)."""
-    load_seconds: float | None = Field(None, ge=0)
+    load_seconds: float | None = Field(default=None, ge=0)
     """Seconds a replica pauses decoding to swap a fetched version in (unset: each pool's profile's
     measured weight load, 0 for other costs)."""
 
@@ -228,7 +228,7 @@ class WeightsSection(SpecModel):
 class PlacementSection(SpecModel):
     """Where the processes run. Unset: every stage on hardware of its own (a cluster)."""
 
-    cores: int | None = Field(None, ge=1)
+    cores: int | None = Field(default=None, ge=1)
     """Simulate `streamrl run` on one machine of this many cores (a CPU profile's `hardware.cores`):
     the trainer's process takes the first core and each replica the next one, round-robin, as the
     run hands cores out. A replica on the trainer's core loses to it the trainer's intake of every

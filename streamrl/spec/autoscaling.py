@@ -14,16 +14,16 @@ class ScalingPolicySpec(SpecModel):
 
     type: Literal["Pods"] = "Pods"
     """Only `Pods` (a number of replicas)."""
-    value: int = Field(1, ge=1)
+    value: int = Field(default=1, ge=1)
     """Replicas per period (when not given: 1, or `autoscaling.step` where that is more)."""
-    period_seconds: int = Field(60, ge=1, le=1800)
+    period_seconds: int = Field(default=60, ge=1, le=1800)
     """The period, seconds."""
 
 
 class ScalingRulesSpec(SpecModel):
     """One direction of scaling behaviour (HPA's `behavior.scaleUp` / `scaleDown`)."""
 
-    stabilization_window_seconds: int = Field(0, ge=0, le=3600)
+    stabilization_window_seconds: int = Field(default=0, ge=0, le=3600)
     """A recommendation must hold this long before it is acted on."""
     policies: list[ScalingPolicySpec] = Field(default_factory=lambda: [ScalingPolicySpec()], min_length=1,
                                               max_length=4)
@@ -44,27 +44,27 @@ class AutoscalingSpec(SpecModel):
     mode: Literal["Disabled", "Internal", "External"] = "Disabled"
     """`Internal`: StreamRL scales each pool itself; `External`: something else writes the
     RLJob's `/scale` (KEDA, an HPA); `Disabled`: replicas stay as written."""
-    prometheus_url: str | None = Field(None, max_length=2048, pattern=r"^https?://")
+    prometheus_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://")
     """Kubernetes: the Prometheus HTTP API the policy reads (default: the operator's)."""
-    interval_seconds: int = Field(15, ge=1, le=3600)
+    interval_seconds: int = Field(default=15, ge=1, le=3600)
     """How often the policy runs."""
-    idle_threshold: float = Field(0.2, ge=0, le=1)
+    idle_threshold: float = Field(default=0.2, ge=0, le=1)
     """Remove a replica when generators idle for lack of work more than this fraction of the
     time while work is out (not at the iteration barrier, where every generator must wait for
     the optimizer step) and one replica fewer would keep generation within training's time."""
-    hysteresis: float = Field(0.1, ge=0, lt=1)
+    hysteresis: float = Field(default=0.1, ge=0, lt=1)
     """A replica is removed on the times alone only when, with one fewer, generation would
     take at most (1 - hysteresis) of training's time: the band between the add and remove
     rules, so a reading's noise does not add back what the previous round removed."""
-    min_utilisation: float = Field(1.0, gt=0, le=1)
+    min_utilisation: float = Field(default=1.0, gt=0, le=1)
     """Add a replica while generation is the bottleneck only if the generators would still
     be busy at least this fraction of the time with it. 1.0 is the published rule (the
     imbalance exceeds what one more replica saves: none sits partly idle); lower values
     spend replica-seconds to shrink the trainer's pipeline bubble sooner."""
-    cooldown_seconds: int = Field(60, ge=0, le=3600)
+    cooldown_seconds: int = Field(default=60, ge=0, le=3600)
     """After a change, no change in the opposite direction for this long: a replica just
     added is not removed (nor one just removed re-added) on one noisy reading."""
-    step: int = Field(1, ge=1, le=64)
+    step: int = Field(default=1, ge=1, le=64)
     """Replicas added or removed at once: the unit the cluster grows by (a data-parallel group
     of replicas, a node's worth), as the published method scales. The rules weigh what `step`
     replicas more or fewer would do; each rate policy's `value` must allow a step (one left

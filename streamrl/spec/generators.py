@@ -15,9 +15,9 @@ class TorchEngineSpec(SpecModel):
 
     type: Literal["torch"] = "torch"
     """Engine backend."""
-    max_batch_size: int = Field(32, ge=1)
+    max_batch_size: int = Field(default=32, ge=1)
     """Sequences decoded at once."""
-    device: str = Field("cpu", max_length=64)
+    device: str = Field(default="cpu", max_length=64)
     """torch device, e.g. `cpu` or `cuda`."""
 
 
@@ -33,13 +33,13 @@ class VllmEngineSpec(SpecModel):
     build installed. On Kubernetes `cuda` needs `placement.gpus`."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Weights and activations in vLLM; unset = the model's `dtype`."""
-    max_num_seqs: int = Field(32, ge=1, le=65536)
+    max_num_seqs: int = Field(default=32, ge=1, le=65536)
     """Sequences decoded at once (vLLM's `max_num_seqs`): the replica's batch capacity."""
-    max_model_len: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
     """Longest prompt + completion in tokens; unset = the model's `max_position_embeddings`."""
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory vLLM may take (weights, activations, KV cache); ignored on CPU."""
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     """GPUs one replica shards its model over (`placement.gpus` should be at least this)."""
     enable_prefix_caching: StrictBool = True
     """Reuse the KV of shared prompt prefixes (a group's samples share their prompt). Never across
@@ -47,7 +47,7 @@ class VllmEngineSpec(SpecModel):
     enforce_eager: StrictBool = False
     """Run the model eagerly: no CUDA graphs or torch.compile (faster start, slower steps; the CPU
     examples set it)."""
-    cpu_kv_cache_gib: float = Field(1.0, gt=0, le=4096)
+    cpu_kv_cache_gib: float = Field(default=1.0, gt=0, le=4096)
     """On CPU: GiB of memory for the KV cache (what vLLM's `VLLM_CPU_KVCACHE_SPACE` sets, passed as its
     `kv_cache_memory_bytes`); ignored on GPUs, where `gpuMemoryUtilization` sizes it."""
     engine_args: dict[str, Any] = Field(default_factory=dict, max_length=64)
@@ -74,9 +74,9 @@ class PlacementSpec(SpecModel):
     (`cloud.google.com/gke-accelerator: nvidia-l4`)."""
     tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32)
     """Kubernetes tolerations, e.g. for tainted GPU nodes."""
-    gpus: int = Field(0, ge=0, le=64)
+    gpus: int = Field(default=0, ge=0, le=64)
     """GPUs per pod: requests and limits of `gpuResource`."""
-    gpu_resource: str = Field("nvidia.com/gpu", max_length=253)
+    gpu_resource: str = Field(default="nvidia.com/gpu", max_length=253)
     """The extended resource that counts GPUs on these nodes."""
     resources: dict[str, Any] = Field(default_factory=dict)
     """Kubernetes resource requirements (`requests`, `limits`) of the main container; the GPUs
@@ -90,13 +90,13 @@ class PlacementSpec(SpecModel):
 class GeneratorPoolSpec(SpecModel):
     """A set of identical generator replicas (one node pool / GPU type)."""
 
-    name: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    name: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
     """Pool name (DNS label)."""
-    replicas: int = Field(1, ge=0)
+    replicas: int = Field(default=1, ge=0)
     """Number of generator replicas."""
     engine: EngineSpec = Field(default_factory=TorchEngineSpec)
     """Inference engine of every replica in the pool: `torch` (StreamRL's own) or `vllm`."""
-    threads: int = Field(1, ge=1)
+    threads: int = Field(default=1, ge=1)
     """torch threads per replica, for its engine thread (streamrl.compute; local runs pin one core each by
     default)."""
     weight_relay: StrictBool = True
@@ -106,14 +106,14 @@ class GeneratorPoolSpec(SpecModel):
     one per replica."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     """Kubernetes: node pool, tolerations, GPUs and pod template of these replicas."""
-    cluster_ref: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    cluster_ref: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
     """Kubernetes: the RLCluster (another cluster, e.g. another datacenter) this pool runs
     in; unset = the RLJob's own cluster."""
-    min_replicas: int = Field(0, ge=0)
+    min_replicas: int = Field(default=0, ge=0)
     """Autoscaling: the fewest replicas this pool may shrink to."""
-    max_replicas: int | None = Field(None, ge=1)
+    max_replicas: int | None = Field(default=None, ge=1)
     """Autoscaling: the most replicas this pool may grow to (unset = its `replicas`, i.e. no growth)."""
-    cost: float = Field(1.0, gt=0)
+    cost: float = Field(default=1.0, gt=0)
     """Autoscaling: relative cost of one replica (e.g. its GPU's hourly price); the pool with
     the best measured throughput per cost grows first."""
 
@@ -133,19 +133,19 @@ class DispatchSpec(SpecModel):
     go to replicas running small batches, chosen to minimise estimated generation time,
     and every replica admits longest-predicted first. `oracle`: as skewness-aware with the
     true lengths of a previous run (oracleLengths), for benchmarking."""
-    long_tail_fraction: float = Field(0.2, ge=0, le=1)
+    long_tail_fraction: float = Field(default=0.2, ge=0, le=1)
     """alpha: the fraction of each iteration's prompts, longest predicted first, treated as long tail."""
     objective: Literal["sum", "max"] = "sum"
     """How the planner scores a split of replicas: `sum` of the two groups' estimated times
     (as published) or their `max` (the wall time when both run at once, each group priced as
     continuous batching runs it)."""
-    long_tail_batch_cap: int = Field(8, ge=1)
+    long_tail_batch_cap: int = Field(default=8, ge=1)
     """Batch cap of long-tail replicas."""
     oracle_lengths: str | None = None
     """lengths.jsonl of a previous run of the same prompts (for `oracle`)."""
-    low_occupancy: float = Field(0.5, gt=0, le=1)
+    low_occupancy: float = Field(default=0.5, gt=0, le=1)
     """Skewness bubble: a generator decoding fewer than this fraction of its batch cap."""
-    queue_factor: float | None = Field(None, ge=1, le=64)
+    queue_factor: float | None = Field(default=None, ge=1, le=64)
     """How much work a replica holds at once, in multiples of its batch capacity. Unset:
     4 for `random-fifo` (work binds early: each replica gets its share up front) and 1.25
     for the ranked policies (work binds late: whichever replica frees slots first takes
@@ -169,10 +169,10 @@ class ReconnectSpec(SpecModel):
     """How a generator dials a trainer that is not there yet or whose stream broke (exponential
     backoff with full jitter); it keeps its engine and weights meanwhile."""
 
-    initial_backoff_seconds: float = Field(0.5, gt=0, le=60)
+    initial_backoff_seconds: float = Field(default=0.5, gt=0, le=60)
     """The first wait's upper bound; each next one doubles, up to `maxBackoffSeconds`."""
-    max_backoff_seconds: float = Field(10.0, gt=0, le=600)
-    give_up_after_seconds: float | None = Field(None, ge=0, le=86400)
+    max_backoff_seconds: float = Field(default=10.0, gt=0, le=600)
+    give_up_after_seconds: float | None = Field(default=None, ge=0, le=86400)
     """How long a generator waits for an absent trainer (not yet up: queued, loading; or gone
     after a break: restarting, preempted) before it exits with an error (1). Unset: it waits
     as long as it takes, not ready and saying what it waits for, instead of exiting into a
@@ -192,7 +192,7 @@ class GeneratorsSpec(SpecModel):
     pools: list[GeneratorPoolSpec] = Field(default_factory=lambda: [GeneratorPoolSpec()], min_length=1,
                                            max_length=16)
     """Generator pools."""
-    replicas: int | None = Field(None, ge=1, le=4096)
+    replicas: int | None = Field(default=None, ge=1, le=4096)
     """Total replicas over all pools, when set (Kubernetes' `/scale` subresource writes it):
     spread over the pools in proportion to their `replicas`. Unset = each pool's own."""
     dispatch: DispatchSpec = Field(default_factory=DispatchSpec)

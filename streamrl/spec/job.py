@@ -58,7 +58,7 @@ class RLJobSpec(SpecModel):
     """Output-length ranker."""
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Elastic scaling of generator pools."""
-    image: str | None = Field(None, max_length=512)
+    image: str | None = Field(default=None, max_length=512)
     """Kubernetes: container image of every role (default: the operator's, set by the Helm chart)."""
     suspend: StrictBool = False
     """Kubernetes: scale every role to zero and keep the job (set back to false to resume)."""
@@ -117,8 +117,8 @@ class ObjectMeta(BaseModel):
 class RLJob(SpecModel):
     """An RLJob resource as written in a YAML file or stored in Kubernetes."""
 
-    api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")
-    """Must be streamrl.io/v1alpha1."""
+    api_version: Literal["streamrl.io/v1alpha1"] = Field(default="streamrl.io/v1alpha1", alias="apiVersion")
+    """Must be streamrl.io/v1alpha1 (API_VERSION, written out: a Literal takes no variable)."""
     kind: Literal["RLJob"] = "RLJob"
     """Must be RLJob."""
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)

@@ -22,18 +22,18 @@ class TLSSpec(SpecModel):
     """PEM certificate of this service."""
     key_file: str = f"{TLS_MOUNT}/tls.key"
     """PEM private key of this service."""
-    server_name: str = Field("streamrl", min_length=1, max_length=253)
+    server_name: str = Field(default="streamrl", min_length=1, max_length=253)
     """Name every certificate carries (subjectAltName DNS) and clients verify, so peers
     can be dialled by IP address."""
-    secret_name: str | None = Field(None, max_length=253)
+    secret_name: str | None = Field(default=None, max_length=253)
     """Kubernetes: the Secret (keys `ca.crt`, `tls.crt`, `tls.key`) the operator mounts at
     /etc/streamrl/tls in every pod, where the default file paths point."""
-    generator_server_name: str | None = Field(None, min_length=1, max_length=253)
+    generator_server_name: str | None = Field(default=None, min_length=1, max_length=253)
     """The name generators' certificates carry, apart from the trainer's (serverName): a
     generator then serves its pool's weight relay under it and peers verify it, and since its
     certificate does not carry serverName, a generator's key cannot pass for the trainer.
     Unset: one name (and on Kubernetes one certificate) for every role."""
-    generator_secret_name: str | None = Field(None, max_length=253)
+    generator_secret_name: str | None = Field(default=None, max_length=253)
     """Kubernetes: the Secret generator pods mount at /etc/streamrl/tls instead of secretName
     (a certificate for generatorServerName signed by the same CA), e.g. in a remote datacenter
     whose nodes should never hold the trainer's key."""

@@ -29,7 +29,7 @@ class TrainerServiceSpec(SpecModel):
     client's address reaches the pod (GKE, an NLB preserving client IPs) this can repeat
     loadBalancerSourceRanges; behind a proxying balancer it must include the balancer's
     addresses (the VPC's CIDR), or traffic and health checks are dropped."""
-    load_balancer_class: str | None = Field(None, max_length=253)
+    load_balancer_class: str | None = Field(default=None, max_length=253)
     """The load balancer implementation (spec.loadBalancerClass), unset = the cluster's default."""
 
 
@@ -46,7 +46,7 @@ class TrainerMemorySpec(SpecModel):
     state live in host memory and the optimizer steps there; each layer's parameters are
     copied to the device for its forward and backward. Needs the trainer sharded over two
     ranks or more (FSDP2 over a process group)."""
-    tensor_parallel: int = Field(1, ge=1, le=8)
+    tensor_parallel: int = Field(default=1, ge=1, le=8)
     """Ranks each decoder layer is split across (DTensor tensor parallelism: attention heads
     and MLP columns, `parallelize_module`), within a node; the world size over it shards
     data-parallel with FSDP2 on a 2-D mesh. Each rank then holds 1/tensorParallel of a layer's
@@ -60,15 +60,15 @@ class TrainerStartupSpec(SpecModel):
     start: a group waiting for its last node, a large model read from network storage and a
     large checkpoint resume each get their own time."""
 
-    rendezvous_seconds: int = Field(1800, ge=30, le=86400)
+    rendezvous_seconds: int = Field(default=1800, ge=30, le=86400)
     """Kubernetes, a trainer of several processes: how long its processes wait for every
     other one to join the group (torch.distributed.run's rendezvous timeout), e.g. for the
     last node to be provisioned and pull its image. The pod's startup probe covers this and a
     margin; past it, the group fails."""
-    load_seconds: int = Field(1800, ge=10, le=86400)
+    load_seconds: int = Field(default=1800, ge=10, le=86400)
     """Loading the model and tokenizer onto the device (and, colocated, the in-process
     generator's engine), from the start of the process's admin server."""
-    resume_seconds: int = Field(3600, ge=10, le=86400)
+    resume_seconds: int = Field(default=3600, ge=10, le=86400)
     """Loading the newest checkpoint (model, optimizer state, the run's ledger) when a start
     resumes a run."""
 
@@ -76,43 +76,43 @@ class TrainerStartupSpec(SpecModel):
 class TrainerSpec(SpecModel):
     """Training side."""
 
-    device: str = Field("cpu", max_length=64)
+    device: str = Field(default="cpu", max_length=64)
     """torch device of the learner (`cuda` on GPU pools: each rank takes the GPU of its local rank)."""
-    threads: int = Field(1, ge=1)
+    threads: int = Field(default=1, ge=1)
     """torch threads of each trainer rank, for its learner's thread (streamrl.compute)."""
-    nodes: int = Field(1, ge=1, le=1024)
+    nodes: int = Field(default=1, ge=1, le=1024)
     """Kubernetes: trainer pods (an Indexed Job, one pod per node); locally, 1."""
-    restart_limit: int | None = Field(None, ge=0, le=100)
+    restart_limit: int | None = Field(default=None, ge=0, le=100)
     """Restarts of a failed trainer (on Kubernetes, of its whole group) before the run fails;
     each resumes from the newest checkpoint. Unset = the operator's STREAMRL_TRAINER_BACKOFF_LIMIT
     on Kubernetes, 3 for `streamrl run`."""
-    preemption_limit: int = Field(10, ge=0, le=1000)
+    preemption_limit: int = Field(default=10, ge=0, le=1000)
     """Kubernetes: group restarts after a preemption (the trainer saved and exited on SIGTERM,
     a pod was evicted through the API or preempted by the scheduler, a suspension) that are not
     counted against restart_limit; past this many, each counts. Evictions by the kubelet for
     node pressure or a volume over its size always count: retried, they tend to repeat."""
-    process_group_timeout_seconds: int = Field(300, ge=10, le=86400)
+    process_group_timeout_seconds: int = Field(default=300, ge=10, le=86400)
     """How long a collective may wait for every rank: a rank that died fails the others
     within this, instead of leaving them waiting forever."""
-    port: int = Field(0, ge=0, le=65535)
+    port: int = Field(default=0, ge=0, le=65535)
     """gRPC port generators dial (0 = any free port; local runs)."""
-    admin_port: int = Field(0, ge=0, le=65535)
+    admin_port: int = Field(default=0, ge=0, le=65535)
     """HTTP admin port (/healthz, /readyz, /metrics, /status; 0 = any free port)."""
-    min_generators: int = Field(1, ge=1)
+    min_generators: int = Field(default=1, ge=1)
     """Generators that must be connected before the first iteration starts."""
-    keep_versions: int = Field(2, ge=1)
+    keep_versions: int = Field(default=2, ge=1)
     """Weight versions kept in memory for generators to fetch."""
-    weight_chunk_bytes: int = Field(1 << 20, ge=1024, le=3 << 20)
+    weight_chunk_bytes: int = Field(default=1 << 20, ge=1024, le=3 << 20)
     """Size of one FetchWeights chunk, bytes (below gRPC's 4 MiB message limit)."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     """Kubernetes: node pool, tolerations, GPUs and pod template of the trainer."""
-    processes_per_node: int = Field(1, ge=1, le=64)
+    processes_per_node: int = Field(default=1, ge=1, le=64)
     """Trainer ranks per pod (on GPU pools, its GPUs). World size = nodes x processesPerNode;
     the model, its gradients and optimizer state are sharded over all ranks (FSDP2)."""
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Kubernetes Service type of the trainer's gRPC endpoint; pools in other clusters
     need `NodePort` or `LoadBalancer`."""
-    external_host: str | None = Field(None, max_length=253)
+    external_host: str | None = Field(default=None, max_length=253)
     """With `NodePort`: the host other clusters reach this cluster's nodes at (a node's
     address, or a gateway in front of them); they dial it on the Service's node port."""
     service: TrainerServiceSpec = Field(default_factory=TrainerServiceSpec)
@@ -156,18 +156,18 @@ class RankerSpec(SpecModel):
     ranking objective; the heavier option, for a GPU."""
     model_path: str | None = None
     """Hugging Face model directory of the `causal-lm` predictor."""
-    device: str = Field("cpu", max_length=64)
+    device: str = Field(default="cpu", max_length=64)
     """torch device of the `causal-lm` predictor (e.g. `cuda`)."""
     state_path: str | None = None
     """File the ranker saves its state to and restores it from (local runs default to
     <out>/ranker.npz)."""
-    window: int = Field(512, ge=10)
+    window: int = Field(default=512, ge=10)
     """Observations over which the ranker reports its own recall."""
-    min_observations: int = Field(32, ge=1)
+    min_observations: int = Field(default=32, ge=1)
     """Observations before the learned predictor is trusted (history and the mean before)."""
-    port: int = Field(0, ge=0, le=65535)
+    port: int = Field(default=0, ge=0, le=65535)
     """gRPC port (0 = any free port; local runs)."""
-    admin_port: int = Field(0, ge=0, le=65535)
+    admin_port: int = Field(default=0, ge=0, le=65535)
     """HTTP admin port (0 = any free port)."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     """Kubernetes: node pool, tolerations, GPUs and pod template of the ranker."""

@@ -38,7 +38,7 @@ OPEN_METHOD_PREFIX = "/grpc.health.v1.Health/"
 """Calls that need no token (probes)."""
 
 
-def _read(path: str | None, what: str) -> bytes:
+def _read(path: str, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as err:
@@ -84,7 +84,9 @@ class _Token:
         self._header = ("authorization", f"Bearer {token}")
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), self._header))
+        # A namedtuple at run time; typeshed's grpc stubs declare a plain class.
+        return details._replace(  # pyright: ignore[reportAttributeAccessIssue]
+            metadata=grpc.aio.Metadata(*(details.metadata or ()), self._header))
 
 
 class _TokenUnaryUnary(_Token, grpc.aio.UnaryUnaryClientInterceptor):
@@ -116,6 +118,7 @@ def open_channel(address: str, security: SecuritySpec, server_name: str | None =
     interceptors = [kind(token) for kind in kinds] if token else None
     creds = channel_credentials(security)
     if creds is not None:
+        assert security.tls is not None  # the credentials come from it
         options = CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", server_name or security.tls.server_name)]
         return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)

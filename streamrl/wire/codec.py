@@ -5,9 +5,9 @@ objects would copy each chunk twice more; at weight sizes those copies are most 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from streamrl.weights import WeightsCorruptError, WeightVersion
+from streamrl.weights import WeightsCorruptError
 
 
 def _varint(n: int) -> bytes:
@@ -19,7 +19,17 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def encode_chunk(version: WeightVersion, offset: int, data: memoryview, sha256: str) -> bytes:
+class VersionHeader(Protocol):
+    """What a chunk's message repeats of its version: a WeightVersion's, or a relay's Incoming's."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    @property
+    def size_bytes(self) -> int: ...
+
+
+def encode_chunk(version: VersionHeader, offset: int, data: memoryview, sha256: str) -> bytes:
     """A FetchWeightsResponse in protobuf wire format, built with a single copy of the
     chunk (constructing the message and serializing it would copy it twice more; at
     weight sizes those copies are most of the cost). Fields in number order, zeros omitted,
@@ -61,7 +71,7 @@ def decode_chunk(buf: bytes) -> Chunk:
     """Parse FetchWeightsResponse wire bytes without copying the chunk (protobuf's parser
     plus `.data` would copy it twice); unknown fields are skipped."""
     view = memoryview(buf)
-    fields: dict[int, object] = {}
+    fields: dict[int, Any] = {}  # by field number: an int (varint) or a memoryview (length-delimited)
     i = 0
     while i < len(buf):
         key, i = _read_varint(buf, i)

@@ -45,7 +45,7 @@ def sample_to_pb(s: Sample) -> pb.Sample:
     )
 
 
-def _finish_from_pb(value: int) -> str:
+def _finish_from_pb(value: pb.FinishReason) -> str:
     """"stop" or "length"; anything else keeps its wire name (the trainer's intake refuses it)."""
     if value in _FINISH_FROM_PB:
         return _FINISH_FROM_PB[value]

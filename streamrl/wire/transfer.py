@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -28,7 +28,7 @@ class WeightSource:
         self._call = channel.unary_stream(FETCH_WEIGHTS, request_serializer=pb.FetchWeightsRequest.SerializeToString,
                                           response_deserializer=decode_chunk)
 
-    def fetch(self, policy_version: int, offset_bytes: int) -> AsyncIterator[Chunk]:
+    def fetch(self, policy_version: int, offset_bytes: int) -> AsyncIterable[Chunk]:
         return self._call(pb.FetchWeightsRequest(policy_version=policy_version, offset_bytes=offset_bytes))
 
 
@@ -112,8 +112,8 @@ def rollout_handler(connect, fetch_weights, fetch_model=None) -> grpc.GenericRpc
     return grpc.method_handlers_generic_handler("streamrl.v1.Rollout", methods)
 
 
-async def serve_version(version: WeightVersion | None, request: pb.FetchWeightsRequest, context,
-                        where: str = "") -> AsyncIterator[bytes]:
+async def serve_version(version: WeightVersion | None, request: pb.FetchWeightsRequest,
+                        context: grpc.aio.ServicerContext, where: str = "") -> AsyncIterator[bytes]:
     """A FetchWeights call's responses for the version held (None: NOT_FOUND)."""
     if version is None:
         await context.abort(grpc.StatusCode.NOT_FOUND, f"weight version {request.policy_version} is not held{where}")

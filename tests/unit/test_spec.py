@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from streamrl.spec import RLJob, SpecError, dump_job, load_job, parse_job
+from streamrl.spec import API_VERSION, RLJob, SpecError, dump_job, load_job, parse_job
 from tests.conftest import EXAMPLE
 
 
@@ -80,6 +80,12 @@ def test_wrong_kind_and_api_version_are_rejected():
         parse_job({"apiVersion": "streamrl.io/v1alpha1", "kind": "Job"})
     with pytest.raises(SpecError, match="apiVersion: Input should be 'streamrl.io/v1alpha1'"):
         parse_job({"apiVersion": "v1", "kind": "RLJob"})
+
+
+def test_the_api_version_field_is_the_api_version_constant():
+    """RLJob writes it out (a Literal takes no variable): the two must not drift apart."""
+    assert RLJob.model_fields["api_version"].default == API_VERSION
+    assert RLJob.model_fields["api_version"].annotation.__args__ == (API_VERSION,)
 
 
 def test_a_job_must_say_what_it_trains():
