@@ -56,11 +56,13 @@ def decide(out_dir: Path, job: RLJob) -> Resume:
     wanted = job.spec.algorithm.num_iterations
     checkpoints = [p.name for p in reversed(list_complete(out_dir))]
     earlier = _earlier_job(out_dir)
-    if earlier is not None and checkpoints:
-        differences = JobIdentity.of(job, None).differences(JobIdentity.of(earlier, None))
-        if differences:
-            return Resume(Start.REFUSED, _refused(out_dir, checkpoints[-1], differences))
-    summary = _finished(out_dir, job, earlier)
+    differences = JobIdentity.of(job, None).differences(JobIdentity.of(earlier, None)) if earlier else None
+    if differences and checkpoints:
+        return Resume(Start.REFUSED, _refused(out_dir, checkpoints[-1], differences))
+    # the same job, as far as its file tells (a model's shape only its files tell: a changed model spec
+    # leaves the decision to the trainer)
+    same_job = differences == [] and earlier is not None and earlier.spec.model == job.spec.model
+    summary = _finished(out_dir) if same_job else None
     if summary is not None and summary.num_iterations >= wanted and (out_dir / MODEL_DIR / "config.json").is_file():
         return Resume(Start.COMPLETE, _complete(out_dir, summary, wanted))
     if summary is not None and summary.num_iterations < wanted and checkpoints:
@@ -82,20 +84,17 @@ def _earlier_job(out_dir: Path) -> RLJob | None:
         return None
 
 
-def _finished(out_dir: Path, job: RLJob, earlier: RLJob | None) -> RunSummary | None:
-    """The summary of the run in out_dir when it ended well as this job's run (the same
-    JobIdentity and the same model spec: a model's shape only its files tell, so a changed model
-    leaves the decision to the trainer); None otherwise. A record another version wrote, that
-    does not parse, decides nothing."""
+def _finished(out_dir: Path) -> RunSummary | None:
+    """The summary of the run in out_dir when it ended well (Succeeded, the trainer's exit 0, no
+    failure); None otherwise. A record another version wrote, that does not parse, decides nothing."""
     try:
         summary = RunSummary.read(out_dir / SUMMARY_FILE)
         runner = LocalRun.read(out_dir / LOCAL_RUN_FILE)  # a start deletes it; its end writes it
     except (OSError, ValueError):
         return None
-    if earlier is None or summary.phase != TrainerPhase.SUCCEEDED or runner.trainer_exit_code != 0 or runner.failure:
+    if summary.phase != TrainerPhase.SUCCEEDED or runner.trainer_exit_code != 0 or runner.failure:
         return None
-    same = JobIdentity.of(earlier, None) == JobIdentity.of(job, None) and earlier.spec.model == job.spec.model
-    return summary if same else None
+    return summary
 
 
 def _refused(out_dir: Path, newest: str, differences: list[str]) -> str:
