@@ -36,8 +36,10 @@ def test_generation_is_measured_on_an_engine_thread_at_two_contexts(tiny_model_d
     assert [b for b, _ in m.ptl] == [1, 4] and (m.ptl_context, m.long_context) == (16, 40)
     assert m.context_s_per_token >= 0 and 0 < m.weight_load_s < 1
     # admissions of 1 and 4 prompts (the engine's capacity caps 16 and 64): a step's fixed part
-    # and a part per prompt token, both measured
-    assert m.prefill_s_per_step > 0 and m.prefill_s_per_token > 0
+    # and a part per prompt token. Two points on a tiny model under a loaded CI can fit a negative
+    # fixed part, which the fit refits through the origin (tests/unit/trainer/test_micro_batch_fit.py
+    # checks that it finds a real one): the per-token part is always measured.
+    assert m.prefill_s_per_step >= 0 and m.prefill_s_per_token > 0
     assert m.prefill_s_per_step + 32 * m.prefill_s_per_token < 0.5
     assert engine.policy_version == 0  # the weights swapped in for timing are swapped out again
     assert all(p.equal(held[name]) for name, p in engine.model.named_parameters())
