@@ -5,7 +5,11 @@ simulator). Both sides see only these two protocols, and what the trainer trades
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
+
+Algorithm = Literal["grpo", "ppo"]
+"""`grpo`: the policy's forward/backward only (a reference forward when the KL term is on).
+`ppo`: also a critic the size of the policy (a forward for values, then its own forward/backward)."""
 
 
 @runtime_checkable
@@ -117,3 +121,17 @@ class SwitchCost(Protocol):
         goes to host memory, the weights are resharded into the engine's layout, the KV cache
         is allocated again."""
         ...
+
+
+def trained_models(algorithm: Algorithm) -> int:
+    """Models with an optimizer: the policy, and PPO's critic."""
+    return 2 if algorithm == "ppo" else 1
+
+
+def forward_passes(algorithm: Algorithm, reference: bool, activation_checkpointing: bool = False) -> float:
+    """Training FLOPs per token in units of one forward pass (2N): the policy's forward and
+    backward are 3 (backward = 2 forwards, Kaplan et al. 2020's 6N), a reference forward 1, a
+    critic's value forward and its own forward/backward 1 + 3; activation checkpointing
+    recomputes each trained model's forward in its backward, 1 more each."""
+    recompute = trained_models(algorithm) if activation_checkpointing else 0
+    return 3.0 + (1.0 if reference else 0.0) + (4.0 if algorithm == "ppo" else 0.0) + recompute

@@ -54,7 +54,8 @@ class Estimates:
         return f"profile {measured[0]}" if measured else "roofline"
 
     def generation(self, gpu: GpuType, tp: int) -> GenerationCost | str:
-        analytic = analytic_generation_cost(self.shape, gpu, tp, self.max_context, self.assumptions)
+        analytic = analytic_generation_cost(self.shape, gpu, tp, self.max_context, self.assumptions,
+                                            self.workload.prompt_tokens)
         problem = analytic.memory_problem()
         if problem:
             return problem
@@ -98,7 +99,7 @@ class Estimates:
         if not isinstance(training, AnalyticTrainingCost):
             training = self._analytic_training(gpu, num_gpus, self.memory)
         cost = AnalyticSwitchCost(training, analytic_generation_cost(self.shape, gpu, tp, self.max_context,
-                                                                     self.assumptions))
+                                                                     self.assumptions, self.workload.prompt_tokens))
         return cost.memory_problem() or cost
 
     def memory_problem(self, gpu: GpuType, num_gpus: int) -> str | None:

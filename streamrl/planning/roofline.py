@@ -1,7 +1,8 @@
 """The analytic cost model for hardware without a profile: a decode step is the slower of
 streaming the weights and the KV cache from memory and doing its FLOPs (with tensor
 parallelism's all-reduces), training is 6 FLOPs per parameter per token (plus reference and
-critic passes) at a utilisation, and a memory check rules out what does not fit.
+critic passes) with its matmuls and its attention each at a fraction of peak fitted to published
+training throughputs, and a memory check rules out what does not fit.
 
 Every number that is an assumption rather than a spec is a field of `Assumptions`, with its
 source; `docs/planning.md` says how to calibrate them from a measured profile."""
@@ -10,17 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from streamrl.planning.catalog import GpuType
-from streamrl.planning.costs import TrainerMemory
+from streamrl.planning.costs import Algorithm, TrainerMemory, forward_passes, trained_models
 from streamrl.planning.shape import ModelShape
-
-Algorithm = Literal["grpo", "ppo"]
-"""`grpo`: the policy's forward/backward only (a reference forward when the KL term is on).
-`ppo`: also a critic the size of the policy (a forward for values, then its own forward/backward)."""
 
 
 class Assumptions(BaseModel):
@@ -33,32 +29,38 @@ class Assumptions(BaseModel):
     """Bytes of one parameter as generators hold it and the trainer computes with it (BF16)."""
     kv_bytes_per_value: float = Field(default=2.0, gt=0)
     """Bytes of one cached key or value element (BF16 KV cache, vLLM's default `kv_cache_dtype=auto`)."""
-    decode_bandwidth_efficiency: float = Field(default=0.7, gt=0, le=1)
+    decode_bandwidth_efficiency: float = Field(default=0.74, gt=0, le=1)
     """Fraction of peak memory bandwidth a decode step achieves reading weights and KV cache.
-    Fitted to deploy/catalog/measurements.yaml (vLLM and LMDeploy at fixed batches on A100,
-    H100, H200: 0.71); Databricks ('LLM Inference Performance Engineering', 2023) reports
-    60-70% model bandwidth utilisation."""
-    decode_compute_efficiency: float = Field(default=0.185, gt=0, le=1)
+    Fitted to deploy/catalog/measurements.yaml (vLLM, LMDeploy and TensorRT-LLM on A100, H100,
+    H200: 0.74); Databricks ('LLM Inference Performance Engineering', 2023) reports 60-70%
+    model bandwidth utilisation."""
+    decode_compute_efficiency: float = Field(default=0.68, gt=0, le=1)
     """Fraction of peak tensor FLOP/s a decode step's batch-sized matmuls reach once
-    compute-bound. Fitted to deploy/catalog/measurements.yaml (batch 64 decodes of Llama-2 7B
-    and 70B on A100); 0.5 was assumed before, pricing a compute-bound decode 2.7x too cheap."""
-    prefill_compute_efficiency: float = Field(default=0.67, gt=0, le=1)
+    compute-bound. Fitted to deploy/catalog/measurements.yaml: TensorRT-LLM's batches of 1,024
+    (Llama-2 70B, A100) decide it; LMDeploy's batch-64 decodes alone gave 0.185."""
+    prefill_compute_efficiency: float = Field(default=0.66, gt=0, le=1)
     """Fraction of peak FLOP/s of prefill (large GEMMs). Fitted to deploy/catalog/measurements.yaml
-    (first-token latencies of 2,048-token prompts, Llama-2 7B, 13B and 70B on A100)."""
-    decode_step_overhead_s: float = Field(default=0.00125, ge=0)
+    (first-token latencies of 2,048-token prompts on A100, and 20K-token prompts in
+    TensorRT-LLM's throughput runs)."""
+    decode_step_overhead_s: float = Field(default=0.0016, ge=0)
     """Fixed seconds per decode step: sampling, scheduling, kernel launches. Fitted to
     deploy/catalog/measurements.yaml."""
-    allreduce_latency_s: float = Field(default=2e-5, ge=0)
-    """Fixed seconds of one tensor-parallel all-reduce (order of NCCL's small-message latency on
-    NVLink in nccl-tests; two per layer per step)."""
+    allreduce_latency_s: float = Field(default=8e-6, ge=0)
+    """Seconds of one hop of a tensor-parallel ring all-reduce (2 (tp - 1) hops, two all-reduces
+    per layer per step). Fitted to deploy/catalog/measurements.yaml (TensorRT-LLM at tensor
+    parallel 4 and 8): the order of NCCL's small-message latency on NVLink in nccl-tests."""
     memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of GPU memory usable for weights, KV cache, optimizer state and activations
     (vLLM's `gpu_memory_utilization` default)."""
     engine_max_batch: int = Field(default=256, ge=1)
     """The most sequences an engine runs at once, whatever memory allows (vLLM's `max_num_seqs` default)."""
-    train_mfu: float = Field(default=0.4, gt=0, le=1)
-    """Model FLOPs utilisation of training (Megatron-LM, Narayanan et al. 2021: 44-52% on A100;
-    PaLM: 46%; lower for the short, variable sequences of RL)."""
+    train_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of peak FLOP/s that training's matmuls reach. None: the GPU type's own, which
+    the catalog fits to published training throughputs (deploy/catalog/training.yaml,
+    streamrl/planning/training_fit.py); set it (or calibrate from a profile) to override."""
+    train_attention_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of peak FLOP/s that training's attention reaches (flash attention's kernels,
+    below the GEMMs'). None: as train_matmul_efficiency; with that one set alone, the same value."""
     optimizer_bytes_per_param: float = Field(default=16.0, gt=0)
     """Training bytes per parameter: weights, gradients and AdamW's two moments in mixed
     precision (ZeRO, Rajbhandari et al. 2020: 2 + 2 + 12 = 16; FP32 FSDP: 4 + 4 + 8 = 16)."""
@@ -87,13 +89,21 @@ class Assumptions(BaseModel):
     DDR5-4800: 614 GB/s, 77 GB/s per GPU of 8) that torch's multi-tensor CPU AdamW reaches."""
 
 
+FALLBACK_TRAIN_EFFICIENCY = 0.4
+"""Training's fraction of peak on a GPU type the catalog has no efficiency for (one built
+outside a catalog, or a catalog without training rows): Megatron-LM's 44-52% MFU on A100
+(Narayanan et al. 2021), lower for RL's short, variable sequences."""
+
+
 def _tp_allreduce_s(gpu: GpuType, tp: int, tokens: float, hidden: int, num_layers: int, a: Assumptions) -> float:
-    """Two ring all-reduces per layer of [tokens, hidden] activations over the node's interconnect."""
+    """Two ring all-reduces per layer of [tokens, hidden] activations over the node's interconnect:
+    2 (tp - 1) steps, each a hop's latency and 1/tp of the data (the alpha-beta model of Thakur et
+    al. 2005, which NCCL's ring follows)."""
     if tp == 1:
         return 0.0
     size = tokens * hidden * a.weight_bytes_per_param
     per_direction = gpu.interconnect_gb_s * 1e9 / 2
-    return 2 * num_layers * (a.allreduce_latency_s + 2 * (tp - 1) / tp * size / per_direction)
+    return 2 * num_layers * 2 * (tp - 1) * (a.allreduce_latency_s + size / tp / per_direction)
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,9 @@ class AnalyticGenerationCost:
     max_context: int
     """Prompt + longest output, tokens: what one sequence's KV cache must hold."""
     assumptions: Assumptions = Assumptions()
+    prompt_tokens: int = 0
+    """A prompt's tokens: its prefill attends over half of them on average (a 20K-token
+    prompt's attention adds a fifth to a 70B model's prefill FLOPs)."""
 
     @property
     def weight_bytes_per_gpu(self) -> float:
@@ -149,7 +162,7 @@ class AnalyticGenerationCost:
 
     def prefill_s(self, tokens: int) -> float:
         a, s = self.assumptions, self.shape
-        compute_s = tokens * s.forward_flops_per_token(0) / self.tp / (
+        compute_s = tokens * s.forward_flops_per_token(self.prompt_tokens / 2) / self.tp / (
             self.gpu.bf16_tflops * 1e12 * a.prefill_compute_efficiency)
         memory_s = self.weight_bytes_per_gpu / (self.gpu.hbm_gb_s * 1e9 * a.decode_bandwidth_efficiency)
         return max(compute_s, memory_s) + _tp_allreduce_s(self.gpu, self.tp, tokens, s.hidden_size, s.num_layers, a)
@@ -173,20 +186,6 @@ def tensor_parallel_problem(shape: ModelShape, gpu: GpuType, num_gpus: int, tp: 
     return None
 
 
-def trained_models(algorithm: Algorithm) -> int:
-    """Models with an optimizer: the policy, and PPO's critic."""
-    return 2 if algorithm == "ppo" else 1
-
-
-def forward_passes(algorithm: Algorithm, reference: bool, activation_checkpointing: bool = False) -> float:
-    """Training FLOPs per token in units of one forward pass (2N): the policy's forward and
-    backward are 3 (backward = 2 forwards, Kaplan et al. 2020's 6N), a reference forward 1, a
-    critic's value forward and its own forward/backward 1 + 3; activation checkpointing
-    recomputes each trained model's forward in its backward, 1 more each."""
-    recompute = trained_models(algorithm) if activation_checkpointing else 0
-    return 3.0 + (1.0 if reference else 0.0) + (4.0 if algorithm == "ppo" else 0.0) + recompute
-
-
 @dataclass(frozen=True)
 class AnalyticTrainingCost:
     """The trainer stage: `num_gpus` GPUs of `gpu` sharding the model (FSDP), a TrainingCost."""
@@ -207,10 +206,27 @@ class AnalyticTrainingCost:
     memory: TrainerMemory = TrainerMemory()
 
     @property
-    def flops_per_token(self) -> float:
+    def flops_per_token(self) -> tuple[float, float]:
+        """(matmul, attention) FLOPs per trained token, over every pass of every model."""
         mean_context = self.mean_sequence_tokens / 2  # causal: a token attends to half the sequence on average
         passes = forward_passes(self.algorithm, self.reference, self.memory.activation_checkpointing)
-        return passes * self.shape.forward_flops_per_token(mean_context)
+        return passes * 2 * self.shape.matmul_params, passes * self.shape.attention_flops_per_token(mean_context)
+
+    @property
+    def efficiencies(self) -> tuple[float, float]:
+        """(matmul, attention) fractions of peak: the assumptions' if set, else the GPU type's
+        (fitted by the catalog), else FALLBACK_TRAIN_EFFICIENCY."""
+        a, g = self.assumptions, self.gpu
+        if a.train_matmul_efficiency is not None:
+            return a.train_matmul_efficiency, a.train_attention_efficiency or a.train_matmul_efficiency
+        if g.train_matmul_efficiency is not None and g.train_attention_efficiency is not None:
+            return g.train_matmul_efficiency, g.train_attention_efficiency
+        return FALLBACK_TRAIN_EFFICIENCY, FALLBACK_TRAIN_EFFICIENCY
+
+    def compute_s_per_token(self) -> float:
+        """Seconds of FLOPs per trained token on one GPU."""
+        (matmul, attention), (em, ea) = self.flops_per_token, self.efficiencies
+        return (matmul / em + attention / ea) / (self.gpu.bf16_tflops * 1e12)
 
     def offload_s_per_micro_batch(self) -> float:
         """CPU offload: each rank copies its FP32 parameter shards in for the forward and again for
@@ -235,9 +251,8 @@ class AnalyticTrainingCost:
                                         self.assumptions)
 
     def train_s(self, tokens: int, micro_batches: int = 0) -> float:
-        compute = self.num_gpus * self.gpu.bf16_tflops * 1e12 * self.assumptions.train_mfu
         per_rank = -(-micro_batches // self.num_gpus)
-        return tokens * self.flops_per_token / compute + per_rank * self.offload_s_per_micro_batch() + \
+        return tokens * self.compute_s_per_token() / self.num_gpus + per_rank * self.offload_s_per_micro_batch() + \
             self.tensor_parallel_s(tokens)
 
     def step_s(self) -> float:
@@ -355,11 +370,11 @@ class AnalyticSwitchCost:
 
 
 def analytic_generation_cost(shape: ModelShape, gpu: GpuType, tp: int, max_context: int,
-                             assumptions: Assumptions | None = None) -> AnalyticGenerationCost:
+                             assumptions: Assumptions | None = None, prompt_tokens: int = 0) -> AnalyticGenerationCost:
     """A replica's GenerationCost from the roofline (tp GPUs of one node)."""
     if not 1 <= tp <= gpu.gpus_per_node:
         raise ValueError(f"tensor-parallel size {tp}: must be 1..{gpu.gpus_per_node} (one {gpu.name} node)")
-    return AnalyticGenerationCost(shape, gpu, tp, max_context, assumptions or Assumptions())
+    return AnalyticGenerationCost(shape, gpu, tp, max_context, assumptions or Assumptions(), prompt_tokens)
 
 
 def analytic_training_cost(shape: ModelShape, gpu: GpuType, num_gpus: int, mean_sequence_tokens: float,

@@ -72,11 +72,15 @@ class ModelShape(BaseModel):
         output projection is): the N of 2N FLOPs per token."""
         return self.num_layers * self.layer_params + self.vocab_size * self.hidden_size
 
+    def attention_flops_per_token(self, context: float) -> float:
+        """FLOPs of one token's forward attention over `context` earlier tokens: QK^T and AV,
+        2 x 2 x heads x head_dim per attended token per layer (what flash attention computes)."""
+        return 4 * self.num_layers * self.num_heads * self.dim_per_head * context
+
     def forward_flops_per_token(self, context: float) -> float:
         """FLOPs of one token's forward pass attending to `context` earlier tokens: 2 per
-        matmul parameter, plus QK^T and AV (2 x 2 x heads x head_dim per attended token per layer)."""
-        attention = 4 * self.num_layers * self.num_heads * self.dim_per_head * context
-        return 2 * self.matmul_params + attention
+        matmul parameter, plus the attention's."""
+        return 2 * self.matmul_params + self.attention_flops_per_token(context)
 
     def kv_values_per_token(self) -> int:
         """Keys and values one token leaves in the cache, over all layers (multiply by bytes per value)."""

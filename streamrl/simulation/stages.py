@@ -119,7 +119,7 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
                                  "config.json)")
             gpu = catalog.gpu(spec.gpu, f"{where}.gpu")
             cost = analytic_generation_cost(shape, gpu, spec.tensor_parallel, w.prompt_tokens + w.max_new_tokens,
-                                            assumptions)
+                                            assumptions, w.prompt_tokens)
             problem = cost.memory_problem()
             if problem or cost.max_batch < 1:
                 raise ValueError(f"{where}: {problem or 'no sequence fits beside the weights'}")
@@ -160,7 +160,8 @@ def resolve_stages(scenario: Scenario, base: Path | None = None, catalog: Catalo
         price = gpu.relative_cost
         if colocated:  # the engine a GPU also holds: the first pool's, or one GPU's of the trainer's type
             engine = next((p.cost for p in pools.values() if isinstance(p.cost, AnalyticGenerationCost)), None)
-            engine = engine or analytic_generation_cost(shape, gpu, 1, w.prompt_tokens + w.max_new_tokens, assumptions)
+            engine = engine or analytic_generation_cost(shape, gpu, 1, w.prompt_tokens + w.max_new_tokens, assumptions,
+                                                        w.prompt_tokens)
             analytic = AnalyticSwitchCost(trainer, engine)
             problem = analytic.memory_problem()
             if problem:

@@ -12,7 +12,7 @@ CATALOG = load_catalog()
 SHAPE = CATALOG.model("qwen2.5-7b")
 H20 = CATALOG.gpu("H20")
 TRUE = Assumptions(decode_bandwidth_efficiency=0.5, decode_compute_efficiency=0.3, prefill_compute_efficiency=0.45,
-                   train_mfu=0.25)
+                   train_matmul_efficiency=0.25, train_attention_efficiency=0.25)
 
 
 def _profile_as_the_roofline_sees_it(a: Assumptions) -> Profile:
@@ -33,7 +33,8 @@ def test_calibrating_on_the_rooflines_own_numbers_gives_its_factors_back():
     assert fitted.decode_bandwidth_efficiency == pytest.approx(0.5, rel=1e-9)  # PTL(1): memory-bound
     assert fitted.decode_compute_efficiency == pytest.approx(0.3, rel=1e-9)  # PTL(256): compute-bound
     assert fitted.prefill_compute_efficiency == pytest.approx(0.45, rel=1e-6)
-    assert fitted.train_mfu == pytest.approx(0.25, rel=1e-9)
+    assert fitted.train_matmul_efficiency == pytest.approx(0.25, rel=1e-9)
+    assert fitted.train_attention_efficiency == fitted.train_matmul_efficiency  # one from a profile's short sequences
     assert fitted.engine_max_batch == Assumptions().engine_max_batch  # what is not measured stays assumed
     assert len(notes) == 4
 
@@ -47,8 +48,9 @@ def test_a_factor_above_one_is_capped_and_named():
 
 def test_assumptions_files_name_the_bad_field(tmp_path):
     path = tmp_path / "a.yaml"
-    path.write_text("train_mfu: 0.5\nkv_bytes_per_value: 1\n")
-    assert (load_assumptions(path).train_mfu, load_assumptions(path).kv_bytes_per_value) == (0.5, 1.0)
-    path.write_text("train_mfu: 1.5\ntrain_mfuu: 0.1\n")
-    with pytest.raises(ValueError, match=r"--assumptions .*a.yaml: train_mfu: Input should be less than or equal"):
+    path.write_text("train_matmul_efficiency: 0.5\nkv_bytes_per_value: 1\n")
+    assert (load_assumptions(path).train_matmul_efficiency, load_assumptions(path).kv_bytes_per_value) == (0.5, 1.0)
+    path.write_text("train_matmul_efficiency: 1.5\ntrain_mfu: 0.1\n")
+    with pytest.raises(ValueError, match=r"--assumptions .*a.yaml: train_matmul_efficiency: Input should be less "
+                                         r"than or equal.*train_mfu: Extra inputs are not permitted"):
         load_assumptions(path)

@@ -72,5 +72,6 @@ def test_model_shapes_come_from_the_catalog_or_a_config_json(tmp_path):
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     with pytest.raises(ValueError, match="missing num_hidden_layers, num_attention_heads, vocab_size"):
         ModelShape.from_hf_config(tmp_path / "config.json")
-    with pytest.raises(ValueError, match=r"model .gpt-9.: not in the catalog \(known: llama-2-13b, llama-2-70b,"):
+    with pytest.raises(ValueError, match=r"model .gpt-9.: not in the catalog \(known: llama-2-13b, llama-2-34b, "
+                                         r"llama-2-70b,"):
         catalog.model("gpt-9")
