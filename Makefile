@@ -72,6 +72,7 @@ GENERATED_TESTS := tests/unit/test_proto.py::test_committed_stubs_match_a_fresh_
 	tests/unit/operator/test_crd.py::test_committed_crds_equal_a_fresh_generation \
 	tests/unit/test_docs.py::test_the_rljob_reference_is_generated_from_the_spec \
 	tests/unit/test_docs.py::test_the_code_map_is_generated_from_the_docstrings \
+	tests/unit/test_docs.py::test_the_calibration_page_is_generated_from_the_catalog \
 	tests/unit/test_docs.py::test_the_architecture_diagram_is_drawn_from_its_source \
 	tests/unit/test_dashboards.py::test_committed_dashboards_equal_a_fresh_generation \
 	tests/unit/test_dashboards.py::test_chart_copy_of_the_rules_is_current

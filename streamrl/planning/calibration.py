@@ -213,8 +213,10 @@ def published_rows(catalog: Catalog, assumptions: Assumptions | None = None) -> 
     """Every published measurement of the catalog's two tables with the roofline's prediction
     (the catalog's fitted training efficiencies, `assumptions`' serving factors)."""
     assumptions = assumptions or Assumptions()
+    checkpointing = {"none": "no", "full": "full", "selective": "selective"}
     rows = [CalibrationRow("training", r.name, r.use, r.gpu, r.tp,
-                           f"{r.gpus} GPUs, {r.sequence_tokens} tokens, {r.activation_checkpointing} checkpointing",
+                           f"{r.gpus} GPUs, {r.sequence_tokens} tokens, "
+                           f"{checkpointing[r.activation_checkpointing]} checkpointing",
                            predict_training(r, catalog, assumptions) / r.tokens_per_s_per_gpu)
             for r in catalog.training]
     rows += [CalibrationRow("decoding", r.name, r.use, r.gpu, r.tp,

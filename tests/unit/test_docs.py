@@ -117,6 +117,11 @@ def test_the_rljob_reference_is_generated_from_the_spec():
         "stale docs/spec.md: run python scripts/gen_reference.py"
 
 
+def test_the_calibration_page_is_generated_from_the_catalog():
+    assert (ROOT / "docs" / "calibration.md").read_text() == _script("gen_calibration").render(), \
+        "stale docs/calibration.md: run python scripts/gen_calibration.py"
+
+
 def test_the_code_map_is_generated_from_the_docstrings():
     assert (ROOT / "docs" / "code-map.md").read_text() == _script("gen_code_map").render(), \
         "stale docs/code-map.md: run python scripts/gen_code_map.py"
