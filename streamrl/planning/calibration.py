@@ -87,10 +87,10 @@ def calibrate(profile: Profile, gpu: GpuType, base: Assumptions | None = None) -
 # ---- fitting to published measurements (deploy/catalog/measurements.yaml) ------------------
 
 FITTED_TO_MEASUREMENTS = ("decode_bandwidth_efficiency", "decode_compute_efficiency", "decode_step_overhead_s",
-                          "prefill_compute_efficiency", "allreduce_latency_s")
-_BOUNDS = {"decode_bandwidth_efficiency": (0.3, 0.9), "decode_compute_efficiency": (0.05, 1.0),
+                          "prefill_compute_efficiency", "allreduce_latency_s", "decode_allreduce_bandwidth_efficiency")
+_BOUNDS = {"decode_bandwidth_efficiency": (0.3, 0.9), "decode_compute_efficiency": (0.05, 0.8),
            "decode_step_overhead_s": (1e-4, 1e-2), "prefill_compute_efficiency": (0.1, 1.0),
-           "allreduce_latency_s": (2e-6, 2e-4)}
+           "allreduce_latency_s": (2e-6, 2e-4), "decode_allreduce_bandwidth_efficiency": (0.02, 1.0)}
 _REQUEST_OVERHEADS = (0.0, 0.002, 0.004, 0.006, 0.008, 0.010, 0.012)
 _CHUNKS = 16
 

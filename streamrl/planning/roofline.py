@@ -29,26 +29,33 @@ class Assumptions(BaseModel):
     """Bytes of one parameter as generators hold it and the trainer computes with it (BF16)."""
     kv_bytes_per_value: float = Field(default=2.0, gt=0)
     """Bytes of one cached key or value element (BF16 KV cache, vLLM's default `kv_cache_dtype=auto`)."""
-    decode_bandwidth_efficiency: float = Field(default=0.74, gt=0, le=1)
+    decode_bandwidth_efficiency: float = Field(default=0.7, gt=0, le=1)
     """Fraction of peak memory bandwidth a decode step achieves reading weights and KV cache.
     Fitted to deploy/catalog/measurements.yaml (vLLM, LMDeploy and TensorRT-LLM on A100, H100,
-    H200: 0.74); Databricks ('LLM Inference Performance Engineering', 2023) reports 60-70%
+    H200: 0.70); Databricks ('LLM Inference Performance Engineering', 2023) reports 60-70%
     model bandwidth utilisation."""
-    decode_compute_efficiency: float = Field(default=0.68, gt=0, le=1)
+    decode_compute_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Fraction of peak tensor FLOP/s a decode step's batch-sized matmuls reach once
-    compute-bound. Fitted to deploy/catalog/measurements.yaml: TensorRT-LLM's batches of 1,024
-    (Llama-2 70B, A100) decide it; LMDeploy's batch-64 decodes alone gave 0.185."""
-    prefill_compute_efficiency: float = Field(default=0.66, gt=0, le=1)
+    compute-bound. Fitted to deploy/catalog/measurements.yaml, where TensorRT-LLM's batches of
+    1,024 (Llama-2 70B, A100) decide it and take it to the fit's upper bound, 0.8 (LMDeploy's
+    batch-64 decodes alone gave 0.185)."""
+    prefill_compute_efficiency: float = Field(default=0.68, gt=0, le=1)
     """Fraction of peak FLOP/s of prefill (large GEMMs). Fitted to deploy/catalog/measurements.yaml
     (first-token latencies of 2,048-token prompts on A100, and 20K-token prompts in
     TensorRT-LLM's throughput runs)."""
-    decode_step_overhead_s: float = Field(default=0.0016, ge=0)
+    decode_step_overhead_s: float = Field(default=0.0013, ge=0)
     """Fixed seconds per decode step: sampling, scheduling, kernel launches. Fitted to
     deploy/catalog/measurements.yaml."""
-    allreduce_latency_s: float = Field(default=8e-6, ge=0)
-    """Seconds of one hop of a tensor-parallel ring all-reduce (2 (tp - 1) hops, two all-reduces
-    per layer per step). Fitted to deploy/catalog/measurements.yaml (TensorRT-LLM at tensor
-    parallel 4 and 8): the order of NCCL's small-message latency on NVLink in nccl-tests."""
+    allreduce_latency_s: float = Field(default=2.5e-5, ge=0)
+    """Fixed seconds of one tensor-parallel all-reduce, two per layer per step. Fitted to
+    deploy/catalog/measurements.yaml (vLLM at batch 8 and TensorRT-LLM at tensor parallel 4
+    and 8): the order of NCCL's small-message latency on NVLink in nccl-tests."""
+    decode_allreduce_bandwidth_efficiency: float = Field(default=0.11, gt=0, le=1)
+    """Fraction of the interconnect's bandwidth (each way) a tensor-parallel all-reduce of a
+    decode step's activations reaches (prefill's and training's, hundreds of MB, are taken at
+    the full bandwidth). Fitted to deploy/catalog/measurements.yaml: TensorRT-LLM's
+    large batches at tensor parallel 8 ran 1.4-2x slower than the roofline at full bandwidth (a
+    1-4 MB all-reduce is far from NCCL's peak bus bandwidth in nccl-tests)."""
     memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of GPU memory usable for weights, KV cache, optimizer state and activations
     (vLLM's `gpu_memory_utilization` default)."""
@@ -95,15 +102,15 @@ outside a catalog, or a catalog without training rows): Megatron-LM's 44-52% MFU
 (Narayanan et al. 2021), lower for RL's short, variable sequences."""
 
 
-def _tp_allreduce_s(gpu: GpuType, tp: int, tokens: float, hidden: int, num_layers: int, a: Assumptions) -> float:
-    """Two ring all-reduces per layer of [tokens, hidden] activations over the node's interconnect:
-    2 (tp - 1) steps, each a hop's latency and 1/tp of the data (the alpha-beta model of Thakur et
-    al. 2005, which NCCL's ring follows)."""
+def _tp_allreduce_s(gpu: GpuType, tp: int, tokens: float, hidden: int, num_layers: int, a: Assumptions,
+                    bandwidth_efficiency: float = 1.0) -> float:
+    """Two all-reduces per layer of [tokens, hidden] activations over the node's interconnect: a
+    fixed latency, and a ring's 2 (tp - 1) / tp of the data at `bandwidth_efficiency` of it."""
     if tp == 1:
         return 0.0
     size = tokens * hidden * a.weight_bytes_per_param
-    per_direction = gpu.interconnect_gb_s * 1e9 / 2
-    return 2 * num_layers * 2 * (tp - 1) * (a.allreduce_latency_s + size / tp / per_direction)
+    per_direction = gpu.interconnect_gb_s * 1e9 / 2 * bandwidth_efficiency
+    return 2 * num_layers * (a.allreduce_latency_s + 2 * (tp - 1) / tp * size / per_direction)
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,8 @@ class AnalyticGenerationCost:
             self.gpu.hbm_gb_s * 1e9 * a.decode_bandwidth_efficiency)
         compute_s = batch * s.forward_flops_per_token(context) / self.tp / (
             self.gpu.bf16_tflops * 1e12 * a.decode_compute_efficiency)
-        comm_s = _tp_allreduce_s(self.gpu, self.tp, batch, s.hidden_size, s.num_layers, a)
+        comm_s = _tp_allreduce_s(self.gpu, self.tp, batch, s.hidden_size, s.num_layers, a,
+                                 a.decode_allreduce_bandwidth_efficiency)
         return a.decode_step_overhead_s + max(memory_s, compute_s) + comm_s
 
     def prefill_s(self, tokens: int) -> float:

@@ -37,13 +37,12 @@ def test_tensor_parallelism_shortens_a_memory_bound_step_and_replicates_scarce_k
     one = analytic_generation_cost(QWEN_7B, H20, tp=1, max_context=8704)
     four = analytic_generation_cost(QWEN_7B, H20, tp=4, max_context=8704)
     eight = analytic_generation_cost(QWEN_7B, H20, tp=8, max_context=8704)
-    # A quarter of the weights' bytes per GPU, plus 2 x 28 ring all-reduces of 2 x 3 hops, each a
-    # hop's latency and a quarter of the [1, 3584] BF16 activations over NVLink (450 GB/s each way).
+    # A quarter of the weights' bytes per GPU, plus 2 x 28 all-reduces, each a latency and a ring's
+    # 2 x 3/4 of the [1, 3584] BF16 activations over NVLink (450 GB/s each way, at the fitted share).
     memory_s = (QWEN_7B.num_params * 2 / 4 + 1024 * 57344 / 4) / (4000e9 * A.decode_bandwidth_efficiency)
-    allreduce_s = 2 * 28 * 2 * 3 * (A.allreduce_latency_s + 3584 * 2 / 4 / 450e9)
+    allreduce_s = 2 * 28 * (A.allreduce_latency_s + 2 * 3 / 4 * 3584 * 2 / (450e9 * A.decode_allreduce_bandwidth_efficiency))
     assert four.decode_step_s(1, 1024) == pytest.approx(A.decode_step_overhead_s + memory_s + allreduce_s, rel=1e-9)
-    # shorter, though far from a quarter: 28 layers' all-reduce hops cost as much as the bytes saved
-    assert four.decode_step_s(1, 1024) < 0.9 * one.decode_step_s(1, 1024)
+    assert four.decode_step_s(1, 1024) < 0.7 * one.decode_step_s(1, 1024)  # 56 all-reduce latencies keep it above 1/4
     assert four.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu / 4  # 4 KV heads, one per GPU
     assert eight.kv_bytes_per_token_per_gpu == four.kv_bytes_per_token_per_gpu  # still one head per GPU
 

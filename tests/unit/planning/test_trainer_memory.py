@@ -103,11 +103,11 @@ def test_tensor_parallelism_splits_a_layer_and_pays_two_all_reduces_per_layer_pe
     assert plain.memory_bytes_per_gpu() - split.memory_bytes_per_gpu() == pytest.approx(
         unit * 7 / 8 + 20992 * 8192 * 21)
     # grpo with checkpointing: forward, backward, recompute = 3 passes of 2 all-reduces per layer,
-    # each tensor-parallel group's tokens (a sixth of them) in a ring of 2 x 7 hops over NVLink
-    # (400 GB/s, 200 each way), each hop a latency and an eighth of the data
+    # each tensor-parallel group's tokens (a sixth of them): a latency and a ring's 2 x 7/8 of the
+    # data over NVLink (400 GB/s, 200 each way)
     tokens = 6_000_000
     group = tokens * 8 / 48 * 8192 * 2
-    per_all_reduce = 2 * 7 * (Assumptions().allreduce_latency_s + group / 8 / 200e9)
+    per_all_reduce = Assumptions().allreduce_latency_s + 2 * 7 / 8 * group / 200e9
     assert split.tensor_parallel_s(tokens) == pytest.approx(3 * 2 * 80 * per_all_reduce)
     assert split.train_s(tokens) == pytest.approx(plain.train_s(tokens) + split.tensor_parallel_s(tokens))
 
