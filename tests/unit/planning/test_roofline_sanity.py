@@ -40,7 +40,8 @@ def test_tensor_parallelism_shortens_a_memory_bound_step_and_replicates_scarce_k
     # A quarter of the weights' bytes per GPU, plus 2 x 28 all-reduces, each a latency and a ring's
     # 2 x 3/4 of the [1, 3584] BF16 activations over NVLink (450 GB/s each way, at the fitted share).
     memory_s = (QWEN_7B.num_params * 2 / 4 + 1024 * 57344 / 4) / (4000e9 * A.decode_bandwidth_efficiency)
-    allreduce_s = 2 * 28 * (A.allreduce_latency_s + 2 * 3 / 4 * 3584 * 2 / (450e9 * A.decode_allreduce_bandwidth_efficiency))
+    nvlink_each_way = 450e9 * A.decode_allreduce_bandwidth_efficiency
+    allreduce_s = 2 * 28 * (A.allreduce_latency_s + 2 * 3 / 4 * 3584 * 2 / nvlink_each_way)
     assert four.decode_step_s(1, 1024) == pytest.approx(A.decode_step_overhead_s + memory_s + allreduce_s, rel=1e-9)
     assert four.decode_step_s(1, 1024) < 0.7 * one.decode_step_s(1, 1024)  # 56 all-reduce latencies keep it above 1/4
     assert four.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu / 4  # 4 KV heads, one per GPU
