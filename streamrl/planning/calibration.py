@@ -17,7 +17,7 @@ from streamrl.planning.catalog import Catalog, GpuType, Measurement
 from streamrl.planning.costs import TrainerMemory
 from streamrl.planning.profile_record import Profile
 from streamrl.planning.roofline import AnalyticGenerationCost, Assumptions, analytic_training_cost
-from streamrl.planning.training_fit import TrainingMeasurement
+from streamrl.planning.training_fit import PublishedTrainingRun
 
 _FACTORS = ("decode_bandwidth_efficiency", "decode_compute_efficiency", "prefill_compute_efficiency",
             "train_matmul_efficiency")
@@ -175,7 +175,7 @@ def fit_measurements(rows: list[Measurement], catalog: Catalog,
 
 # ---- training, against published throughputs (deploy/catalog/training.yaml) ----------------
 
-def predict_training(row: TrainingMeasurement, catalog: Catalog, assumptions: Assumptions | None = None) -> float:
+def predict_training(row: PublishedTrainingRun, catalog: Catalog, assumptions: Assumptions | None = None) -> float:
     """The roofline's trained tokens/s per GPU for a published training run: `gpus` GPUs of the
     catalog's type (with the efficiencies the catalog fitted) training one sequence each of
     `sequence_tokens`, its tensor parallelism's all-reduces included (the optimizer step, paid

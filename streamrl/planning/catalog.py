@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from streamrl.planning.shape import ModelShape
-from streamrl.planning.training_fit import TrainingMeasurement, training_efficiencies
+from streamrl.planning.training_fit import PublishedTrainingRun, training_efficiencies
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "deploy" / "catalog"
 """The catalog shipped with the checkout; `STREAMRL_CATALOG` (folders separated by `:`) or
@@ -115,14 +115,14 @@ class _CatalogFile(BaseModel):
     gpus: list[GpuType] = Field(default_factory=list)
     models: list[ModelShape] = Field(default_factory=list)
     measurements: list[Measurement] = Field(default_factory=list)
-    training: list[TrainingMeasurement] = Field(default_factory=list)
+    training: list[PublishedTrainingRun] = Field(default_factory=list)
 
 
 class Catalog:
     """GPU types and model shapes by name (case-insensitive)."""
 
     def __init__(self, gpus: list[GpuType], models: list[ModelShape], folders: tuple[Path, ...] = (),
-                 measurements: list[Measurement] | None = None, training: list[TrainingMeasurement] | None = None):
+                 measurements: list[Measurement] | None = None, training: list[PublishedTrainingRun] | None = None):
         self._models = {m.name.lower(): m for m in models}
         self.measurements = list(measurements or [])
         """Published engine measurements (the roofline's decode calibration table); a later
@@ -162,7 +162,7 @@ class Catalog:
 
 
 def _with_training_efficiencies(gpus: list[GpuType], models: dict[str, ModelShape],
-                                training: list[TrainingMeasurement]) -> list[GpuType]:
+                                training: list[PublishedTrainingRun]) -> list[GpuType]:
     """Each GPU type with its training efficiencies: its own if set, else fitted to the training
     rows on it, else its `training_like` type's, else fitted to every row (none without rows)."""
     by_name = {g.name.lower(): g for g in gpus}
@@ -214,7 +214,7 @@ def load_catalog(folders: list[Path] | None = None) -> Catalog:
     gpus: dict[str, GpuType] = {}
     models: dict[str, ModelShape] = {}
     measurements: dict[str, Measurement] = {}
-    training: dict[str, TrainingMeasurement] = {}
+    training: dict[str, PublishedTrainingRun] = {}
     for folder in chain:
         if not folder.is_dir():
             raise ValueError(f"catalog folder {folder}: not a directory")

@@ -18,7 +18,7 @@ from streamrl.planning.costs import forward_passes
 from streamrl.planning.shape import ModelShape
 
 
-class TrainingMeasurement(BaseModel):
+class PublishedTrainingRun(BaseModel):
     """One published training throughput: `gpus` GPUs training `model` on sequences of
     `sequence_tokens` tokens (pretraining: the policy's forward and backward, no reference)."""
 
@@ -90,7 +90,7 @@ def fit_efficiency(points: Sequence[tuple[float, float, float]]) -> tuple[float,
     return min(1.0, both), min(1.0, both)
 
 
-def training_efficiencies(rows: Sequence[TrainingMeasurement], shapes: dict[str, ModelShape],
+def training_efficiencies(rows: Sequence[PublishedTrainingRun], shapes: dict[str, ModelShape],
                           peaks: dict[str, float]) -> tuple[dict[str, TrainingEfficiency], TrainingEfficiency | None]:
     """The fitted efficiencies of each GPU type with `use: fit` rows ({lower-case name: ...}),
     and one pooled over every fit row (for the types without rows). `shapes` and `peaks` (FLOP/s)
