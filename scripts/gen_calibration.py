@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from streamrl.planning.calibration import FITTED_TO_MEASUREMENTS, error_summary, published_rows  # noqa: E402
-from streamrl.planning.catalog import DEFAULT_DIR, load_catalog  # noqa: E402
+from streamrl.planning.catalog import load_catalog  # noqa: E402
 from streamrl.planning.roofline import Assumptions  # noqa: E402
 
 INTRO = """# Calibration: the planner's constants and the published runs they come from
@@ -49,8 +49,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def render() -> str:
-    catalog = load_catalog([]) if DEFAULT_DIR.is_dir() else None
-    assert catalog is not None, f"no catalog at {DEFAULT_DIR}"
+    catalog = load_catalog()
     assumptions = Assumptions()
     rows = published_rows(catalog, assumptions)
     summary = error_summary(rows)

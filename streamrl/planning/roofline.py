@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from streamrl.planning.catalog import GpuType
 from streamrl.planning.costs import Algorithm, TrainerMemory, forward_passes, trained_models
 from streamrl.planning.shape import ModelShape
+from streamrl.planning.training_fit import training_flops
 
 
 class Assumptions(BaseModel):
@@ -216,9 +217,8 @@ class AnalyticTrainingCost:
     @property
     def flops_per_token(self) -> tuple[float, float]:
         """(matmul, attention) FLOPs per trained token, over every pass of every model."""
-        mean_context = self.mean_sequence_tokens / 2  # causal: a token attends to half the sequence on average
         passes = forward_passes(self.algorithm, self.reference, self.memory.activation_checkpointing)
-        return passes * 2 * self.shape.matmul_params, passes * self.shape.attention_flops_per_token(mean_context)
+        return training_flops(self.shape, self.mean_sequence_tokens, passes)
 
     @property
     def efficiencies(self) -> tuple[float, float]:

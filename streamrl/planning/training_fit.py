@@ -60,12 +60,18 @@ class TrainingEfficiency:
     """Where the two come from (fitted to which rows, or borrowed from which GPU type)."""
 
 
-def pretraining_flops(shape: ModelShape, sequence_tokens: float, full_checkpointing: bool) -> tuple[float, float]:
-    """(matmul, attention) FLOPs per trained token of a sequence of `sequence_tokens`: the
-    forward and backward (and a recompute with full checkpointing) of every matmul, and of a
-    causal attention over half the sequence on average."""
-    passes = forward_passes("grpo", reference=False, activation_checkpointing=full_checkpointing)
+def training_flops(shape: ModelShape, sequence_tokens: float, passes: float) -> tuple[float, float]:
+    """(matmul, attention) FLOPs per trained token of a sequence of `sequence_tokens` over
+    `passes` forwards (costs.forward_passes): every matmul, and a causal attention over half the
+    sequence on average."""
     return passes * 2 * shape.matmul_params, passes * shape.attention_flops_per_token(sequence_tokens / 2)
+
+
+def pretraining_flops(shape: ModelShape, sequence_tokens: float, full_checkpointing: bool) -> tuple[float, float]:
+    """training_flops of a published run: the forward and backward (and a recompute with full
+    checkpointing) of one model."""
+    passes = forward_passes("grpo", reference=False, activation_checkpointing=full_checkpointing)
+    return training_flops(shape, sequence_tokens, passes)
 
 
 def fit_efficiency(points: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
