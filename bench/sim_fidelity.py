@@ -1,14 +1,14 @@
 """The simulator against the real thing, side by side in one go. `streamrl profile` measures the
 job's model on this machine (one thread, as a disaggregated stage gets one core, and every core,
-as colocated mode's one process gets) before and after each real run of bench/modes.py and
-bench/skew.py; the simulator, fed only with those profiles (their seconds, and the machine's
-cores the local run shares out) and each run's own output lengths and ranker predictions (the
-workload and the ranker's quality, not a time), predicts each run from the two profiles around
-it (averaged: this machine's speed drifts by several percent between minutes, and a profile
-takes seconds where a run takes minutes):
+as colocated mode's one process gets) right before and right after each real run: each mode
+of bench/modes.py in a run of its own, and bench/skew.py. The simulator, fed only with those
+profiles (their seconds, and the machine's cores the local run shares out) and each run's own
+output lengths and ranker predictions (the workload and the ranker's quality, not a time),
+predicts each run from the two profiles around it (averaged: this machine's speed drifts by
+tens of percent between minutes, and a profile takes seconds where a run takes half a minute):
 
 - samples/s and pipeline-bubble ratio per mode (targets: within 15% and 0.05), judged on the
-  means over --repeats runs of bench/modes.py (each repeat's figures are printed beside them);
+  means over --repeats runs of each mode (each repeat's figures are printed beside them);
 - the order of the dispatch policies by generation time, over every pair and over the pairs
   the measured rounds separate (means apart by more than twice their combined standard
   error; the rest are ties within noise);
@@ -20,10 +20,12 @@ Prints tables and, as the last line, a JSON object with predicted and measured f
 their ratios.
 
     python bench/sim_fidelity.py [--iterations 20] [--prompts-per-step 64] [--repeats 2] [--skew-rounds 3]
-                                 [--skip-skew] [--drawn-predictions] [--out runs/bench-sim-fidelity]
+                                 [--skip-skew] [--drawn-predictions] [--profile-steps 16]
+                                 [--out runs/bench-sim-fidelity]
 
 Each invocation writes into a new directory under --out (bench/provenance.py): the profiles, the
-benches' logs, and each bench run's own invocation directory (repeat-<n>/modes/..., skew/...);
+benches' logs, and each bench run's own invocation directory (repeat-<n>/<mode>/modes/...,
+skew/...);
 its provenance lists the run directories of every bench it ran.
 """
 
@@ -83,17 +85,32 @@ def run(argv: list[str], log: Path) -> str:
     return proc.stdout
 
 
-def measure_profiles(out: Path, prompt_tokens: int, completion_tokens: int) -> dict[int, Path]:
-    """{threads: profile file} measured by `streamrl profile` on this machine."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for threads in (1, 2):
-        path = out / f"profile-{threads}-thread.json"
+class Profiler:
+    """`streamrl profile` runs on this machine, each into a directory of its own under `out`,
+    every one kept in the order taken."""
+
+    def __init__(self, out: Path, prompt_tokens: int, completion_tokens: int, steps: int):
+        self.out, self.prompt_tokens, self.completion_tokens, self.steps = out, prompt_tokens, completion_tokens, steps
+        self.taken: list[tuple[int, Path]] = []
+        """(threads, profile file), in the order measured."""
+
+    def measure(self, threads: int) -> Path:
+        """A fresh profile with `threads` torch threads."""
+        where = self.out / f"profile-{len(self.taken):02d}"
+        where.mkdir(parents=True, exist_ok=True)
+        path = where / f"profile-{threads}-thread.json"
         run([sys.executable, "-m", "streamrl.cli", "profile", str(JOB), "--out", str(path), "--threads", str(threads),
-             "--prompt-tokens", str(prompt_tokens), "--completion-tokens", str(completion_tokens)],
-            out / f"profile-{threads}.log")
-        paths[threads] = path
-    return paths
+             "--prompt-tokens", str(self.prompt_tokens), "--completion-tokens", str(self.completion_tokens),
+             "--steps", str(self.steps)], where / f"profile-{threads}.log")
+        self.taken.append((threads, path))
+        return path
+
+    def latest(self, threads: int) -> Path:
+        """The profile with `threads` measured last, if it was the last thing measured at all
+        (nothing ran since); else a fresh one."""
+        if self.taken and self.taken[-1][0] == threads:
+            return self.taken[-1][1]
+        return self.measure(threads)
 
 
 def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: int, job: dict, replicas: int = 1,
@@ -121,49 +138,47 @@ def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: 
     }
 
 
-def simulate_modes(args, runs_of: Provenance, brackets: list[dict[int, Path]], prompt_tokens: int,
-                   measured: dict) -> dict[str, dict]:
-    """bench/modes.py's runs (`runs_of`, its report `measured`) simulated from each of
-    `brackets` (the profiles taken right before and right after them) and each run's lengths,
-    the predictions averaged: {mode: {"predicted": {samples_per_s, pipeline_bubble_ratio},
-    "measured_samples_per_s": x, "measured_bubble": y}}."""
+def simulate_mode(args, mode: str, run_dir: Path, bracket: tuple[Path, Path], prompt_tokens: int) -> dict:
+    """One real run of `mode` (its directory `run_dir`) simulated from each of `bracket` (the
+    profiles taken right before and right after it) and the run's own output lengths, the
+    predictions averaged: {samples_per_s, pipeline_bubble_ratio}."""
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step)
-    out_rows = {}
-    for mode in MODES:
-        runs = []
-        for profiles in brackets:
-            # colocated: one process on every core; the others: a core per stage
-            profile = profiles[2] if mode == "colocated" else profiles[1]
-            sc = parse_scenario(scenario(f"modes-{mode}", mode, runs_of.run_dir(mode) / "lengths.jsonl", profile,
-                                         prompt_tokens, job))
-            runs.append(simulate(sc).summary)
-        out_rows[mode] = {"predicted": {"samples_per_s": statistics.mean(r.samples_per_s for r in runs),
-                                        "pipeline_bubble_ratio": statistics.mean(r.pipeline_bubble_ratio
-                                                                                 for r in runs)},
-                          "measured_samples_per_s": measured["samples_per_s"][mode],
-                          "measured_bubble": measured["pipeline_bubble_ratio"][mode]}
-    return out_rows
+    runs = [simulate(parse_scenario(scenario(f"modes-{mode}", mode, run_dir / "lengths.jsonl", profile,
+                                             prompt_tokens, job))).summary for profile in bracket]
+    return {"samples_per_s": statistics.mean(r.samples_per_s for r in runs),
+            "pipeline_bubble_ratio": statistics.mean(r.pipeline_bubble_ratio for r in runs)}
 
 
-def modes_side_by_side(args, inv: Invocation, prompt_tokens: int,
-                       completion_tokens: int) -> tuple[dict, list[dict[int, Path]]]:
-    """`--repeats` runs of bench/modes.py, with profiles measured before the first, between
-    them and after the last; each run simulated from the two profiles around it (averaged).
-    This machine's speed drifts by several percent from one minute to the next, and a profile
-    takes seconds where a run takes minutes: the two around a run see the machine it ran on
-    better than one before it. The targets are judged on the means over repeats (each
-    repeat's ratio is reported beside them). Returns the rows and every profile taken."""
+def modes_side_by_side(args, inv: Invocation, profiler: Profiler) -> dict:
+    """`--repeats` rounds of bench/modes.py, one mode per run, each run bracketed by profiles
+    of its own (one thread, as a disaggregated stage gets one core; every core for colocated
+    mode's one process), measured right before and right after it, and simulated from those
+    two (averaged). This machine's speed drifts by tens of percent between minutes (PTL(64) of
+    back-to-back profiles has read 2.85 and 4.55 ms) and a profile takes seconds where a run
+    takes half a minute: the two around a run see the machine it ran on far better than
+    profiles taken minutes away. The targets are judged on the means over repeats (each
+    repeat's ratio is reported beside them)."""
     out = inv.dir
-    taken = [measure_profiles(out / "profile-0", prompt_tokens, completion_tokens)]
-    repeats = []
+    prompt_tokens = profiler.prompt_tokens
+    repeats: list[dict[str, dict]] = []
     for r in range(args.repeats):
-        where = out / f"repeat-{r}"
-        where.mkdir(parents=True, exist_ok=True)
-        measured, runs_of = bench(["bench/modes.py", "--iterations", str(args.iterations), "--prompts-per-step",
-                                   str(args.prompts_per_step), "--out", str(where / "modes")], where / "modes.log", inv)
-        taken.append(measure_profiles(out / f"profile-{r + 1}", prompt_tokens, completion_tokens))
-        repeats.append(simulate_modes(args, runs_of, taken[-2:], prompt_tokens, measured))
+        rows: dict[str, dict] = {}
+        for mode in MODES:
+            threads = 2 if mode == "colocated" else 1
+            before = profiler.latest(threads)
+            where = out / f"repeat-{r}" / mode
+            where.mkdir(parents=True, exist_ok=True)
+            measured, runs_of = bench(["bench/modes.py", "--iterations", str(args.iterations), "--prompts-per-step",
+                                       str(args.prompts_per_step), "--modes", mode, "--out", str(where / "modes")],
+                                      where / "modes.log", inv)
+            after = profiler.measure(threads)
+            rows[mode] = {"predicted": simulate_mode(args, mode, runs_of.run_dir(mode), (before, after),
+                                                     prompt_tokens),
+                          "measured_samples_per_s": measured["samples_per_s"][mode],
+                          "measured_bubble": measured["pipeline_bubble_ratio"][mode],
+                          "ptl64_ms": [round(dict(load_profile(p).ptl)[64] * 1e3, 2) for p in (before, after)]}
+        repeats.append(rows)
     rows = {}
     for mode in MODES:
         sim = [rep[mode]["predicted"]["samples_per_s"] for rep in repeats]
@@ -179,18 +194,19 @@ def modes_side_by_side(args, inv: Invocation, prompt_tokens: int,
                                       "measured": round(statistics.mean(real_b), 3),
                                       "difference": round(statistics.mean(sim_b) - statistics.mean(real_b), 3),
                                       "difference_per_repeat": [round(p - m, 3) for p, m in zip(sim_b, real_b)]},
+            "ptl64_ms_per_repeat": [rep[mode]["ptl64_ms"] for rep in repeats],
         }
-    print(f"means over {args.repeats} repeat(s); per repeat: samples/s ratio, bubble difference")
+    print(f"means over {args.repeats} repeat(s); per repeat: samples/s ratio, bubble difference, PTL(64) ms of the "
+          "profiles before and after")
     print(f"{'mode':<13} {'samples/s sim':>14} {'real':>8} {'ratio':>7} {'bubble sim':>11} {'real':>6} {'diff':>6}"
           f"  per repeat")
     for mode, r in rows.items():
         s, b = r["samples_per_s"], r["pipeline_bubble_ratio"]
-        each = "  ".join(f"{x:.3f}/{y:+.3f}" for x, y in zip(s["ratio_per_repeat"], b["difference_per_repeat"]))
+        each = "  ".join(f"{x:.3f}/{y:+.3f} ({p[0]:.2f}, {p[1]:.2f})" for x, y, p in
+                         zip(s["ratio_per_repeat"], b["difference_per_repeat"], r["ptl64_ms_per_repeat"]))
         print(f"{mode:<13} {s['predicted']:>14.1f} {s['measured']:>8.1f} {s['ratio']:>7.3f} "
               f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}  {each}")
-    print("PTL(64) of the profiles taken, ms (one thread): "
-          + ", ".join(f"{dict(load_profile(t[1]).ptl)[64] * 1e3:.2f}" for t in taken))
-    return rows, taken
+    return rows
 
 
 def pairs_agreeing(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
@@ -214,15 +230,15 @@ def separated_pairs(runs: dict[str, list[float]]) -> set[tuple[str, str]]:
     return out
 
 
-def skew_ranking(args, inv: Invocation, before: dict[int, Path], prompt_tokens: int,
-                 completion_tokens: int) -> dict:
+def skew_ranking(args, inv: Invocation, profiler: Profiler) -> dict:
     """bench/skew.py run for real, then each policy's rounds simulated from the profiles taken
     right before (`before`) and right after it (averaged), each round's workload and, for the
     ranked policies, that round's own predictions."""
-    out = inv.dir
+    out, prompt_tokens = inv.dir, profiler.prompt_tokens
+    before = profiler.latest(1)
     report, runs_of = bench(["bench/skew.py", "--rounds", str(args.skew_rounds), "--iterations",
                              str(args.skew_iterations), "--out", str(out / "skew")], out / "skew.log", inv)
-    after = measure_profiles(out / "profile-after-skew", prompt_tokens, completion_tokens)
+    after = profiler.measure(1)
     measured, runs = report["generation_s_per_iteration"], report["generation_s_per_run"]
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.skew_iterations, promptsPerStep=64)
@@ -230,11 +246,11 @@ def skew_ranking(args, inv: Invocation, before: dict[int, Path], prompt_tokens: 
     for name, (policy, settings) in SKEW.items():
         per_round = []
         for rnd in range(args.skew_rounds):
-            for profiles in (before, after):
+            for profile in (before, after):
                 # The workload every policy faced (random-fifo's lengths; the oracle read the same
                 # file); a ranked policy's predictions are those its own ranker made in that round.
                 sc = scenario(f"skew-{name}", "batch", runs_of.run_dir(f"random-fifo-r{rnd}") / "lengths.jsonl",
-                              profiles[1], prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
+                              profile, prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
                               ranker_log_error=args.ranker_log_error)
                 if policy == "skewness-aware" and not args.drawn_predictions:
                     sc["workload"]["rankerPredictions"] = str(runs_of.run_dir(f"{name}-r{rnd}") / "lengths.jsonl")
@@ -312,14 +328,18 @@ def main() -> None:
                    help="skewness-aware: draw the ranker's predictions (--ranker-log-error) rather than replay those "
                         "its ranker made in each measured round (lengths.jsonl's predicted_length)")
     p.add_argument("--memory-iterations", type=int, default=3)
+    p.add_argument("--profile-steps", type=int, default=16,
+                   help="decode steps `streamrl profile` times per batch size (its own default, 4, reads "
+                        "PTL(64) anywhere from 2.5 to 4 ms on this machine minutes apart)")
     p.add_argument("--out", default="runs/bench-sim-fidelity", help=OUT_HELP)
     args = p.parse_args()
     inv = Invocation(args.out)
     task = counting_prompts(1024, 0)
     prompt_tokens = round(statistics.mean(len(t.text) for t in task)) + 1  # character tokens and BOS
     completion_tokens = round(statistics.mean(len(t.answer) for t in task)) + 1  # and EOS
-    modes, taken = modes_side_by_side(args, inv, prompt_tokens, completion_tokens)
-    skew = None if args.skip_skew else skew_ranking(args, inv, taken[-1], prompt_tokens, completion_tokens)
+    profiler = Profiler(inv.dir, prompt_tokens, completion_tokens, args.profile_steps)
+    modes = modes_side_by_side(args, inv, profiler)
+    skew = None if args.skip_skew else skew_ranking(args, inv, profiler)
     mem = memory_bound(args)
     within = {m: abs(r["samples_per_s"]["ratio"] - 1) <= 0.15 for m, r in modes.items()}
     bubbles = {m: abs(r["pipeline_bubble_ratio"]["difference"]) <= 0.05 for m, r in modes.items()}
@@ -329,7 +349,8 @@ def main() -> None:
         "pipeline_bubble_within_0_05": bubbles,
         "skew": skew,
         "memory_bound": mem,
-        "profiles": [{t: str(pth) for t, pth in profiles.items()} for profiles in taken],
+        "profiles": [{"threads": t, "path": str(pth)} for t, pth in profiler.taken],
+        "profile_steps": args.profile_steps,
         "prompt_tokens": prompt_tokens, "iterations": args.iterations, "prompts_per_step": args.prompts_per_step,
         "repeats": args.repeats,
     }))
