@@ -4,12 +4,13 @@ that measurement; the result is written as JSON to --result.
     python bench/engine_probe.py curve --engine vllm --model-dir DIR --dtype bfloat16 --batches 1 16 64 --result r.json
     python bench/engine_probe.py offline --model-dir DIR --dtype bfloat16 --batch 64 --requests q.json --result r.json
 
-`curve`: the torch engine or StreamRL's vLLM engine (services/generator/vllm_engine.py) at each
-batch size: one round of that many requests (--prompt-tokens prompts, --new-tokens each, temperature
-1, no EOS) after a short warm-up round, its tokens/s; the engine's PTL(BS) (measure_latency); then
-loading a version (Engine.load_weights of the model's own tensors) against a plain copy of the same
-bytes in memory (torch clone), interleaved, medians. `offline`: vLLM's own `LLM.generate` on a list
-of requests (prompts, seeds, a stop token), as vLLM's users run it, its tokens/s.
+`curve`: the torch engine or StreamRL's vLLM engine (streamrl/generator/vllm_engine.py) at each
+batch size: one round of that many requests (--prompt-tokens prompts, --new-tokens each,
+temperature 1, no EOS) after a short warm-up round, its tokens/s; the engine's PTL(BS)
+(measure_latency); the step's linear layers alone as the engine runs them (linear_seconds); then
+loading a version (Engine.load_weights of the model's own tensors) against a plain copy of the
+same bytes in memory (torch clone), interleaved, medians. `offline`: vLLM's own `LLM.generate` on a
+list of requests (prompts, seeds, a stop token), as vLLM's users run it, its tokens/s.
 """
 
 from __future__ import annotations
@@ -90,6 +91,47 @@ def weight_load(engine, model_dir: str, rounds: int) -> dict:
             "weight_load_s_each": loads, "copy_s_each": copies}
 
 
+def linear_seconds(engine, batches: list[int], repeats: int) -> dict[int, float]:
+    """Seconds per decode step of the model's linear layers alone (the projections and the
+    LM head) at each batch size, as this engine runs them: the torch engine's `nn.Linear`s
+    (torch's matmul on the weights as loaded), vLLM's layers through their own
+    `quant_method.apply` (on CPU its oneDNN GEMMs on prepacked, fused weights), called on the
+    layer objects inside the running engine. One row per sequence, as a decode step has; the
+    median of `repeats` after a warm-up. The GEMM ceiling of one engine over the other is the
+    ratio of these."""
+    import torch
+
+    def time_layers(layers: list[tuple[torch.nn.Module, int]], apply, dtype) -> dict[int, float]:
+        out = {}
+        for batch in batches:
+            inputs = [torch.randn(batch, width, dtype=dtype) for _, width in layers]
+            seconds = []
+            for k in range(repeats + 1):
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    for (layer, _), x in zip(layers, inputs):
+                        apply(layer, x)
+                if k:
+                    seconds.append(time.perf_counter() - t0)
+            out[batch] = statistics.median(seconds)
+        return out
+
+    if hasattr(engine, "model"):  # the torch engine: its model's Linear layers
+        linears = [(m, m.in_features) for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
+        dtype = next(engine.model.parameters()).dtype
+        return time_layers(linears, lambda m, x: torch.nn.functional.linear(x, m.weight, m.bias), dtype)
+
+    def in_worker(worker) -> dict[int, float]:  # vLLM: runs on its (in-process) worker
+        model = worker.model_runner.model
+        layers = [(m, m.input_size_per_partition) for m in model.modules()
+                  if hasattr(m, "quant_method") and hasattr(m, "input_size_per_partition")]
+        head = model.lm_head  # the logits: vLLM's LogitsProcessor applies the head's quant_method
+        layers.append((head, head.embedding_dim))
+        return time_layers(layers, lambda m, x: m.quant_method.apply(m, x), layers[0][0].weight.dtype)
+
+    return engine._llm.collective_rpc(in_worker)[0]
+
+
 def curve(args) -> dict:
     from streamrl import compute
 
@@ -109,6 +151,7 @@ def curve(args) -> dict:
             out["ptl_s"][batch] = dict(engine.measure_latency([batch], steps=args.ptl_steps))[batch]
             print(f"  {args.engine} batch {batch}: {tokens / seconds:.0f} tokens/s, PTL "
                   f"{out['ptl_s'][batch] * 1e3:.2f} ms", file=sys.stderr, flush=True)
+        out["linear_s"] = linear_seconds(engine, args.batches, args.ptl_steps)
         out.update(weight_load(engine, args.model_dir, args.load_rounds))
         return out
 

@@ -7,7 +7,10 @@ generator service costs around vLLM. Prints tables and, as the last line, a JSON
 
 Sections (all by default; run them one at a time where the whole would take too long):
 `curve`: per model and engine, tokens/s at each batch size (temperature 1, no EOS, a warm-up round
-first), PTL(BS), and a version's load against a plain in-memory copy of its bytes;
+first), PTL(BS), the step's linear layers alone as each engine runs them (torch's matmul; vLLM's
+oneDNN GEMMs on prepacked weights): their ratio is the most vLLM's GEMMs can gain over the torch
+engine's at that batch (`gemm_ceiling_vllm_over_torch`), and a version's load against a plain
+in-memory copy of its bytes;
 `service`: per model at its largest batch, a `streamrl generator` process on vLLM streaming over gRPC
 to a trainer stand-in that only accepts (the real coordinator and intake, reward 0) against vLLM's
 own offline `LLM.generate` on the same prompts, seeds and stop token, in vLLM's default layout (the
@@ -135,6 +138,7 @@ def curve(model: str, info: dict, batches: list[int], engines: list[str], args, 
     return {e: {
         "tokens_per_s": {str(b): max(c["tokens_per_s"][str(b)] for c in cs) for b in batches},
         "ptl_s": {str(b): min(c["ptl_s"][str(b)] for c in cs) for b in batches},
+        "linear_s": {str(b): min(c["linear_s"][str(b)] for c in cs) for b in batches},
         "weight_load_s": statistics.median(s for c in cs for s in c["weight_load_s_each"]),
         "copy_s": statistics.median(s for c in cs for s in c["copy_s_each"]),
         "weight_bytes": cs[0]["weight_bytes"], "start_s": min(c["start_s"] for c in cs),
@@ -297,6 +301,10 @@ def report(args, models: dict, curves: dict, services: dict, modes: dict) -> dic
               for m, cs in curves.items()}
     ratio = {m: {b: r(tokens[m]["vllm"][b] / tokens[m]["torch"][b]) for b in tokens[m]["torch"]}
              for m in tokens if {"torch", "vllm"} <= set(tokens[m])}
+    linear = {m: {e: {int(b): r(v * 1e3) for b, v in c["linear_s"].items()} for e, c in cs.items()}
+              for m, cs in curves.items()}
+    ceiling = {m: {b: r(linear[m]["torch"][b] / linear[m]["vllm"][b]) for b in linear[m]["torch"]}
+               for m in linear if {"torch", "vllm"} <= set(linear[m])}
     load = {m: {e: r(c["weight_load_s"], 4) for e, c in cs.items()} for m, cs in curves.items()}
     over_copy = {m: {e: r(c["weight_load_s"] / c["copy_s"], 2) for e, c in cs.items()} for m, cs in curves.items()}
     big = [m for m, info in models.items() if info["parameters"] >= 200e6]
@@ -313,6 +321,8 @@ def report(args, models: dict, curves: dict, services: dict, modes: dict) -> dic
         "vllm_over_torch_tokens_per_s": ratio,
         "ptl_ms": {m: {e: {int(b): r(v * 1e3) for b, v in c["ptl_s"].items()} for e, c in cs.items()}
                    for m, cs in curves.items()},
+        "linear_ms": linear,
+        "gemm_ceiling_vllm_over_torch": ceiling,
         "weight_load_s": load,
         "weight_copy_s": {m: {e: r(c["copy_s"], 4) for e, c in cs.items()} for m, cs in curves.items()},
         "weight_load_over_copy": over_copy,
@@ -337,12 +347,14 @@ def print_tables(result: dict) -> None:
     for m, engines in result["tokens_per_s"].items():
         print(f"\n{m} ({result['models'][m]['parameters'] / 1e6:.1f} M parameters, {result['models'][m]['dtype']}): "
               f"tokens/s and PTL ms by batch size")
-        heads = " ".join(f"{e + ' tok/s':>12} {e + ' PTL':>10}" for e in engines)
-        print(f"{'batch':>6} {heads} {'vllm/torch':>11}")
+        heads = " ".join(f"{e + ' tok/s':>12} {e + ' PTL':>10} {e + ' linear':>13}" for e in engines)
+        print(f"{'batch':>6} {heads} {'vllm/torch':>11} {'GEMM ceiling':>13}")
         for b in next(iter(engines.values())):
-            row = " ".join(f"{engines[e][b]:>12.1f} {result['ptl_ms'][m][e][b]:>10.2f}" for e in engines)
+            row = " ".join(f"{engines[e][b]:>12.1f} {result['ptl_ms'][m][e][b]:>10.2f} "
+                           f"{result['linear_ms'][m][e][b]:>13.2f}" for e in engines)
             x = result["vllm_over_torch_tokens_per_s"].get(m, {}).get(b)
-            print(f"{b:>6} {row} {'-' if x is None else f'{x:.2f}':>11}")
+            c = result["gemm_ceiling_vllm_over_torch"].get(m, {}).get(b)
+            print(f"{b:>6} {row} {'-' if x is None else f'{x:.2f}':>11} {'-' if c is None else f'{c:.2f}':>13}")
         for e in engines:
             print(f"  {e}: a version ({result['weight_mb'][m]} MB) loads in {result['weight_load_s'][m][e]:.3f} s, "
                   f"{result['weight_load_over_copy'][m][e]:.2f}x a plain copy ({result['weight_copy_s'][m][e]:.3f} s)")
