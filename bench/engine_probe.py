@@ -91,7 +91,7 @@ def weight_load(engine, model_dir: str, rounds: int) -> dict:
             "weight_load_s_each": loads, "copy_s_each": copies}
 
 
-def linear_seconds(engine, batches: list[int], repeats: int) -> dict[int, float]:
+def linear_seconds(engine, kind: str, batches: list[int], repeats: int) -> dict[int, float]:
     """Seconds per decode step of the model's linear layers alone (the projections and the
     LM head) at each batch size, as this engine runs them: the torch engine's `nn.Linear`s
     (torch's matmul on the weights as loaded), vLLM's layers through their own
@@ -116,7 +116,7 @@ def linear_seconds(engine, batches: list[int], repeats: int) -> dict[int, float]
             out[batch] = statistics.median(seconds)
         return out
 
-    if hasattr(engine, "model"):  # the torch engine: its model's Linear layers
+    if kind == "torch":  # its model's Linear layers
         linears = [(m, m.in_features) for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
         dtype = next(engine.model.parameters()).dtype
         return time_layers(linears, lambda m, x: torch.nn.functional.linear(x, m.weight, m.bias), dtype)
@@ -151,7 +151,7 @@ def curve(args) -> dict:
             out["ptl_s"][batch] = dict(engine.measure_latency([batch], steps=args.ptl_steps))[batch]
             print(f"  {args.engine} batch {batch}: {tokens / seconds:.0f} tokens/s, PTL "
                   f"{out['ptl_s'][batch] * 1e3:.2f} ms", file=sys.stderr, flush=True)
-        out["linear_s"] = linear_seconds(engine, args.batches, args.ptl_steps)
+        out["linear_s"] = linear_seconds(engine, args.engine, args.batches, args.ptl_steps)
         out.update(weight_load(engine, args.model_dir, args.load_rounds))
         return out
 
