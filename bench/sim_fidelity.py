@@ -1,11 +1,16 @@
 """The simulator against the real thing, side by side in one go. `streamrl profile` measures the
-job's model on this machine (one thread, as a disaggregated stage gets one core, and every core,
-as colocated mode's one process gets) right before and right after each real run: each mode
-of bench/modes.py in a run of its own, and bench/skew.py. The simulator, fed only with those
-profiles (their seconds, and the machine's cores the local run shares out) and each run's own
-output lengths and ranker predictions (the workload and the ranker's quality, not a time),
-predicts each run from the two profiles around it (averaged: this machine's speed drifts by
-tens of percent between minutes, and a profile takes seconds where a run takes half a minute):
+job's model on this machine right before and right after each real run (each mode of
+bench/modes.py in a run of its own, and bench/skew.py): for colocated mode's one process, one
+profile with every core; for the disaggregated modes, two at once, each pinned to one thread on
+the core the run gives a stage (`streamrl run` hands the trainer the first core and the
+generator replica the next), the trainer's costs taken from its core's profile and the
+replica's from its own. This machine's cores drift in speed apart from each other, by up to
+1.5x for tens of seconds: a profile of one core, taken alone, predicts a run that needs both.
+The simulator, fed only with those profiles (their seconds, and the machine's cores the local
+run shares out) and each run's own output lengths and ranker predictions (the workload and the
+ranker's quality, not a time), predicts each run from the profiles before it and from those
+after it, and takes the harmonic mean of the two samples/s (the mean of the two run times: a
+run at one speed for a while and another for the rest takes the mean time, not the mean rate):
 
 - samples/s and pipeline-bubble ratio per mode (targets: within 15% and 0.05), judged on the
   means over --repeats runs of each mode (each repeat's figures are printed beside them);
@@ -33,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
@@ -46,6 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.provenance import OUT_HELP, Invocation, Provenance  # noqa: E402
+from streamrl.local.launch import CorePlanner  # noqa: E402
+from streamrl.local.plan import available_cores  # noqa: E402
 from streamrl.planning.profile_record import load_profile  # noqa: E402
 from streamrl.simulation.scenario import parse_scenario  # noqa: E402
 from streamrl.simulation.simulator import simulate  # noqa: E402
@@ -85,40 +94,88 @@ def run(argv: list[str], log: Path) -> str:
     return proc.stdout
 
 
+@dataclass(frozen=True)
+class Measured:
+    """The profiles a run is simulated from: its trainer's and its generator replicas' (the
+    same file where the run is one process on every core)."""
+
+    trainer: Path
+    generator: Path
+
+
 class Profiler:
     """`streamrl profile` runs on this machine, each into a directory of its own under `out`,
-    every one kept in the order taken."""
+    every one kept in the order taken. `cores`: the trainer's core and the generator replica's,
+    as `streamrl run` hands them out (streamrl.local.launch.CorePlanner: the trainer first)."""
 
     def __init__(self, out: Path, prompt_tokens: int, completion_tokens: int, steps: int):
         self.out, self.prompt_tokens, self.completion_tokens, self.steps = out, prompt_tokens, completion_tokens, steps
-        self.taken: list[tuple[int, Path]] = []
-        """(threads, profile file), in the order measured."""
+        planner = CorePlanner()
+        self.cores = {"trainer": planner.take(1), "generator": planner.take(1)}
+        self.taken: list[dict] = []
+        """{threads, core (None: unpinned), path, group}, in the order measured; a pair measured
+        together shares its group."""
 
-    def measure(self, threads: int) -> Path:
-        """A fresh profile with `threads` torch threads."""
-        where = self.out / f"profile-{len(self.taken):02d}"
+    def measure(self, per_core: bool) -> Measured:
+        """Fresh profiles: one thread on each stage's core, both at once (`per_core`), else one
+        profile with every core."""
+        group = len({t["group"] for t in self.taken})
+        where = self.out / f"profile-{group:02d}"
         where.mkdir(parents=True, exist_ok=True)
-        path = where / f"profile-{threads}-thread.json"
-        run([sys.executable, "-m", "streamrl.cli", "profile", str(JOB), "--out", str(path), "--threads", str(threads),
-             "--prompt-tokens", str(self.prompt_tokens), "--completion-tokens", str(self.completion_tokens),
-             "--steps", str(self.steps)], where / f"profile-{threads}.log")
-        self.taken.append((threads, path))
-        return path
+        if not per_core:
+            threads = max(1, len(available_cores()))
+            path = where / f"profile-{threads}-thread.json"
+            run_together([(self._argv(path, threads), where / f"profile-{threads}.log", [])])
+            self.taken.append({"threads": threads, "core": None, "path": str(path), "group": group})
+            return Measured(path, path)
+        paths = {stage: where / f"profile-1-thread-{stage}.json" for stage in self.cores}
+        run_together([(self._argv(paths[stage], 1), where / f"profile-1-{stage}.log", cores)
+                      for stage, cores in self.cores.items()])
+        for stage, cores in self.cores.items():
+            self.taken.append({"threads": 1, "core": cores[0] if cores else None, "path": str(paths[stage]),
+                               "group": group})
+        return Measured(paths["trainer"], paths["generator"])
 
-    def latest(self, threads: int) -> Path:
-        """The profile with `threads` measured last, if it was the last thing measured at all
-        (nothing ran since); else a fresh one."""
-        if self.taken and self.taken[-1][0] == threads:
-            return self.taken[-1][1]
-        return self.measure(threads)
+    def latest(self, per_core: bool) -> Measured:
+        """The profiles of that kind measured last, if they were the last thing measured at all
+        (nothing ran since); else fresh ones."""
+        if self.taken:
+            last = [t for t in self.taken if t["group"] == self.taken[-1]["group"]]
+            if per_core and len(last) == 2:
+                return Measured(Path(last[0]["path"]), Path(last[1]["path"]))
+            if not per_core and len(last) == 1:
+                return Measured(Path(last[0]["path"]), Path(last[0]["path"]))
+        return self.measure(per_core)
+
+    def _argv(self, path: Path, threads: int) -> list[str]:
+        return [sys.executable, "-m", "streamrl.cli", "profile", str(JOB), "--out", str(path), "--threads",
+                str(threads), "--prompt-tokens", str(self.prompt_tokens), "--completion-tokens",
+                str(self.completion_tokens), "--steps", str(self.steps)]
 
 
-def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: int, job: dict, replicas: int = 1,
-             dispatch: dict | None = None, ranker_log_error: float = 0.5) -> dict:
-    """The job as a scenario: its batch shape and engine, this machine's profile, a run's lengths."""
+def run_together(commands: list[tuple[list[str], Path, list[int]]]) -> None:
+    """Commands started at once, each pinned to its cores (none: unpinned) with its output in
+    its log; returns once all have finished, SystemExit naming the first that failed."""
+    procs = []
+    for argv, log, cores in commands:
+        print("$", *(["taskset", "-c", ",".join(map(str, cores))] if cores else []), " ".join(argv), flush=True)
+        with open(log, "w") as out:
+            procs.append((argv, log, subprocess.Popen(
+                argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=(lambda c=cores: os.sched_setaffinity(0, c)) if cores else None)))
+    failed = [(argv, log, proc.wait()) for argv, log, proc in procs]
+    for argv, log, code in failed:
+        if code:
+            raise SystemExit(f"{' '.join(argv)} failed ({code}); see {log}:\n{log.read_text()[-2000:]}")
+
+
+def scenario(name: str, mode: str, lengths: Path, profiles: Measured, prompt_tokens: int, job: dict,
+             replicas: int = 1, dispatch: dict | None = None, ranker_log_error: float = 0.5) -> dict:
+    """The job as a scenario: its batch shape and engine, this machine's profiles (the trainer's
+    and the replicas'), a run's lengths."""
     algo, spec = job["spec"]["algorithm"], job["spec"]
-    measured = load_profile(profile)
-    size = measured.model.num_params * 4  # float32 weights, as the built-in model publishes them
+    # float32 weights, as the built-in model publishes them
+    size = load_profile(profiles.generator).model.num_params * 4
     return {
         "name": name, "pipeline": {"mode": mode},
         "algorithm": {"numIterations": algo["numIterations"], "promptsPerStep": algo["promptsPerStep"],
@@ -126,58 +183,62 @@ def scenario(name: str, mode: str, lengths: Path, profile: Path, prompt_tokens: 
         "workload": {"promptTokens": prompt_tokens, "maxNewTokens": algo["maxNewTokens"],
                      "lengths": {"type": "replay", "path": str(lengths)}, "rankerLogError": ranker_log_error},
         "dispatch": dispatch or {"policy": "random-fifo"},
-        "trainer": {"gpus": 1, "cost": {"type": "profile", "path": str(profile)}},
-        "generators": [{"name": "default", "replicas": replicas, "cost": {"type": "profile", "path": str(profile)},
+        "trainer": {"gpus": 1, "cost": {"type": "profile", "path": str(profiles.trainer)}},
+        "generators": [{"name": "default", "replicas": replicas,
+                        "cost": {"type": "profile", "path": str(profiles.generator)},
                         "maxBatchSize": spec["generators"]["pools"][0]["engine"]["maxBatchSize"]}],
         # loopback: FetchWeights' measured 505 MB/s (README, bench/weights.py)
         "network": {"local": {"bandwidthGbps": 4.0, "latencyMs": 0.1}},
         "weights": {"sizeBytes": size},
         # streamrl run shares this machine's cores out (colocated: one process on all of them)
-        **({} if mode == "colocated" or not measured.hardware.cores
-           else {"placement": {"cores": measured.hardware.cores}}),
+        **({} if mode == "colocated" or not available_cores() else {"placement": {"cores": len(available_cores())}}),
     }
 
 
-def simulate_mode(args, mode: str, run_dir: Path, bracket: tuple[Path, Path], prompt_tokens: int) -> dict:
+def simulate_mode(args, mode: str, run_dir: Path, bracket: tuple[Measured, Measured], prompt_tokens: int) -> dict:
     """One real run of `mode` (its directory `run_dir`) simulated from each of `bracket` (the
-    profiles taken right before and right after it) and the run's own output lengths, the
-    predictions averaged: {samples_per_s, pipeline_bubble_ratio}."""
+    profiles taken right before and right after it) and the run's own output lengths:
+    {samples_per_s (the harmonic mean of the two: the mean of their run times),
+    pipeline_bubble_ratio (the mean)}."""
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step)
-    runs = [simulate(parse_scenario(scenario(f"modes-{mode}", mode, run_dir / "lengths.jsonl", profile,
-                                             prompt_tokens, job))).summary for profile in bracket]
-    return {"samples_per_s": statistics.mean(r.samples_per_s for r in runs),
+    runs = [simulate(parse_scenario(scenario(f"modes-{mode}", mode, run_dir / "lengths.jsonl", profiles,
+                                             prompt_tokens, job))).summary for profiles in bracket]
+    return {"samples_per_s": statistics.harmonic_mean([r.samples_per_s for r in runs]),
             "pipeline_bubble_ratio": statistics.mean(r.pipeline_bubble_ratio for r in runs)}
 
 
 def modes_side_by_side(args, inv: Invocation, profiler: Profiler) -> dict:
     """`--repeats` rounds of bench/modes.py, one mode per run, each run bracketed by profiles
-    of its own (one thread, as a disaggregated stage gets one core; every core for colocated
-    mode's one process), measured right before and right after it, and simulated from those
-    two (averaged). This machine's speed drifts by tens of percent between minutes (PTL(64) of
-    back-to-back profiles has read 2.85 and 4.55 ms) and a profile takes seconds where a run
-    takes half a minute: the two around a run see the machine it ran on far better than
-    profiles taken minutes away. The targets are judged on the means over repeats (each
-    repeat's ratio is reported beside them)."""
+    of its own (one thread on each stage's core, both at once, for the disaggregated modes;
+    every core for colocated mode's one process), measured right before and right after it,
+    and simulated from each. This machine's speed drifts by tens of percent between minutes
+    (PTL(64) of back-to-back profiles has read 2.85 and 4.55 ms), each core apart from the
+    other, and a profile takes seconds where a run takes half a minute: the profiles around a
+    run see the machine it ran on far better than profiles taken minutes away. The targets are
+    judged on the means over repeats (each repeat's ratio is reported beside them)."""
     out = inv.dir
     prompt_tokens = profiler.prompt_tokens
     repeats: list[dict[str, dict]] = []
     for r in range(args.repeats):
         rows: dict[str, dict] = {}
         for mode in MODES:
-            threads = 2 if mode == "colocated" else 1
-            before = profiler.latest(threads)
+            per_core = mode != "colocated"
+            before = profiler.latest(per_core)
             where = out / f"repeat-{r}" / mode
             where.mkdir(parents=True, exist_ok=True)
             measured, runs_of = bench(["bench/modes.py", "--iterations", str(args.iterations), "--prompts-per-step",
                                        str(args.prompts_per_step), "--modes", mode, "--out", str(where / "modes")],
                                       where / "modes.log", inv)
-            after = profiler.measure(threads)
+            after = profiler.measure(per_core)
             rows[mode] = {"predicted": simulate_mode(args, mode, runs_of.run_dir(mode), (before, after),
                                                      prompt_tokens),
                           "measured_samples_per_s": measured["samples_per_s"][mode],
                           "measured_bubble": measured["pipeline_bubble_ratio"][mode],
-                          "ptl64_ms": [round(dict(load_profile(p).ptl)[64] * 1e3, 2) for p in (before, after)]}
+                          "ptl64_ms": [round(dict(load_profile(m.generator).ptl)[64] * 1e3, 2)
+                                       for m in (before, after)],
+                          "train_us_per_token": [round(load_profile(m.trainer).forward_backward_s_per_token * 1e6, 1)
+                                                 for m in (before, after)]}
         repeats.append(rows)
     rows = {}
     for mode in MODES:
@@ -195,15 +256,17 @@ def modes_side_by_side(args, inv: Invocation, profiler: Profiler) -> dict:
                                       "difference": round(statistics.mean(sim_b) - statistics.mean(real_b), 3),
                                       "difference_per_repeat": [round(p - m, 3) for p, m in zip(sim_b, real_b)]},
             "ptl64_ms_per_repeat": [rep[mode]["ptl64_ms"] for rep in repeats],
+            "train_us_per_token_per_repeat": [rep[mode]["train_us_per_token"] for rep in repeats],
         }
     print(f"means over {args.repeats} repeat(s); per repeat: samples/s ratio, bubble difference, PTL(64) ms of the "
-          "profiles before and after")
+          "replica's profiles before and after, the trainer's forward/backward us per token before and after")
     print(f"{'mode':<13} {'samples/s sim':>14} {'real':>8} {'ratio':>7} {'bubble sim':>11} {'real':>6} {'diff':>6}"
           f"  per repeat")
     for mode, r in rows.items():
         s, b = r["samples_per_s"], r["pipeline_bubble_ratio"]
-        each = "  ".join(f"{x:.3f}/{y:+.3f} ({p[0]:.2f}, {p[1]:.2f})" for x, y, p in
-                         zip(s["ratio_per_repeat"], b["difference_per_repeat"], r["ptl64_ms_per_repeat"]))
+        each = "  ".join(f"{x:.3f}/{y:+.3f} ({p[0]:.2f}, {p[1]:.2f}; {t[0]:.1f}, {t[1]:.1f})" for x, y, p, t in
+                         zip(s["ratio_per_repeat"], b["difference_per_repeat"], r["ptl64_ms_per_repeat"],
+                             r["train_us_per_token_per_repeat"]))
         print(f"{mode:<13} {s['predicted']:>14.1f} {s['measured']:>8.1f} {s['ratio']:>7.3f} "
               f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}  {each}")
     return rows
@@ -232,13 +295,14 @@ def separated_pairs(runs: dict[str, list[float]]) -> set[tuple[str, str]]:
 
 def skew_ranking(args, inv: Invocation, profiler: Profiler) -> dict:
     """bench/skew.py run for real, then each policy's rounds simulated from the profiles taken
-    right before (`before`) and right after it (averaged), each round's workload and, for the
-    ranked policies, that round's own predictions."""
+    right before (`before`) and right after it (one thread on the trainer's core and on the
+    first replica's; the generation times averaged), each round's workload and, for the ranked
+    policies, that round's own predictions."""
     out, prompt_tokens = inv.dir, profiler.prompt_tokens
-    before = profiler.latest(1)
+    before = profiler.latest(per_core=True)
     report, runs_of = bench(["bench/skew.py", "--rounds", str(args.skew_rounds), "--iterations",
                              str(args.skew_iterations), "--out", str(out / "skew")], out / "skew.log", inv)
-    after = profiler.measure(1)
+    after = profiler.measure(per_core=True)
     measured, runs = report["generation_s_per_iteration"], report["generation_s_per_run"]
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.skew_iterations, promptsPerStep=64)
@@ -246,11 +310,11 @@ def skew_ranking(args, inv: Invocation, profiler: Profiler) -> dict:
     for name, (policy, settings) in SKEW.items():
         per_round = []
         for rnd in range(args.skew_rounds):
-            for profile in (before, after):
+            for profiles in (before, after):
                 # The workload every policy faced (random-fifo's lengths; the oracle read the same
                 # file); a ranked policy's predictions are those its own ranker made in that round.
                 sc = scenario(f"skew-{name}", "batch", runs_of.run_dir(f"random-fifo-r{rnd}") / "lengths.jsonl",
-                              profile, prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
+                              profiles, prompt_tokens, job, replicas=2, dispatch={"policy": policy, **settings},
                               ranker_log_error=args.ranker_log_error)
                 if policy == "skewness-aware" and not args.drawn_predictions:
                     sc["workload"]["rankerPredictions"] = str(runs_of.run_dir(f"{name}-r{rnd}") / "lengths.jsonl")
@@ -349,7 +413,7 @@ def main() -> None:
         "pipeline_bubble_within_0_05": bubbles,
         "skew": skew,
         "memory_bound": mem,
-        "profiles": [{"threads": t, "path": str(pth)} for t, pth in profiler.taken],
+        "profiles": profiler.taken,
         "profile_steps": args.profile_steps,
         "prompt_tokens": prompt_tokens, "iterations": args.iterations, "prompts_per_step": args.prompts_per_step,
         "repeats": args.repeats,
