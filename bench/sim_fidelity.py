@@ -115,6 +115,8 @@ class Profiler:
         self.taken: list[dict] = []
         """{threads, core (None: unpinned), path, group}, in the order measured; a pair measured
         together shares its group."""
+        self._last: tuple[bool, Measured] | None = None
+        """The kind (per_core) and profiles of the last measurement."""
 
     def measure(self, per_core: bool) -> Measured:
         """Fresh profiles: one thread on each stage's core, both at once (`per_core`), else one
@@ -127,24 +129,22 @@ class Profiler:
             path = where / f"profile-{threads}-thread.json"
             run_together([(self._argv(path, threads), where / f"profile-{threads}.log", [])])
             self.taken.append({"threads": threads, "core": None, "path": str(path), "group": group})
-            return Measured(path, path)
+            self._last = False, Measured(path, path)
+            return self._last[1]
         paths = {stage: where / f"profile-1-thread-{stage}.json" for stage in self.cores}
         run_together([(self._argv(paths[stage], 1), where / f"profile-1-{stage}.log", cores)
                       for stage, cores in self.cores.items()])
         for stage, cores in self.cores.items():
             self.taken.append({"threads": 1, "core": cores[0] if cores else None, "path": str(paths[stage]),
                                "group": group})
-        return Measured(paths["trainer"], paths["generator"])
+        self._last = True, Measured(paths["trainer"], paths["generator"])
+        return self._last[1]
 
     def latest(self, per_core: bool) -> Measured:
         """The profiles of that kind measured last, if they were the last thing measured at all
         (nothing ran since); else fresh ones."""
-        if self.taken:
-            last = [t for t in self.taken if t["group"] == self.taken[-1]["group"]]
-            if per_core and len(last) == 2:
-                return Measured(Path(last[0]["path"]), Path(last[1]["path"]))
-            if not per_core and len(last) == 1:
-                return Measured(Path(last[0]["path"]), Path(last[0]["path"]))
+        if self._last is not None and self._last[0] == per_core:
+            return self._last[1]
         return self.measure(per_core)
 
     def _argv(self, path: Path, threads: int) -> list[str]:
@@ -163,8 +163,8 @@ def run_together(commands: list[tuple[list[str], Path, list[int]]]) -> None:
             procs.append((argv, log, subprocess.Popen(
                 argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                 preexec_fn=(lambda c=cores: os.sched_setaffinity(0, c)) if cores else None)))
-    failed = [(argv, log, proc.wait()) for argv, log, proc in procs]
-    for argv, log, code in failed:
+    codes = [(argv, log, proc.wait()) for argv, log, proc in procs]
+    for argv, log, code in codes:
         if code:
             raise SystemExit(f"{' '.join(argv)} failed ({code}); see {log}:\n{log.read_text()[-2000:]}")
 
@@ -173,7 +173,7 @@ def scenario(name: str, mode: str, lengths: Path, profiles: Measured, prompt_tok
              replicas: int = 1, dispatch: dict | None = None, ranker_log_error: float = 0.5) -> dict:
     """The job as a scenario: its batch shape and engine, this machine's profiles (the trainer's
     and the replicas'), a run's lengths."""
-    algo, spec = job["spec"]["algorithm"], job["spec"]
+    algo, spec, cores = job["spec"]["algorithm"], job["spec"], len(available_cores())
     # float32 weights, as the built-in model publishes them
     size = load_profile(profiles.generator).model.num_params * 4
     return {
@@ -191,7 +191,7 @@ def scenario(name: str, mode: str, lengths: Path, profiles: Measured, prompt_tok
         "network": {"local": {"bandwidthGbps": 4.0, "latencyMs": 0.1}},
         "weights": {"sizeBytes": size},
         # streamrl run shares this machine's cores out (colocated: one process on all of them)
-        **({} if mode == "colocated" or not available_cores() else {"placement": {"cores": len(available_cores())}}),
+        **({} if mode == "colocated" or not cores else {"placement": {"cores": cores}}),
     }
 
 
