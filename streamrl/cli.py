@@ -419,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--completion-tokens", type=int,
                    help="completion tokens of each trained sample (default: algorithm.maxNewTokens)")
     p.add_argument("--train-steps", type=int, default=5,
-                   help="timed steps per micro-batch shape after a warm-up one, their median kept (default 5: "
-                        "with 2, the fitted seconds per token moved 20%% between profiles taken minutes apart)")
+                   help="rounds of one timed step of every micro-batch shape in turn, after a warm-up round; "
+                        "each shape's median kept (default 5: with 2, the fitted seconds per token moved 20%% "
+                        "between profiles taken minutes apart)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(fn=cmd_profile)
 
