@@ -13,7 +13,9 @@ after it, and takes the harmonic mean of the two samples/s (the mean of the two 
 run at one speed for a while and another for the rest takes the mean time, not the mean rate):
 
 - samples/s and pipeline-bubble ratio per mode (targets: within 15% and 0.05), judged on the
-  means over --repeats runs of each mode (each repeat's figures are printed beside them);
+  means over --repeats runs of each mode (each repeat's figures are printed beside them), and
+  beside them each stage's busy seconds in the run over the simulation's (from the run's
+  timelines: which stage's work the profiles priced wrong when a ratio misses);
 - the order of the dispatch policies by generation time, over every pair and over the pairs
   the measured rounds separate (means apart by more than twice their combined standard
   error; the rest are ties within noise);
@@ -59,6 +61,7 @@ from streamrl.planning.profile_record import load_profile  # noqa: E402
 from streamrl.simulation.scenario import parse_scenario  # noqa: E402
 from streamrl.simulation.simulator import simulate  # noqa: E402
 from streamrl.tasks import counting_prompts  # noqa: E402
+from streamrl.timeline import read_spans  # noqa: E402
 
 JOB = ROOT / "deploy/examples/rljob-tiny-cpu.yaml"
 MODES = ["colocated", "batch", "stream-sync", "stream-async"]
@@ -199,13 +202,31 @@ def simulate_mode(args, mode: str, run_dir: Path, bracket: tuple[Measured, Measu
     """One real run of `mode` (its directory `run_dir`) simulated from each of `bracket` (the
     profiles taken right before and right after it) and the run's own output lengths:
     {samples_per_s (the harmonic mean of the two: the mean of their run times),
-    pipeline_bubble_ratio (the mean)}."""
+    pipeline_bubble_ratio (the mean), busy_s (each stage's busy seconds, the mean)}."""
     job = yaml.safe_load(JOB.read_text())
     job["spec"]["algorithm"].update(numIterations=args.iterations, promptsPerStep=args.prompts_per_step)
     runs = [simulate(parse_scenario(scenario(f"modes-{mode}", mode, run_dir / "lengths.jsonl", profiles,
                                              prompt_tokens, job))).summary for profiles in bracket]
+    busy = [{"trainer": sum(s.utilisation * s.gpu_seconds for s in r.stages if s.name == "trainer"),
+             "generators": sum(s.utilisation * s.gpu_seconds for s in r.stages if s.name != "trainer")} for r in runs]
     return {"samples_per_s": statistics.harmonic_mean([r.samples_per_s for r in runs]),
-            "pipeline_bubble_ratio": statistics.mean(r.pipeline_bubble_ratio for r in runs)}
+            "pipeline_bubble_ratio": statistics.mean(r.pipeline_bubble_ratio for r in runs),
+            "busy_s": {stage: statistics.mean(b[stage] for b in busy) for stage in STAGES}}
+
+
+STAGES = ("trainer", "generators")
+"""The stages whose busy seconds are compared: the trainer's process (rank 0) and every replica together."""
+
+
+def measured_busy_s(run_dir: Path) -> dict[str, float]:
+    """Each stage's busy seconds in a real run, from its timeline (streamrl.timeline): where the
+    time went that the samples/s ratio sums up (a stage running 1.2x its simulated busy time
+    ran its work slower than its profile priced it)."""
+    def busy(paths) -> float:
+        return sum(s["end"] - s["start"] for path in paths for s in read_spans(path) if s["state"] == "busy")
+
+    return {"trainer": busy([run_dir / "timeline" / "trainer.jsonl"]),
+            "generators": busy(sorted((run_dir / "timeline").glob("generator-*.jsonl")))}
 
 
 def modes_side_by_side(args, inv: Invocation, profiler: Profiler) -> dict:
@@ -233,6 +254,7 @@ def modes_side_by_side(args, inv: Invocation, profiler: Profiler) -> dict:
             after = profiler.measure(per_core)
             rows[mode] = {"predicted": simulate_mode(args, mode, runs_of.run_dir(mode), (before, after),
                                                      prompt_tokens),
+                          "measured_busy_s": measured_busy_s(runs_of.run_dir(mode)),
                           "measured_samples_per_s": measured["samples_per_s"][mode],
                           "measured_bubble": measured["pipeline_bubble_ratio"][mode],
                           "ptl64_ms": [round(dict(load_profile(m.generator).ptl)[64] * 1e3, 2)
@@ -255,21 +277,38 @@ def modes_side_by_side(args, inv: Invocation, profiler: Profiler) -> dict:
                                       "measured": round(statistics.mean(real_b), 3),
                                       "difference": round(statistics.mean(sim_b) - statistics.mean(real_b), 3),
                                       "difference_per_repeat": [round(p - m, 3) for p, m in zip(sim_b, real_b)]},
+            # colocated mode's one process does both stages' work on every core: no stage of its own to compare
+            "stage_busy_s": None if mode == "colocated" else stage_busy([rep[mode] for rep in repeats]),
             "ptl64_ms_per_repeat": [rep[mode]["ptl64_ms"] for rep in repeats],
             "train_us_per_token_per_repeat": [rep[mode]["train_us_per_token"] for rep in repeats],
         }
-    print(f"means over {args.repeats} repeat(s); per repeat: samples/s ratio, bubble difference, PTL(64) ms of the "
-          "replica's profiles before and after, the trainer's forward/backward us per token before and after")
+    print(f"means over {args.repeats} repeat(s); busy real/sim: each stage's busy seconds in the run over the "
+          "simulation's (T the trainer, G the replicas); per repeat: samples/s ratio, bubble difference, PTL(64) ms "
+          "of the replica's profiles before and after, the trainer's forward/backward us per token before and after")
     print(f"{'mode':<13} {'samples/s sim':>14} {'real':>8} {'ratio':>7} {'bubble sim':>11} {'real':>6} {'diff':>6}"
-          f"  per repeat")
+          f"  {'busy real/sim':>15}  per repeat")
     for mode, r in rows.items():
-        s, b = r["samples_per_s"], r["pipeline_bubble_ratio"]
+        s, b, busy = r["samples_per_s"], r["pipeline_bubble_ratio"], r["stage_busy_s"]
         each = "  ".join(f"{x:.3f}/{y:+.3f} ({p[0]:.2f}, {p[1]:.2f}; {t[0]:.1f}, {t[1]:.1f})" for x, y, p, t in
                          zip(s["ratio_per_repeat"], b["difference_per_repeat"], r["ptl64_ms_per_repeat"],
                              r["train_us_per_token_per_repeat"]))
+        ratios = "-" if busy is None else " ".join(
+            f"{k[0].upper()} {busy[k]['measured_over_predicted'] or float('nan'):.2f}" for k in STAGES)
         print(f"{mode:<13} {s['predicted']:>14.1f} {s['measured']:>8.1f} {s['ratio']:>7.3f} "
-              f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}  {each}")
+              f"{b['predicted']:>11.3f} {b['measured']:>6.3f} {b['difference']:>+6.3f}  {ratios:>15}  {each}")
     return rows
+
+
+def stage_busy(rows: list[dict]) -> dict[str, dict]:
+    """Each stage's busy seconds over a mode's repeats (`rows`, one each): the means predicted and
+    measured, and measured over predicted (None where nothing was predicted)."""
+    out = {}
+    for stage in STAGES:
+        predicted = statistics.mean(row["predicted"]["busy_s"][stage] for row in rows)
+        measured = statistics.mean(row["measured_busy_s"][stage] for row in rows)
+        out[stage] = {"predicted": round(predicted, 2), "measured": round(measured, 2),
+                      "measured_over_predicted": round(measured / predicted, 3) if predicted > 0 else None}
+    return out
 
 
 def pairs_agreeing(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
