@@ -253,8 +253,9 @@ class GeneratorAgent:
             sizes = ptl_batch_sizes(capacity)
             t0 = time.monotonic()
             # On the engine thread, where the engine steps from now on.
-            await asyncio.wrap_future(self.worker.submit(self.engine.measure_latency, sizes))
-            log.info("PTL(BS) measured at %d batch sizes in %.2fs", len(sizes), time.monotonic() - t0)
+            ptl = await asyncio.wrap_future(self.worker.submit(self.engine.measure_latency, sizes))
+            log.info("PTL(BS) measured at %d batch sizes in %.2fs, ms per decode step: %s", len(sizes),
+                     time.monotonic() - t0, ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in ptl))
         except BaseException:
             await self._end_before_serving(channel)
             raise
