@@ -198,6 +198,10 @@ def scenario(name: str, mode: str, lengths: Path, profiles: Measured, prompt_tok
     }
 
 
+STAGES = ("trainer", "generators")
+"""The stages whose busy seconds are compared: the trainer's process (rank 0) and every replica together."""
+
+
 def simulate_mode(args, mode: str, run_dir: Path, bracket: tuple[Measured, Measured], prompt_tokens: int) -> dict:
     """One real run of `mode` (its directory `run_dir`) simulated from each of `bracket` (the
     profiles taken right before and right after it) and the run's own output lengths:
@@ -212,10 +216,6 @@ def simulate_mode(args, mode: str, run_dir: Path, bracket: tuple[Measured, Measu
     return {"samples_per_s": statistics.harmonic_mean([r.samples_per_s for r in runs]),
             "pipeline_bubble_ratio": statistics.mean(r.pipeline_bubble_ratio for r in runs),
             "busy_s": {stage: statistics.mean(b[stage] for b in busy) for stage in STAGES}}
-
-
-STAGES = ("trainer", "generators")
-"""The stages whose busy seconds are compared: the trainer's process (rank 0) and every replica together."""
 
 
 def measured_busy_s(run_dir: Path) -> dict[str, float]:
