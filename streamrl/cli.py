@@ -307,6 +307,7 @@ def cmd_profile(args) -> int:
         forward_backward_s_per_micro_batch=training.forward_backward_s_per_micro_batch,
         optimizer_step_s=training.optimizer_step_s, publish_s=training.publish_s,
         weight_load_s=generation.weight_load_s, sample_intake_s=samples.intake_s, sample_stream_s=samples.stream_s,
+        sample_stream_receive_s=samples.receive_s,
         sample_colocated_s=colocated_s, cache_release_s=generation.cache_release_s,
         cache_allocate_s=generation.cache_allocate_s)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -323,7 +324,8 @@ def cmd_profile(args) -> int:
           f"{profile.publish_s * 1e3:.1f} ms; weight load {profile.weight_load_s * 1e3:.1f} ms; colocated KV cache "
           f"release {profile.cache_release_s * 1e3:.2f} ms, allocation {profile.cache_allocate_s * 1e3:.2f} ms")
     print(f"per sample: intake {profile.sample_intake_s * 1e6:.1f} us in process, "
-          f"{profile.sample_stream_s * 1e6:.1f} us over the Connect stream, "
+          f"{profile.sample_stream_s * 1e6:.1f} us over the Connect stream (sending "
+          f"{profile.sample_send_s() * 1e6:.1f} us, receiving {profile.sample_receive_s() * 1e6:.1f} us), "
           f"{profile.sample_colocated_s * 1e6:.1f} us serving colocated beside the engine's steps")
     print(f"profile: {out}\nplot: {plot}")
     return 0

@@ -1,15 +1,16 @@
 """What `streamrl profile` measures of the trainer: the real Learner's forward/backward (a fixed
 cost per micro-batch plus seconds per padded token, fitted over micro-batches of several shapes),
 its optimizer step and publishing; and the real coordinator's seconds per sample, in process and
-over a loopback Connect stream. Knows the learner and the coordinator, not the profile file."""
+at each end of a loopback Connect stream from another process (streamrl.trainer.profile_sender).
+Knows the learner and the coordinator, not the profile file."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
+import os
 import statistics
-import threading
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -22,7 +23,15 @@ from streamrl.latency import fit_fixed_plus_per_unit
 from streamrl.samples import Group, Sample, ScoredSample
 from streamrl.spec import AlgorithmSpec
 from streamrl.trainer.learner import Learner
+from streamrl.trainer.profile_sender import profile_sample
 from streamrl.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+SENDER_MODULE = "streamrl.trainer.profile_sender"
+"""The replica's end of the stream measured, run as a process of its own."""
+SENDER_TIMEOUT_S = 60.0
+"""How long the profile waits for its sender process to connect, and then for each of its marks."""
 
 
 @dataclass(frozen=True)
@@ -107,10 +116,17 @@ def _measure_training(model: torch.nn.Module, algo: AlgorithmSpec, device: str, 
 class SampleMeasurement:
     intake_s: float
     """Seconds per sample of the coordinator's own work: checks, scoring, grouping, dispatching more."""
-    stream_s: float
-    """CPU seconds per sample over a loopback Connect stream through the real servicer, both
-    ends in this one process, sent as a replica sends them: the work going out, each sample's
-    hand-over to the event loop and conversion, gRPC and intake."""
+    send_s: float
+    """CPU seconds per sample of a replica's process sending it over a loopback Connect stream
+    (each sample's hand-over to the event loop, its conversion, gRPC's threads; the work coming in)."""
+    receive_s: float
+    """CPU seconds per sample of the trainer's process taking it in from that stream, through the
+    real servicer and coordinator (gRPC's threads, the conversion, the intake, the work going out)."""
+
+    @property
+    def stream_s(self) -> float:
+        """Both ends."""
+        return self.send_s + self.receive_s
 
 
 def coordinator_for(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vocab_size: int,
@@ -132,11 +148,6 @@ def prompt_work(iteration: int, prompts: list[tuple[tuple[int, ...], str]]):
     return [PromptWork(f"{iteration}-{k}-{k}", k, answer, ids) for k, (ids, answer) in enumerate(prompts)]
 
 
-def _sample(work, index: int, completion_tokens: int, generator_id: str) -> Sample:
-    ids = tuple(4 + (index + k) % 16 for k in range(completion_tokens))
-    return Sample(work.prompt_id, index, ids, (-1.0,) * completion_tokens, 0, "length", generator_id)
-
-
 async def _in_process(coordinator, prompts, group_size: int, completion_tokens: int, capacity: int,
                       rounds: int) -> float:
     from streamrl.messages import Hello, Work
@@ -150,7 +161,7 @@ async def _in_process(coordinator, prompts, group_size: int, completion_tokens: 
             work = replica.outbox.get_nowait()
             if isinstance(work, Work):
                 for i in work.sample_indices:
-                    coordinator.on_sample(replica.generator_id, _sample(work, i, completion_tokens, "profile-0"))
+                    coordinator.on_sample(replica.generator_id, profile_sample(work, i, completion_tokens, "profile-0"))
         if it:  # the first round warms up
             seconds.append((time.perf_counter() - t0) / (len(prompts) * group_size))
         await coordinator.take_groups(it, 1, len(prompts) * group_size)
@@ -158,14 +169,31 @@ async def _in_process(coordinator, prompts, group_size: int, completion_tokens: 
     return statistics.median(seconds)
 
 
+async def _connected(coordinator, sender: asyncio.subprocess.Process) -> None:
+    """Once the sender process's stream is in; RuntimeError (with its stderr) if it exits first
+    or takes longer than SENDER_TIMEOUT_S."""
+    joined = asyncio.ensure_future(coordinator.wait_for_generators(1))
+    exited = asyncio.ensure_future(sender.wait())
+    done, _ = await asyncio.wait((joined, exited), timeout=SENDER_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+    for task in (joined, exited):
+        task.cancel()
+    if joined in done:
+        return
+    what = f"exited with {sender.returncode}" if exited in done else f"did not connect within {SENDER_TIMEOUT_S:.0f} s"
+    assert sender.stderr is not None  # a PIPE
+    stderr = (await sender.stderr.read()).decode(errors="replace")[-2000:] if exited in done else ""
+    raise RuntimeError(f"the profile's sender (python -m {SENDER_MODULE}) {what}" + (f":\n{stderr}" if stderr else ""))
+
+
 async def _over_stream(coordinator, prompts, group_size: int, completion_tokens: int, capacity: int,
-                       rounds: int, burst: int, step_s: float) -> float:
+                       rounds: int, burst: int, step_s: float) -> tuple[float, float]:
+    """(the sender's, the receiver's) CPU seconds per sample over a real Connect stream: this
+    process serves it with the real servicer and coordinator, as the trainer does, and a replica's
+    end streams from a process of its own (streamrl.trainer.profile_sender), so that each end
+    pays its own wake-ups, its own event loop and its own gRPC threads, as it does in a run."""
     import grpc
 
-    from streamrl.messages import Hello, Work
     from streamrl.trainer.servicer import RolloutServicer
-    from streamrl.v1 import rollout_pb2 as pb
-    from streamrl.wire.convert import request_to_pb, response_from_pb
     from streamrl.wire.transfer import rollout_handler
 
     servicer = RolloutServicer(coordinator, WeightStore(1, 1 << 20), "profile")
@@ -173,61 +201,48 @@ async def _over_stream(coordinator, prompts, group_size: int, completion_tokens:
     server.add_generic_rpc_handlers((rollout_handler(servicer.Connect, servicer.FetchWeights),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    loop = asyncio.get_running_loop()
-    outbox: asyncio.Queue = asyncio.Queue()
-    finished: queue.Queue = queue.Queue()
+    per_round = len(prompts) * group_size
+    sender = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", SENDER_MODULE, f"127.0.0.1:{port}", "--per-round", str(per_round),
+        "--burst", str(burst), "--step-s", str(step_s), "--completion-tokens", str(completion_tokens),
+        "--capacity", str(capacity), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    marks_out = sender.stdout
+    assert marks_out is not None  # a PIPE
 
-    async def requests():  # as the agent streams: Hello, then whatever the engine thread hands over
-        yield request_to_pb(Hello("profile-1", "default", capacity, "torch", 0))
-        while (msg := await outbox.get()) is not None:
-            yield request_to_pb(msg)
+    async def mark() -> float:
+        """The sender's CPU seconds as it is asked for a round's first sample."""
+        line = await asyncio.wait_for(marks_out.readline(), SENDER_TIMEOUT_S)
+        if not line.startswith(b"cpu "):
+            raise RuntimeError(f"the profile's sender wrote {line!r} instead of its CPU time")
+        return float(line.split()[1])
 
-    def engine() -> None:  # as a replica's engine thread: up to `burst` samples per decode step
-        while (sample := finished.get()) is not None:
-            done = [sample]
-            while len(done) < burst and not finished.empty():
-                done.append(finished.get_nowait())
-            for s in done:  # handed to the event loop one by one, as GeneratorAgent._from_engine does
-                loop.call_soon_threadsafe(outbox.put_nowait, s)
-            time.sleep(step_s)  # the next decode step, off this process's CPU
-
-    thread = threading.Thread(target=engine, name="profile-engine", daemon=True)
-    thread.start()
     try:
-        call = channel.stream_stream("/streamrl.v1.Rollout/Connect",
-                                     request_serializer=pb.ConnectRequest.SerializeToString,
-                                     response_deserializer=pb.ConnectResponse.FromString)(requests())
-        per_round = len(prompts) * group_size
-        await call.read()  # Welcome
-        seconds, accepted = [], coordinator.counters.num_samples_accepted
-        for it in range(rounds + 1):
+        await _connected(coordinator, sender)
+        receiver_s, marks, accepted = [], [], coordinator.counters.num_samples_accepted
+        # A warm-up round, `rounds` measured, and one more whose first sample marks the last one's end.
+        for it in range(rounds + 2):
             t0 = time.process_time()
             coordinator.add_prompts(it, prompt_work(it, prompts), group_size, 0)
-            sent = 0
-            while sent < per_round:  # answer each Work as a generator does
-                response = await call.read()
-                assert isinstance(response, pb.ConnectResponse)  # the stream ends after the last round
-                work = response_from_pb(response)
-                if isinstance(work, Work):
-                    for i in work.sample_indices:
-                        finished.put(_sample(work, i, completion_tokens, "profile-1"))
-                        sent += 1
+            marks.append(await mark())
             accepted += per_round
-            while coordinator.counters.num_samples_accepted < accepted:
-                await asyncio.sleep(step_s)  # the servicer's reader takes the last ones in
-            if it:
-                seconds.append((time.process_time() - t0) / per_round)
+            waited = time.monotonic()
+            while coordinator.counters.num_samples_accepted < accepted:  # the servicer's reader takes the last ones in
+                if sender.returncode is not None or time.monotonic() - waited > SENDER_TIMEOUT_S:
+                    raise RuntimeError(f"the profile's sender ({SENDER_MODULE}) stopped sending in round {it}: "
+                                       f"{coordinator.counters.num_samples_accepted - accepted + per_round} of "
+                                       f"{per_round} samples in; exit code {sender.returncode}")
+                await asyncio.sleep(step_s)
+            if 1 <= it <= rounds:
+                receiver_s.append((time.process_time() - t0) / per_round)
             await coordinator.take_groups(it, 1, per_round)
-        outbox.put_nowait(None)  # done writing: the servicer ends the stream, then the channel closes cleanly
-        while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:  # pyright: ignore[reportAttributeAccessIssue] (typeshed's grpc lacks aio.EOF)
-            pass
-        return statistics.median(seconds)
+        sender_s = [(b - a) / per_round for a, b in zip(marks[1:], marks[2:], strict=False)]
+        return statistics.median(sender_s), statistics.median(receiver_s)
     finally:
-        finished.put(None)
-        thread.join()
+        if sender.returncode is None:
+            sender.kill()
+        await sender.wait()
         await server.stop(1.0)
-        await channel.close()
 
 
 def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec, vocab_size: int,
@@ -238,8 +253,11 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
     sequences, taken in by the real coordinator (dispatching with `queue_factor`), `rounds`
     times after a warm-up (medians): in process, then over the stream as a replica sends them.
     A full batch finishes about capacity / completion_tokens samples per decode step
-    (`step_s`, the engine's PTL at capacity), each handed to the event loop alone; the stream's
-    cost is the process's CPU seconds (every thread, gRPC's own included) per sample. Samples
+    (`step_s`, the engine's PTL at capacity), each handed to the event loop alone; each end of
+    the stream costs its process's CPU seconds (every thread, gRPC's own included) per sample,
+    the sender a process of its own. The tiny job, both ends in one process as profiles before
+    version 6 measured them: 223-308 us a sample; in two, 117-173 us sending and 166-226 us
+    receiving (a stream-sync run's replica spent 125-152 us a sample, its trainer 174-189). Samples
     written back-to-back cost about half as much (the tiny job: 125 against 208-238 us): gRPC
     coalesces them, and the event loop wakes once for many."""
 
@@ -247,8 +265,9 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
         args = (prompts, algo.group_size, completion_tokens, capacity, rounds)
         intake = await _in_process(coordinator_for(scorer, algo, vocab_size, queue_factor), *args)
         burst = max(1, round(capacity / max(1, completion_tokens)))
-        stream = await _over_stream(coordinator_for(scorer, algo, vocab_size, queue_factor), *args, burst, step_s)
-        return SampleMeasurement(intake, stream)
+        send, receive = await _over_stream(coordinator_for(scorer, algo, vocab_size, queue_factor), *args, burst,
+                                           step_s)
+        return SampleMeasurement(intake, send, receive)
 
     quiet = logging.getLogger("streamrl.trainer")  # its replicas joining and leaving are no news here
     level, quiet.level = quiet.level, logging.ERROR

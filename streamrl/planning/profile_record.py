@@ -18,7 +18,7 @@ from streamrl.records import Record, write_json
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 """1: PTL timed the decoder's forward alone, training was seconds per token only, and the
 per-sample, per-micro-batch and weight-load costs were not measured (they read as 0).
 2: prefill was one admission of 4 prompts divided by their tokens (no per-step part).
@@ -26,7 +26,9 @@ per-sample, per-micro-batch and weight-load costs were not measured (they read a
 written back-to-back.
 4: the engine and the learner were measured on two threads, each with an OpenMP team of its
 own (more than one torch thread only), and colocated serving's cost per sample was the
-coordinator's intake alone."""
+coordinator's intake alone.
+5: the stream's two ends were measured together in one process (sample_stream_s alone) and
+the cost split evenly between them."""
 _OLD_VERSIONS = {
     1: "its PTL times the decoder's forward alone and it lacks the per-sample, per-micro-batch and weight-load "
        "costs (read as 0), so it predicts too fast",
@@ -37,6 +39,9 @@ _OLD_VERSIONS = {
     4: "it prices a colocated sample at the coordinator's intake alone (about a tenth of what serving takes "
        "beside the engine's steps) and, at more than one torch thread, measures the engine and the learner on "
        "two threads with an OpenMP team each, where a process now runs both on one (streamrl.compute)",
+    5: "it measures the stream's two ends in one process, where they share wake-ups, an event loop and gRPC's "
+       "threads (the tiny job: 223-308 us a sample against 283-399 us from two processes), and splits that "
+       "evenly, where the trainer's end costs more than the replica's, so it predicts the trainer too fast",
 }
 
 
@@ -116,9 +121,13 @@ class Profile(Record):
     """Seconds the trainer's coordinator spends per sample it takes in (checks, scoring, grouping,
     dispatching more work), in process: what a colocated generator's samples cost."""
     sample_stream_s: float = Field(default=0.0, ge=0)
-    """CPU seconds per sample over a loopback Connect stream, both ends in one process, the
-    samples sent as a replica sends them, a few per decode step (the work out, the sample's
-    conversion both ways, gRPC, the intake): intake plus the wire."""
+    """CPU seconds per sample over a loopback Connect stream, both ends together, the samples sent
+    as a replica sends them, a few per decode step (the work out, the sample's conversion both
+    ways, gRPC, the intake): intake plus the wire. From version 6 the two ends are processes of
+    their own, each measured: this is their sum."""
+    sample_stream_receive_s: float = Field(default=0.0, ge=0)
+    """Of sample_stream_s, the receiving (trainer's) process's CPU seconds per sample: gRPC's
+    threads, the conversion, the intake and the work going out (0: before version 6, not measured)."""
     sample_colocated_s: float = Field(default=0.0, ge=0)
     """Seconds per sample that colocated serving takes beyond its engine's steps, measured
     through the real composition (worker, hand-over, coordinator on its event loop): the
@@ -144,13 +153,17 @@ class Profile(Record):
         write_json(Path(path), self)
 
     def sample_send_s(self) -> float:
-        """A remote replica's seconds per sample it sends: half the wire (an assumption: the two
-        ends of the stream, converting and passing through gRPC, cost alike)."""
+        """A remote replica's seconds per sample it sends: the stream's cost beyond the receiving
+        end's; before version 6 (the receiving end not measured), half the wire beyond the intake
+        (an assumption: both ends, converting and passing through gRPC, cost alike)."""
+        if self.sample_stream_receive_s:
+            return max(0.0, self.sample_stream_s - self.sample_stream_receive_s)
         return max(0.0, self.sample_stream_s - self.sample_intake_s) / 2
 
     def sample_receive_s(self) -> float:
-        """The trainer's seconds per sample a remote replica sends: the intake and the other half of the wire."""
-        return self.sample_intake_s + self.sample_send_s()
+        """The trainer's seconds per sample a remote replica sends: its end of the stream as
+        measured (the intake in it); before version 6, the intake and the other half of the wire."""
+        return self.sample_stream_receive_s or self.sample_intake_s + self.sample_send_s()
 
     def sample_colocated_cost_s(self) -> float:
         """A colocated process's seconds per sample beside its engine's steps."""

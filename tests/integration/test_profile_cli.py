@@ -6,6 +6,7 @@ job passes `streamrl validate`."""
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from streamrl.planning.profile_record import load_profile
@@ -35,9 +36,14 @@ def test_profile_writes_the_record_and_plot_and_plan_uses_it(tmp_path, write_job
     assert 0 < profile.prefill_s_per_token < 0.01 and 0 < profile.forward_backward_s_per_token < 0.01
     assert 0 < profile.prefill_s_per_step < 0.05
     assert profile.optimizer_step_s > 0 and profile.publish_s > 0
-    assert profile.version == 5 and profile.hardware.cores >= 1
+    assert profile.version == 6 and profile.hardware.cores >= 1
     assert profile.forward_backward_s_per_micro_batch >= 0 and 0 < profile.weight_load_s < 1
     assert 0 < profile.sample_intake_s < profile.sample_stream_s < 0.01  # the wire costs more than nothing
+    # each end measured in a process of its own: the trainer's takes in more than its intake, the
+    # replica's sends for more than nothing, and together they are the stream
+    assert profile.sample_intake_s < profile.sample_stream_receive_s < profile.sample_stream_s
+    assert profile.sample_send_s() == pytest.approx(profile.sample_stream_s - profile.sample_stream_receive_s)
+    assert "receiving" in done.stdout and "sending" in done.stdout
     # serving colocated adds the worker's bookkeeping and the hand-over to the intake
     assert profile.sample_intake_s < profile.sample_colocated_s < 0.01
     assert 0 < profile.cache_release_s < 0.01 and 0 < profile.cache_allocate_s < 0.1  # colocated's switches

@@ -94,6 +94,7 @@ def test_a_version_1_profile_still_loads_its_unmeasured_costs_as_zero_and_says_s
         (2, "it prices prefill per prompt token alone", "forward alone", "prefill_s_per_step"),
         (3, "it times admissions into an idle engine and samples written", "per prompt token alone", None),
         (4, "it prices a colocated sample at the coordinator's intake alone", "idle engine", "sample_colocated_s"),
+        (5, "it measures the stream's two ends in one process", "intake alone", "sample_stream_receive_s"),
     ]:
         caplog.clear()
         data["version"] = version
@@ -109,8 +110,15 @@ def test_a_version_1_profile_still_loads_its_unmeasured_costs_as_zero_and_says_s
     assert "version" not in caplog.text
 
 
-def test_a_sample_costs_each_end_half_the_wire_and_the_trainer_its_intake():
-    profile = _profile(sample_intake_s=3e-5, sample_stream_s=1e-4)
+def test_each_end_of_the_stream_costs_what_was_measured_of_it():
+    profile = _profile(sample_intake_s=3e-5, sample_stream_s=3e-4, sample_stream_receive_s=1.8e-4)
+    assert profile.sample_receive_s() == pytest.approx(1.8e-4)  # the trainer's end, its intake in it
+    assert profile.sample_send_s() == pytest.approx(1.2e-4)  # the rest is the replica's
+    assert _profile(sample_stream_s=1e-4, sample_stream_receive_s=2e-4).sample_send_s() == 0.0  # noise, not a gain
+
+
+def test_a_profile_without_the_receiving_end_splits_the_wire_evenly():
+    profile = _profile(sample_intake_s=3e-5, sample_stream_s=1e-4)  # before version 6
     assert profile.sample_send_s() == pytest.approx(3.5e-5)
     assert profile.sample_receive_s() == pytest.approx(6.5e-5)
     assert _profile(sample_intake_s=2e-4, sample_stream_s=1e-4).sample_send_s() == 0.0  # noise, not a gain
