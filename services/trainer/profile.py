@@ -256,8 +256,9 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
     (`step_s`, the engine's PTL at capacity), each handed to the event loop alone; each end of
     the stream costs its process's CPU seconds (every thread, gRPC's own included) per sample,
     the sender a process of its own. The tiny job, both ends in one process as profiles before
-    version 6 measured them: 223-308 us a sample; in two, 117-173 us sending and 166-226 us
-    receiving (a stream-sync run's replica spent 125-152 us a sample, its trainer 174-189). Samples
+    version 6 measured them: 223-308 us a sample; in two, 110-181 us sending and 157-221 us
+    receiving (in runs of the three disaggregated modes a replica spent 125-152 us a sample sending,
+    its trainer 174-230 taking in). Samples
     written back-to-back cost about half as much (the tiny job: 125 against 208-238 us): gRPC
     coalesces them, and the event loop wakes once for many."""
 

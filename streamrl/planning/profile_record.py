@@ -40,7 +40,7 @@ _OLD_VERSIONS = {
        "beside the engine's steps) and, at more than one torch thread, measures the engine and the learner on "
        "two threads with an OpenMP team each, where a process now runs both on one (streamrl.compute)",
     5: "it measures the stream's two ends in one process, where they share wake-ups, an event loop and gRPC's "
-       "threads (the tiny job: 223-308 us a sample against 283-399 us from two processes), and splits that "
+       "threads (the tiny job: 223-308 us a sample against 270-402 us from two processes), and splits that "
        "evenly, where the trainer's end costs more than the replica's, so it predicts the trainer too fast",
 }
 
