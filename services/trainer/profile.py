@@ -26,8 +26,6 @@ from streamrl.trainer.learner import Learner
 from streamrl.trainer.profile_sender import profile_sample
 from streamrl.weights import WeightStore
 
-log = logging.getLogger(__name__)
-
 SENDER_MODULE = "streamrl.trainer.profile_sender"
 """The replica's end of the stream measured, run as a process of its own."""
 SENDER_TIMEOUT_S = 60.0
@@ -257,10 +255,10 @@ def measure_samples(scorer: Callable[[Sample, str], float], algo: AlgorithmSpec,
     the stream costs its process's CPU seconds (every thread, gRPC's own included) per sample,
     the sender a process of its own. The tiny job, both ends in one process as profiles before
     version 6 measured them: 223-308 us a sample; in two, 110-181 us sending and 157-221 us
-    receiving (in runs of the three disaggregated modes a replica spent 125-152 us a sample sending,
-    its trainer 174-230 taking in). Samples
-    written back-to-back cost about half as much (the tiny job: 125 against 208-238 us): gRPC
-    coalesces them, and the event loop wakes once for many."""
+    receiving (in runs of the three disaggregated modes a replica spent 125-152 us a sample
+    sending, its trainer 174-230 taking in). Samples written back-to-back cost about half as
+    much (the tiny job: 125 against 208-238 us): gRPC coalesces them, and the event loop wakes
+    once for many."""
 
     async def both() -> SampleMeasurement:
         args = (prompts, algo.group_size, completion_tokens, capacity, rounds)
